@@ -1,0 +1,170 @@
+"""The `eplb` command line: synthesise, place, score, replay and plot routing traces.
+
+Every subcommand exits 0 on success and 2 on bad input, with one line on stderr that says what was wrong.
+"""
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from eplb import commands, demo
+from placement import POLICIES, ROUTINGS
+from traces import EplbError
+
+DESCRIPTION = """\
+Expert-parallel load balancer for mixture-of-experts decode.
+
+A routing trace counts the tokens each logical expert receives per step and layer ([T, L, E]). A placement
+says which expert each of the G x S slots of the EP group holds, and each replica's share of its expert's
+tokens. Imbalance is max / mean tokens per GPU, per step and layer; 1.0 is perfect.
+
+Traces: .npz with `counts` [T, L, E] (written by `eplb synth`), .npy [T, L, E], SGLang dumps (.pt with
+`logical_count`), or top-k id logs (.npz with `<task>_topk_ids` [L, N, K], needs --tokens-per-step).
+"""
+
+EPILOG = """\
+examples:
+  eplb demo
+  eplb synth --out trace.npz --steps 2000 --layers 61 --experts 256 --top-k 8 --tokens-per-step 8192 --seed 0
+  eplb place --trace trace.npz --gpus 64 --slots-per-gpu 5 --out placement.json --plot gpu_loads.png
+  eplb score --placement placement.json --trace trace.npz --routing dynamic --json
+  eplb replay --trace trace.npz --gpus 64 --slots-per-gpu 5 --policy deepseek --every 50 --window 50 --plot replay.png
+  eplb place --trace ../shared/data/esft-dsv2lite/esft_vanilla_lite_routing.npz --tokens-per-step 256 \\
+      --task law --gpus 16 --slots-per-gpu 5 --out esft.json
+"""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as one line on stderr and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors; no progress bar")
+
+
+def _add_trace(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, help="routing trace file (.npz, .npy, SGLang .pt, top-k id log)")
+    parser.add_argument("--tokens-per-step", type=int, default=None,
+                        help="tokens per step when reading a top-k id log (e.g. 256 for the ESFT logs)")
+    parser.add_argument("--task", default=None,
+                        help="top-k id logs only: comma-separated tasks to read (default: all, concatenated)")
+    parser.add_argument("--steps", default=None, metavar="START:STOP", help="use only these steps of the trace")
+
+
+def _add_cluster(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpus", type=int, required=True, help="G: GPUs (or NPUs) in the EP group")
+    parser.add_argument("--slots-per-gpu", type=int, required=True, help="S: expert slots per GPU")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per server (default 8)")
+    parser.add_argument("--policy", default="deepseek", choices=sorted(POLICIES),
+                        help="placement policy (default deepseek: DeepSeek's EPLB greedy, equal split)")
+    parser.add_argument("--groups", type=int, default=None,
+                        help="deepseek: expert groups; with groups %% nodes == 0 the hierarchical policy runs")
+
+
+def _add_routing(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--routing", default="static", choices=ROUTINGS,
+                        help="static: fixed replica weights; dynamic: each step re-split optimally (default static)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="eplb", description=DESCRIPTION, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_OneLineParser)
+
+    p = sub.add_parser("demo", help="the main job on an embedded default: synth, place, score, replay, plot",
+                       description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out-dir", default="out/demo", help="where plots, trace and placement go (default out/demo)")
+    p.add_argument("--steps", type=int, default=400, help="steps of the synthetic trace (default 400)")
+    _add_common(p)
+
+    p = sub.add_parser("synth", help="write a synthetic decode routing trace")
+    p.add_argument("--out", required=True, help="output trace (.npz keeps the header, .npy only counts)")
+    p.add_argument("--steps", type=int, default=2000, help="T: decode steps (default 2000)")
+    p.add_argument("--layers", type=int, default=61, help="L: MoE layers (default 61)")
+    p.add_argument("--experts", type=int, default=256, help="E: logical experts per layer (default 256)")
+    p.add_argument("--top-k", type=int, default=8, help="K: experts per token (default 8)")
+    p.add_argument("--tokens-per-step", type=int, default=8192, help="N: tokens per step (default 8192)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--popularity", default="lognormal", choices=("lognormal", "zipf"), help="popularity shape")
+    p.add_argument("--skew", type=float, default=0.8, help="lognormal sigma of expert popularity (default 0.8)")
+    p.add_argument("--plot", default=None, help="also write a load heatmap PNG here")
+    _add_common(p)
+
+    p = sub.add_parser("place", help="fit a placement to a trace and write the placement file")
+    _add_trace(p)
+    _add_cluster(p)
+    _add_routing(p)
+    p.add_argument("--out", required=True, help="placement file to write (JSON, SGLang-readable layout)")
+    p.add_argument("--sglang-out", default=None,
+                   help="also write {physical_to_logical_map} alone, for SGLang versions that reject extra keys")
+    p.add_argument("--plot", default=None, help="also write per-GPU loads before/after as a PNG here")
+    _add_common(p)
+
+    p = sub.add_parser("score", help="score a placement on a trace")
+    p.add_argument("--placement", required=True, help="placement file written by `eplb place`")
+    _add_trace(p)
+    _add_routing(p)
+    p.add_argument("--plot", default=None, help="also write per-GPU loads before/after as a PNG here")
+    _add_common(p)
+
+    p = sub.add_parser("replay", help="rolling replay: refit every N steps on the last W, score what follows")
+    _add_trace(p)
+    _add_cluster(p)
+    _add_routing(p)
+    p.add_argument("--every", type=int, required=True, help="refit every N steps")
+    p.add_argument("--window", type=int, required=True, help="fit on the last W steps")
+    p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
+    _add_common(p)
+
+    p = sub.add_parser("plot", help="write figures for a trace (and a placement)")
+    _add_trace(p)
+    p.add_argument("--placement", default=None, help="placement file: adds per-GPU loads before/after")
+    p.add_argument("--out-dir", default="out/plots", help="directory for the PNG files (default out/plots)")
+    _add_common(p)
+    return parser
+
+
+HANDLERS = {
+    "demo": demo.cmd_demo,
+    "synth": commands.cmd_synth,
+    "place": commands.cmd_place,
+    "score": commands.cmd_score,
+    "replay": commands.cmd_replay,
+    "plot": commands.cmd_plot,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `eplb` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        return HANDLERS[args.command](args)
+    except (EplbError, ValueError) as exc:
+        print(f"eplb {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"eplb {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _one_line(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where}: {first['msg']}" if where else first["msg"]
+    return " ".join(str(exc).split())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

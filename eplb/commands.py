@@ -1,0 +1,188 @@
+"""The `eplb` subcommands: each takes the parsed arguments and returns the process exit status."""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from eplb import plots
+from eplb.progress import Progress
+from eplb.report import format_table
+from placement import (
+    ClusterSpec,
+    Placement,
+    fit_placement,
+    load_placement,
+    rolling_replay,
+    save_placement,
+    save_sglang_mapping,
+    score_placement,
+    static_gpu_loads,
+)
+from traces import RoutingTrace, TraceFormatError, load_trace, save_trace
+from traces.synthetic import SyntheticConfig, generate_trace
+
+
+def read_trace(args: argparse.Namespace) -> RoutingTrace:
+    """The trace named by --trace, narrowed to --steps START:STOP when given."""
+    tasks = args.task.split(",") if getattr(args, "task", None) else None
+    trace = load_trace(args.trace, tokens_per_step=args.tokens_per_step, tasks=tasks)
+    if getattr(args, "steps", None):
+        start, stop = parse_step_range(args.steps, trace.num_steps)
+        trace = trace.steps(start, stop)
+    return trace
+
+
+def parse_step_range(text: str, num_steps: int) -> tuple[int, int]:
+    """'A:B' -> (A, B) within [0, num_steps]; either side may be empty."""
+    try:
+        left, right = text.split(":")
+        start = int(left) if left else 0
+        stop = int(right) if right else num_steps
+    except ValueError:
+        raise TraceFormatError(f"--steps must look like START:STOP (e.g. 0:500); got {text!r}") from None
+    if not 0 <= start < stop <= num_steps:
+        raise TraceFormatError(f"--steps {text} is outside the trace's {num_steps} steps")
+    return start, stop
+
+
+def cluster_from(args: argparse.Namespace) -> ClusterSpec:
+    return ClusterSpec(num_gpus=args.gpus, slots_per_gpu=args.slots_per_gpu, gpus_per_node=args.gpus_per_node)
+
+
+def policy_options(args: argparse.Namespace) -> dict:
+    return {"num_groups": args.groups} if args.policy == "deepseek" and args.groups else {}
+
+
+def emit(args: argparse.Namespace, result: dict, table: str) -> None:
+    """Print one JSON object under --json, else the human table."""
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    elif not args.quiet:
+        print(table)
+
+
+def mean_gpu_loads_LG(placement: Placement, counts_TLE: np.ndarray) -> np.ndarray:
+    """[L, G] mean over steps of each GPU's static load."""
+    return static_gpu_loads(counts_TLE, placement).mean(axis=0)
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    config = SyntheticConfig(
+        num_steps=args.steps,
+        num_layers=args.layers,
+        num_experts=args.experts,
+        top_k=args.top_k,
+        tokens_per_step=args.tokens_per_step,
+        seed=args.seed,
+        popularity=args.popularity,
+        skew=args.skew,
+    )
+    began = time.perf_counter()
+    trace = generate_trace(config)
+    save_trace(trace, args.out)
+    if args.plot:
+        plots.plot_load_heatmap(trace.load_LE(), args.plot, title=f"Expert load: {Path(args.out).name}")
+    result = {"out": str(args.out), "shape": list(trace.counts_TLE.shape), "seconds": time.perf_counter() - began}
+    emit(args, result, f"wrote {args.out}: {trace.num_steps} steps x {trace.num_layers} layers x "
+         f"{trace.num_experts} experts ({result['seconds']:.1f} s)")
+    return 0
+
+
+def cmd_place(args: argparse.Namespace) -> int:
+    trace = read_trace(args)
+    cluster = cluster_from(args)
+    began = time.perf_counter()
+    placement = fit_placement(args.policy, trace.counts_TLE, cluster, **policy_options(args))
+    seconds = time.perf_counter() - began
+    placement.info.update({"fit_steps": trace.num_steps, "solve_seconds": seconds, "trace": trace.header.source})
+    save_placement(placement, args.out)
+    if args.sglang_out:
+        save_sglang_mapping(placement, args.sglang_out)
+    fitted = score_placement(placement, trace.counts_TLE, args.routing).summary()
+    result = {"out": str(args.out), "policy": args.policy, "solve_seconds": seconds, **fitted}
+    if args.plot:
+        trivial = fit_placement("trivial", trace.counts_TLE, cluster)
+        plots.plot_gpu_loads(
+            mean_gpu_loads_LG(trivial, trace.counts_TLE),
+            mean_gpu_loads_LG(placement, trace.counts_TLE),
+            args.plot,
+            labels=("no balancing", args.policy),
+            title=f"Per-GPU load, {cluster.num_gpus} GPUs x {cluster.slots_per_gpu} slots",
+        )
+    table = format_table([{"policy": args.policy, "routing": args.routing, "fit": "fitted", **fitted}],
+                         ("policy", "routing", "fit"))
+    emit(args, result, f"wrote {args.out} ({seconds * 1000:.0f} ms)\n{table}")
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    placement = load_placement(args.placement)
+    trace = read_trace(args)
+    scores = score_placement(placement, trace.counts_TLE, args.routing)
+    result = {"placement": str(args.placement), "policy": placement.policy, **scores.summary()}
+    if args.plot:
+        trivial = fit_placement("trivial", trace.counts_TLE, placement.cluster)
+        plots.plot_gpu_loads(
+            mean_gpu_loads_LG(trivial, trace.counts_TLE),
+            mean_gpu_loads_LG(placement, trace.counts_TLE),
+            args.plot,
+            labels=("no balancing", placement.policy or "placement"),
+        )
+    rows = [{"policy": placement.policy, "routing": args.routing, **result}]
+    emit(args, result, format_table(rows, ("policy", "routing")))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    trace = read_trace(args)
+    cluster = cluster_from(args)
+    progress = Progress(f"replay {args.policy}", enabled=not (args.json or args.quiet))
+    try:
+        result = rolling_replay(
+            trace.counts_TLE, cluster, args.policy, args.every, args.window, args.routing,
+            policy_options(args), on_refit=progress.callback(),
+        )
+    finally:
+        progress.close()
+    summary = {"policy": args.policy, "every": args.every, "window": args.window, **result.summary()}
+    if args.plot:
+        plots.plot_imbalance_over_time(
+            {f"{args.policy}, {args.routing}": result.held_out.imbalance_TL.mean(axis=1)},
+            args.plot,
+            refit_steps=[s - args.window for s in result.refit_steps],
+            lower_bound_T=result.held_out.lower_bound_TL.mean(axis=1),
+            title=f"Rolling replay: refit every {args.every} steps on the last {args.window}",
+        )
+    rows = [
+        {"policy": args.policy, "routing": args.routing, "fit": "held-out", **summary},
+        {"policy": args.policy, "routing": args.routing, "fit": "fitted", **result.fitted.summary()},
+    ]
+    emit(args, summary, format_table(rows, ("policy", "routing", "fit")))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    trace = read_trace(args)
+    out_dir = Path(args.out_dir)
+    written = [out_dir / "load_heatmap.png"]
+    plots.plot_load_heatmap(trace.load_LE(), written[0], title=f"Expert load: {Path(args.trace).name}")
+    if args.placement:
+        placement = load_placement(args.placement)
+        trivial = fit_placement("trivial", trace.counts_TLE, placement.cluster)
+        written.append(out_dir / "gpu_loads.png")
+        plots.plot_gpu_loads(
+            mean_gpu_loads_LG(trivial, trace.counts_TLE),
+            mean_gpu_loads_LG(placement, trace.counts_TLE),
+            written[1],
+            labels=("no balancing", placement.policy or "placement"),
+        )
+    emit(args, {"written": [str(p) for p in written]}, "\n".join(f"wrote {p}" for p in written))
+    return 0
+
+
+def warn(message: str) -> None:
+    print(f"eplb: {message}", file=sys.stderr)

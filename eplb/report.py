@@ -1,0 +1,20 @@
+"""Plain-text tables of scores for the terminal."""
+
+SCORE_COLUMNS = (
+    ("imbalance_mean", "mean"),
+    ("imbalance_p99", "p99"),
+    ("imbalance_max", "max"),
+    ("lower_bound", "bound"),
+)
+
+
+def format_table(rows: list[dict], label_keys: tuple[str, ...]) -> str:
+    """A fixed-width table: the `label_keys` columns, then mean / p99 / max imbalance and the lower bound."""
+    headers = [*label_keys, *(title for _, title in SCORE_COLUMNS)]
+    cells = [
+        [str(row.get(k, "")) for k in label_keys] + [f"{row[key]:.3f}" for key, _ in SCORE_COLUMNS] for row in rows
+    ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    body = ["  ".join(c.ljust(w) for c, w in zip(cell, widths)) for cell in cells]
+    return "\n".join([line, "  ".join("-" * w for w in widths), *body])

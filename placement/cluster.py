@@ -1,0 +1,53 @@
+"""The EP group a placement is for: GPUs, nodes and expert slots."""
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from placement.errors import PlacementInfeasibleError
+
+
+class ClusterSpec(BaseModel):
+    """One expert-parallel group of `num_gpus` cards with `slots_per_gpu` expert slots each.
+
+    Slot p (0 <= p < P = num_gpus * slots_per_gpu) lives on GPU p // slots_per_gpu, and GPU g on node
+    g // gpus_per_node.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_gpus: int = Field(gt=0, description="G: cards in the EP group.")
+    slots_per_gpu: int = Field(gt=0, description="S: expert slots per card.")
+    gpus_per_node: int = Field(8, gt=0, description="Cards per server; the EP group spans G / gpus_per_node nodes.")
+
+    @model_validator(mode="after")
+    def _whole_nodes(self) -> "ClusterSpec":
+        if self.num_gpus % self.gpus_per_node != 0 and self.num_gpus > self.gpus_per_node:
+            raise ValueError(
+                f"{self.num_gpus} GPUs do not fill whole nodes of {self.gpus_per_node}; "
+                f"use a multiple of {self.gpus_per_node} GPUs or set --gpus-per-node"
+            )
+        return self
+
+    @property
+    def num_slots(self) -> int:
+        """P: expert slots in the whole group."""
+        return self.num_gpus * self.slots_per_gpu
+
+    @property
+    def num_nodes(self) -> int:
+        """N: servers the group spans (1 when the group is smaller than one node)."""
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def node_size(self) -> int:
+        """GPUs per node actually used (min of gpus_per_node and num_gpus)."""
+        return min(self.gpus_per_node, self.num_gpus)
+
+    def check_fits(self, num_experts: int) -> None:
+        """Raise `PlacementInfeasibleError` unless every one of `num_experts` experts can have a slot (P >= E)."""
+        if self.num_slots < num_experts:
+            need_slots = -(-num_experts // self.num_gpus)
+            need_gpus = -(-num_experts // self.slots_per_gpu)
+            raise PlacementInfeasibleError(
+                f"{self.num_gpus} GPUs x {self.slots_per_gpu} slots = {self.num_slots} slots cannot hold "
+                f"{num_experts} experts; use --slots-per-gpu >= {need_slots} or --gpus >= {need_gpus}"
+            )

@@ -1,0 +1,105 @@
+"""The placement file of DESIGN.md: JSON that SGLang's `--init-expert-location` reads.
+
+```
+{"schema_version": 1, "num_layers": L, "num_logical_experts": E, "num_gpus": G, "gpus_per_node": 8,
+ "slots_per_gpu": S, "physical_to_logical_map": [[P ints] x L], "replica_weights": [[P floats] x L],
+ "policy": "...", "info": {...}}
+```
+
+SGLang (2025-26) passes every key of the file to `ExpertLocationMetadata.init_by_mapping(**data)`, which accepts
+only `physical_to_logical_map`; `save_sglang_mapping` writes that one-key file for SGLang versions that reject the
+extra keys.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from placement.cluster import ClusterSpec
+from placement.errors import PlacementFormatError
+from placement.placement_model import Placement
+from traces.atomic_file import write_text_atomically
+
+SCHEMA_VERSION = 1
+REQUIRED_KEYS = (
+    "num_layers",
+    "num_logical_experts",
+    "num_gpus",
+    "slots_per_gpu",
+    "physical_to_logical_map",
+    "replica_weights",
+)
+
+
+def placement_to_dict(placement: Placement) -> dict:
+    """The JSON-ready dict of the placement file."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "num_layers": placement.num_layers,
+        "num_logical_experts": placement.num_experts,
+        "num_gpus": placement.cluster.num_gpus,
+        "gpus_per_node": placement.cluster.gpus_per_node,
+        "slots_per_gpu": placement.cluster.slots_per_gpu,
+        "physical_to_logical_map": placement.phy2log_LP.tolist(),
+        "replica_weights": np.round(placement.weights_LP, 12).tolist(),
+        "policy": placement.policy,
+        "info": placement.info,
+    }
+
+
+def save_placement(placement: Placement, path: str | os.PathLike) -> None:
+    """Write the placement file atomically."""
+    write_text_atomically(path, json.dumps(placement_to_dict(placement), separators=(",", ":")) + "\n")
+
+
+def save_sglang_mapping(placement: Placement, path: str | os.PathLike) -> None:
+    """Write `{"physical_to_logical_map": [...]}` only, the form every SGLang version accepts."""
+    data = {"physical_to_logical_map": placement.phy2log_LP.tolist()}
+    write_text_atomically(path, json.dumps(data, separators=(",", ":")) + "\n")
+
+
+def load_placement(path: str | os.PathLike) -> Placement:
+    """Read and validate a placement file; raise `PlacementFormatError` with the reason if it is bad."""
+    file = Path(path)
+    if not file.is_file():
+        raise PlacementFormatError(f"placement file not found: {file}; write one with `eplb place ... --out FILE`")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlacementFormatError(f"{file} is not valid JSON: {exc}") from exc
+    return placement_from_dict(data, str(file))
+
+
+def placement_from_dict(data: dict, where: str = "placement") -> Placement:
+    """Build a `Placement` from the placement file's dict."""
+    if not isinstance(data, dict):
+        raise PlacementFormatError(f"{where}: expected a JSON object, found {type(data).__name__}")
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise PlacementFormatError(f"{where}: schema_version {version} is not supported; expected {SCHEMA_VERSION}")
+    missing = [k for k in REQUIRED_KEYS if k not in data]
+    if missing:
+        raise PlacementFormatError(f"{where}: missing keys {missing}; expected the placement file of DESIGN.md")
+    try:
+        cluster = ClusterSpec(
+            num_gpus=data["num_gpus"], slots_per_gpu=data["slots_per_gpu"], gpus_per_node=data.get("gpus_per_node", 8)
+        )
+        phy2log = np.asarray(data["physical_to_logical_map"], dtype=np.int64)
+        weights = np.asarray(data["replica_weights"], dtype=np.float64)
+    except (ValueError, TypeError) as exc:
+        raise PlacementFormatError(f"{where}: {' '.join(str(exc).split())}") from exc
+    if phy2log.ndim != 2 or phy2log.shape[0] != data["num_layers"]:
+        raise PlacementFormatError(
+            f"{where}: physical_to_logical_map has shape {tuple(phy2log.shape)}; expected "
+            f"[{data['num_layers']}, {cluster.num_slots}]"
+        )
+    return Placement(
+        phy2log,
+        weights,
+        cluster,
+        int(data["num_logical_experts"]),
+        str(data.get("policy", "")),
+        dict(data.get("info", {})),
+    )

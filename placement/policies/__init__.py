@@ -1,0 +1,40 @@
+"""Placement policies, by name. A policy fits a placement to a window of steps of a routing trace.
+
+Each entry maps a name to `fit(counts_TLE [T, L, E], cluster, **options) -> Placement`.
+"""
+
+from collections.abc import Callable
+
+import numpy as np
+
+from placement.cluster import ClusterSpec
+from placement.errors import PlacementInfeasibleError
+from placement.placement_model import Placement
+from placement.policies.deepseek import deepseek_rebalance, place_deepseek
+
+PolicyFit = Callable[..., Placement]
+
+
+def _fit_deepseek(counts_TLE: np.ndarray, cluster: ClusterSpec, num_groups: int | None = None) -> Placement:
+    return place_deepseek(counts_TLE.sum(axis=0), cluster, num_groups=num_groups)
+
+
+def _fit_trivial(counts_TLE: np.ndarray, cluster: ClusterSpec) -> Placement:
+    """No balancing: slot p holds expert p % E (SGLang's `trivial` layout), equal split over the copies."""
+    _, num_layers, num_experts = counts_TLE.shape
+    cluster.check_fits(num_experts)
+    phy2log = np.tile(np.arange(cluster.num_slots) % num_experts, (num_layers, 1))
+    return Placement.equal_split(phy2log, cluster, num_experts, "trivial")
+
+
+POLICIES: dict[str, PolicyFit] = {"deepseek": _fit_deepseek, "trivial": _fit_trivial}
+
+
+def fit_placement(policy: str, counts_TLE: np.ndarray, cluster: ClusterSpec, **options) -> Placement:
+    """Fit a placement with the named policy to the steps of `counts_TLE` [T, L, E]."""
+    if policy not in POLICIES:
+        raise PlacementInfeasibleError(f"unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+    return POLICIES[policy](counts_TLE, cluster, **options)
+
+
+__all__ = ["POLICIES", "PolicyFit", "deepseek_rebalance", "fit_placement", "place_deepseek"]

@@ -1,0 +1,149 @@
+"""Scoring a placement on a routing trace: per (step, layer) imbalance under static or dynamic routing.
+
+Legend: T steps, L layers, E logical experts, G GPUs, P slots.
+
+- static routing: expert e's tokens split over its replicas in the placement's fixed `weights`;
+- dynamic routing: each step's tokens split over replicas to minimise that step's busiest GPU
+  (`placement.dynamic_split`: provably within `DYNAMIC_TOLERANCE` of the optimum, gap reported).
+Imbalance is max over GPUs / mean over GPUs of tokens processed; a step with no tokens scores 1.0.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from placement.bounds import equal_split_bound
+from placement.dynamic_split import ReplicaGraph, optimal_split_loads
+from placement.errors import PlacementFormatError
+from placement.placement_model import Placement
+
+Routing = Literal["static", "dynamic"]
+ROUTINGS: tuple[str, ...] = ("static", "dynamic")
+DYNAMIC_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class StepScores:
+    """Per (step, layer) results of scoring.
+
+    Attributes:
+        imbalance_TL: [T, L] max / mean GPU load.
+        lower_bound_TL: [T, L] the lower bound for this routing (1.0 for splittable routing, the equal-split
+            bound for an equal-split placement under static routing).
+        routing: "static" or "dynamic".
+        dynamic_gap_TL: [T, L] certified relative gap to the optimal split (zeros for static routing).
+    """
+
+    imbalance_TL: np.ndarray
+    lower_bound_TL: np.ndarray
+    routing: str
+    dynamic_gap_TL: np.ndarray
+
+    def summary(self) -> dict:
+        """Mean, p99 and worst imbalance over (step, layer), with the lower bound beside them."""
+        return summarize(self.imbalance_TL, self.lower_bound_TL, self.routing, self.dynamic_gap_TL)
+
+    @staticmethod
+    def concatenate(parts: list["StepScores"]) -> "StepScores":
+        """Stack the steps of several results (same routing and layers)."""
+        return StepScores(
+            np.concatenate([p.imbalance_TL for p in parts]),
+            np.concatenate([p.lower_bound_TL for p in parts]),
+            parts[0].routing,
+            np.concatenate([p.dynamic_gap_TL for p in parts]),
+        )
+
+
+def summarize(imbalance_TL: np.ndarray, lower_bound_TL: np.ndarray, routing: str, gap_TL: np.ndarray) -> dict:
+    """The summary dict of the JSON output (keys are a contract: imbalance_mean/p99/max, lower_bound)."""
+    return {
+        "routing": routing,
+        "steps": int(imbalance_TL.shape[0]),
+        "layers": int(imbalance_TL.shape[1]),
+        "imbalance_mean": float(imbalance_TL.mean()),
+        "imbalance_p99": float(np.quantile(imbalance_TL, 0.99)),
+        "imbalance_max": float(imbalance_TL.max()),
+        "lower_bound": float(lower_bound_TL.mean()),
+        "lower_bound_p99": float(np.quantile(lower_bound_TL, 0.99)),
+        "dynamic_gap_max": float(gap_TL.max()),
+        "worst_layer": int(imbalance_TL.mean(axis=0).argmax()),
+    }
+
+
+def check_compatible(placement: Placement, counts_TLE: np.ndarray) -> None:
+    """Raise `PlacementFormatError` unless the placement is for the trace's layers and experts."""
+    _, num_layers, num_experts = counts_TLE.shape
+    if (placement.num_layers, placement.num_experts) != (num_layers, num_experts):
+        raise PlacementFormatError(
+            f"the placement is for {placement.num_layers} layers x {placement.num_experts} experts but the trace "
+            f"has {num_layers} layers x {num_experts} experts; place again on a trace of this model"
+        )
+
+
+def slot_weights_LEG(placement: Placement) -> np.ndarray:
+    """[L, E, G] float: share of expert e's tokens that GPU g takes under static routing."""
+    num_layers = placement.num_layers
+    share = np.zeros((num_layers, placement.num_experts, placement.cluster.num_gpus))
+    layer = np.repeat(np.arange(num_layers), placement.cluster.num_slots)
+    gpu = np.tile(placement.gpu_of_slot_P, num_layers)
+    np.add.at(share, (layer, placement.phy2log_LP.ravel(), gpu), placement.weights_LP.ravel())
+    return share
+
+
+def static_gpu_loads(counts_TLE: np.ndarray, placement: Placement) -> np.ndarray:
+    """[T, L, G] float: tokens each GPU processes under static routing."""
+    share_LEG = slot_weights_LEG(placement)
+    return np.einsum("tle,leg->tlg", counts_TLE.astype(np.float64), share_LEG, optimize=True)
+
+
+def dynamic_gpu_loads(counts_TLE: np.ndarray, placement: Placement) -> tuple[np.ndarray, np.ndarray]:
+    """[T, L, G] GPU loads under the optimal per-step split, and [T, L] the certified gap of each."""
+    steps, num_layers, num_experts = counts_TLE.shape
+    num_gpus = placement.cluster.num_gpus
+    loads = np.empty((steps, num_layers, num_gpus))
+    gaps = np.empty((steps, num_layers))
+    for layer in range(num_layers):
+        graph = ReplicaGraph.build(placement.phy2log_LP[layer], placement.gpu_of_slot_P, num_experts, num_gpus)
+        loads[:, layer], gaps[:, layer] = optimal_split_loads(counts_TLE[:, layer], graph, DYNAMIC_TOLERANCE)
+    return loads, gaps
+
+
+def imbalance_of(loads_TLG: np.ndarray) -> np.ndarray:
+    """[T, L] max / mean over GPUs (1.0 where a step carries no tokens)."""
+    mean = loads_TLG.mean(axis=-1)
+    peak = loads_TLG.max(axis=-1)
+    return np.divide(peak, mean, out=np.ones_like(peak), where=mean > 0)
+
+
+def score_placement(
+    placement: Placement, counts_TLE: np.ndarray, routing: Routing = "static", chunk_steps: int = 256
+) -> StepScores:
+    """Score `placement` on every step and layer of `counts_TLE` [T, L, E]."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {ROUTINGS}; got {routing!r}")
+    check_compatible(placement, counts_TLE)
+    parts = [_score_chunk(placement, chunk, routing) for chunk in _chunks(counts_TLE, chunk_steps)]
+    return StepScores.concatenate(parts)
+
+
+def _score_chunk(placement: Placement, counts_TLE: np.ndarray, routing: str) -> StepScores:
+    steps, num_layers, num_experts = counts_TLE.shape
+    if routing == "static":
+        loads = static_gpu_loads(counts_TLE, placement)
+        gaps = np.zeros((steps, num_layers))
+    else:
+        loads, gaps = dynamic_gpu_loads(counts_TLE, placement)
+    if routing == "static" and placement.is_equal_split():
+        flat = counts_TLE.reshape(-1, num_experts)
+        bound = equal_split_bound(flat, placement.cluster.num_slots, placement.cluster.num_gpus)
+        bound = bound.reshape(steps, num_layers)
+    else:
+        bound = np.ones((steps, num_layers))
+    return StepScores(imbalance_of(loads), bound, routing, gaps)
+
+
+def _chunks(counts_TLE: np.ndarray, chunk_steps: int) -> Iterator[np.ndarray]:
+    for start in range(0, counts_TLE.shape[0], chunk_steps):
+        yield counts_TLE[start : start + chunk_steps]

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository and installs the project with its test tools.
+# Idempotent: a second run only re-checks. On a machine without a GPU the CPU build of torch is pinned
+# through constraints-cpu.txt; set EPLB_TORCH_CONSTRAINTS= (empty) to let pip pick torch itself.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+constraints="${EPLB_TORCH_CONSTRAINTS-constraints-cpu.txt}"
+stamp=".venv/.installed-$(cat pyproject.toml constraints-cpu.txt | sha1sum | cut -c1-12)"
+if [ -f "$stamp" ]; then
+  exit 0
+fi
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+args=(-q -e ".[test]")
+if [ -n "$constraints" ]; then
+  args+=(-c "$constraints")
+fi
+.venv/bin/python -m pip install "${args[@]}" >&2
+rm -f .venv/.installed-*
+touch "$stamp"

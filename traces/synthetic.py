@@ -1,0 +1,194 @@
+"""Seeded synthetic MoE decode routing traffic: skewed, domain-mixed, drifting and bursty expert loads.
+
+Legend: T steps, L MoE layers, E logical experts, K top-k, N tokens per step, D traffic domains,
+B bursts, R rows (flattened step x layer pairs).
+
+The model, in the order `generate_trace` builds it:
+
+1. Popularity. Each expert of each layer has a standard-normal base score; domain d's score is
+   `overlap * base + sqrt(1 - overlap**2) * own_d`, so `domain_overlap` is the correlation between domains.
+   A score becomes a weight by `exp(skew * score)` (lognormal) or `rank ** -zipf_exponent` (Zipf, rank 1 =
+   highest score). Scores are random per layer, so which expert is hot is a random permutation per layer.
+2. Drift. Domain d's share of the traffic at step t is a softmax over domains of
+   `drift_strength * sin(2 pi t / period_d + phase_d)`, with period_d drawn in [0.5, 1.5] x `drift_period_steps`.
+3. Bursts. Each layer gets Poisson(`burst_rate` * T / 1000) bursts; a burst picks one expert uniformly and
+   multiplies its weight by `burst_factor` for about `burst_length_steps` steps (exponentially distributed).
+4. Sampling. Each step splits its N tokens over domains by a multinomial over the mix; the pick probability
+   p_e of expert e in a (step, layer) is the token-weighted mean of the domains' popularities, times any burst
+   boost, normalised; the N * K picks are drawn from a multinomial over p.
+
+Example: the default shape, 61 layers x 256 experts x 2000 steps x 8192 tokens x top-8, gives counts_TLE of
+shape [2000, 61, 256] whose rows each sum to 8192 * 8 = 65536.
+"""
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from traces.routing_trace import RoutingTrace
+
+# Float64 values of one [steps, L, E] chunk while sampling: 2**21 values = 16 MiB per temporary array.
+_CHUNK_VALUES = 1 << 21
+
+
+class SyntheticConfig(BaseModel):
+    """Shape, seed and traffic character of a synthetic routing trace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_steps: int = Field(2000, ge=1, description="T: decode steps to generate.")
+    num_layers: int = Field(61, ge=1, description="L: MoE layers.")
+    num_experts: int = Field(256, ge=1, description="E: logical experts per layer.")
+    top_k: int = Field(8, ge=1, description="K: distinct experts each token picks; at most num_experts.")
+    tokens_per_step: int = Field(8192, ge=1, description="N: tokens in one decode step of the EP group.")
+    seed: int = Field(0, ge=0, description="Seed of numpy.random.default_rng; same seed, same trace.")
+    popularity: Literal["lognormal", "zipf"] = Field(
+        "lognormal", description="Shape of expert popularity: lognormal weights or Zipf over a random ranking."
+    )
+    skew: float = Field(
+        0.8, ge=0, description="Sigma of the lognormal popularity (0.8: busiest expert ~4-6x the mean); 0 = uniform."
+    )
+    zipf_exponent: float = Field(1.0, ge=0, description="Exponent s of Zipf popularity rank**-s; 0 = uniform.")
+    num_domains: int = Field(
+        4, ge=1, description="D: traffic domains (e.g. code, chat, math), each with its own popularity."
+    )
+    domain_overlap: float = Field(
+        0.7,
+        ge=0,
+        le=1,
+        description="Correlation of each domain's popularity scores with the shared base; 1 = identical domains.",
+    )
+    drift_period_steps: float = Field(
+        1000.0, gt=0, description="Typical period, in steps, of each domain's sinusoidal share of the traffic."
+    )
+    drift_strength: float = Field(
+        1.0, ge=0, description="Amplitude of the domain-mix logits; 0 = a constant, equal mix (no drift)."
+    )
+    burst_rate: float = Field(2.0, ge=0, description="Expected bursts per layer per 1000 steps; 0 = no bursts.")
+    burst_length_steps: float = Field(50.0, ge=1, description="Mean length of a burst in steps.")
+    burst_factor: float = Field(4.0, ge=1, description="Factor on a bursting expert's popularity weight.")
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> "SyntheticConfig":
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"top_k={self.top_k} exceeds num_experts={self.num_experts}: a token picks top_k distinct experts; "
+                f"lower top_k or raise num_experts"
+            )
+        return self
+
+
+def generate_trace(config: SyntheticConfig) -> RoutingTrace:
+    """Generate a synthetic routing trace (see the module docstring for the model).
+
+    Returns a trace whose counts_TLE is [T, L, E] int64, tokens per logical expert per step and layer; every
+    (step, layer) row sums to exactly N * K and no entry exceeds N. The same config gives the same trace.
+
+    Top-k approximation: a token picks K *distinct* experts, so it picks expert e with probability K * p_e,
+    which cannot exceed 1. Pick probabilities are therefore capped at 1/K and the excess is handed to the
+    uncapped experts in proportion, repeating until none exceeds the cap; a capped ("saturated") expert gets
+    exactly N tokens. The remaining picks are drawn with replacement from one multinomial: right in expectation,
+    a little too noisy for experts with large K * p_e, and now and then above N, in which case the overflow is
+    clipped and dealt, without replacement, to the free capacity N - count of the other experts of that row.
+    """
+    c = config
+    T, L, E, K, N = c.num_steps, c.num_layers, c.num_experts, c.top_k, c.tokens_per_step
+    # Separate streams, so that e.g. changing num_steps does not reshuffle which experts are popular.
+    popularity_rng, mix_rng, burst_rng, sample_rng = np.random.default_rng(c.seed).spawn(4)
+    p_DLE = _domain_popularity_DLE(c, popularity_rng)
+    mix_TD = _domain_mix_TD(c, mix_rng)
+    bursts = _draw_bursts(c, burst_rng)
+    # Step 1: split each step's tokens over domains.
+    tokens_TD = sample_rng.multinomial(N, mix_TD)
+    counts_TLE = np.empty((T, L, E), dtype=np.int64)
+    chunk = max(1, _CHUNK_VALUES // (L * E))
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        # Step 2: pick weights of this chunk's steps, the token-weighted mix of domain popularities.
+        w_tLE = ((tokens_TD[t0:t1] / N) @ p_DLE.reshape(c.num_domains, L * E)).reshape(t1 - t0, L, E)
+        _apply_bursts(w_tLE, bursts, t0, c.burst_factor)
+        # Step 3: sample N * K picks per (step, layer).
+        counts_TLE[t0:t1] = _sample_counts_RE(w_tLE.reshape(-1, E), N, K, sample_rng).reshape(t1 - t0, L, E)
+    source = f"traces.synthetic.generate_trace seed={c.seed} config={c.model_dump_json()}"
+    return RoutingTrace.from_counts(counts_TLE, top_k=K, tokens_per_step=N, source=source)
+
+
+def _domain_popularity_DLE(c: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
+    """[D, L, E] float64: each domain's pick probability per expert and layer; sums to 1 over E."""
+    base_LE = rng.standard_normal((c.num_layers, c.num_experts))
+    own_DLE = rng.standard_normal((c.num_domains, c.num_layers, c.num_experts))
+    score_DLE = c.domain_overlap * base_LE + math.sqrt(1.0 - c.domain_overlap**2) * own_DLE
+    if c.popularity == "lognormal":
+        w_DLE = np.exp(c.skew * score_DLE)
+    else:
+        rank_DLE = np.argsort(np.argsort(-score_DLE, axis=-1), axis=-1) + 1  # 1 = highest score
+        w_DLE = rank_DLE.astype(np.float64) ** -c.zipf_exponent
+    return w_DLE / w_DLE.sum(axis=-1, keepdims=True)
+
+
+def _domain_mix_TD(c: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
+    """[T, D] float64: each domain's share of the traffic per step; sums to 1 over D and varies smoothly in t."""
+    period_D = c.drift_period_steps * rng.uniform(0.5, 1.5, size=c.num_domains)
+    phase_D = rng.uniform(0.0, 2 * math.pi, size=c.num_domains)
+    t_T = np.arange(c.num_steps, dtype=np.float64)
+    logit_TD = c.drift_strength * np.sin(2 * math.pi * t_T[:, None] / period_D + phase_D)
+    mix_TD = np.exp(logit_TD - logit_TD.max(axis=-1, keepdims=True))
+    return mix_TD / mix_TD.sum(axis=-1, keepdims=True)
+
+
+def _draw_bursts(c: SyntheticConfig, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Bursts as (start_B, stop_B, layer_B, expert_B), int64: expert_B[b] of layer_B[b] is hot in [start, stop)."""
+    per_layer_L = rng.poisson(c.burst_rate * c.num_steps / 1000.0, size=c.num_layers)
+    layer_B = np.repeat(np.arange(c.num_layers), per_layer_L)
+    start_B = rng.integers(0, c.num_steps, size=layer_B.size)
+    length_B = np.maximum(1, np.rint(rng.exponential(c.burst_length_steps, size=layer_B.size))).astype(np.int64)
+    expert_B = rng.integers(0, c.num_experts, size=layer_B.size)
+    return start_B, start_B + length_B, layer_B, expert_B
+
+
+def _apply_bursts(w_tLE: np.ndarray, bursts: tuple[np.ndarray, ...], t0: int, factor: float) -> None:
+    """Multiply, in place, the weights of bursting experts in the chunk of steps [t0, t0 + t) by `factor`."""
+    start_B, stop_B, layer_B, expert_B = bursts
+    num_t = w_tLE.shape[0]
+    lo_B = np.clip(start_B - t0, 0, num_t)
+    len_B = np.clip(stop_B - t0, 0, num_t) - lo_B
+    # One entry per (burst, covered step): the step is lo_B plus its offset within the burst.
+    offset = np.arange(len_B.sum()) - np.repeat(np.cumsum(len_B) - len_B, len_B)
+    t_idx = np.repeat(lo_B, len_B) + offset
+    np.multiply.at(w_tLE, (t_idx, np.repeat(layer_B, len_B), np.repeat(expert_B, len_B)), factor)
+
+
+def _cap_pick_probs_RE(w_RE: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cap pick probabilities at 1/K, iterating because renormalising can push others over the cap.
+
+    Args:
+        w_RE: [R, E] float64, positive pick weights per row.
+    Returns:
+        p_RE: [R, E] float64, pick probabilities of the unsaturated experts, normalised over them (0 elsewhere).
+        saturated_RE: [R, E] bool, experts every token picks (at most K per row).
+    """
+    saturated_RE = np.zeros(w_RE.shape, dtype=bool)
+    while True:
+        free_RE = np.where(saturated_RE, 0.0, w_RE)
+        total_R1 = free_RE.sum(axis=-1, keepdims=True)
+        total_R1[total_R1 == 0] = 1.0  # every expert saturated (K == E): nothing left to pick
+        budget_R1 = (top_k - saturated_RE.sum(axis=-1, keepdims=True)) / top_k  # probability mass not capped
+        newly_RE = free_RE * (budget_R1 / total_R1) > 1.0 / top_k
+        if not newly_RE.any():
+            return free_RE / total_R1, saturated_RE
+        saturated_RE |= newly_RE
+
+
+def _sample_counts_RE(w_RE: np.ndarray, n_tokens: int, top_k: int, rng: np.random.Generator) -> np.ndarray:
+    """[R, E] int64 token counts from [R, E] pick weights: rows sum to N * K, no entry exceeds N."""
+    p_RE, saturated_RE = _cap_pick_probs_RE(w_RE, top_k)
+    picks_R = n_tokens * (top_k - saturated_RE.sum(axis=-1))
+    counts_RE = rng.multinomial(picks_R, p_RE) + n_tokens * saturated_RE
+    # Rare: a multinomial draw above N. Clip it and deal the excess over the others' free capacity.
+    for r in np.flatnonzero((counts_RE > n_tokens).any(axis=-1)):
+        excess = int(np.maximum(counts_RE[r] - n_tokens, 0).sum())
+        np.minimum(counts_RE[r], n_tokens, out=counts_RE[r])
+        counts_RE[r] += rng.multivariate_hypergeometric(n_tokens - counts_RE[r], excess)
+    return counts_RE
