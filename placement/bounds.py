@@ -13,7 +13,7 @@ BISECTION_ROUNDS = 40
 
 
 def min_max_load_per_replica(counts_BE: np.ndarray, num_slots: int) -> np.ndarray:
-    """[B] a lower bound, tight to 2**-40 relative, on min over replica counts of max_e c_e / r_e.
+    """[B] a lower bound, within about 1e-8 relative, on min over replica counts of max_e c_e / r_e.
 
     Found by bisection on the threshold theta: theta is feasible iff sum_e max(1, ceil(c_e / theta)) <= P.
     The returned value is the largest infeasible theta found (or 0 for an all-zero row), so it never exceeds

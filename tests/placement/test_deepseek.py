@@ -1,0 +1,76 @@
+"""The baseline policy reproduces DeepSeek's public EPLB algorithm exactly, vectorised."""
+
+import numpy as np
+import pytest
+
+from placement import ClusterSpec, PlacementInfeasibleError, fit_placement
+from placement.policies.deepseek import deepseek_rebalance, pack_balanced, replicate_greedy
+from placement.policies.deepseek_reference import reference_rebalance
+
+README_LOAD = np.array(
+    [
+        [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+        [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27],
+    ]
+)
+README_PHY2LOG = [
+    [5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
+    [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1],
+]
+
+
+def test_public_readme_example_is_reproduced_exactly():
+    phy2log, log2phy, logcnt = deepseek_rebalance(README_LOAD, 16, 4, 2, 8)
+    assert phy2log.tolist() == README_PHY2LOG
+    assert log2phy.shape == (2, 12, 2)
+    np.testing.assert_array_equal(logcnt.sum(axis=1), [16, 16])
+    # log2phy and phy2log describe the same slots.
+    for layer in range(2):
+        for expert in range(12):
+            slots = [s for s in log2phy[layer, expert] if s >= 0]
+            assert len(slots) == logcnt[layer, expert]
+            assert all(phy2log[layer, s] == expert for s in slots)
+
+
+def test_public_readme_example_imbalance_matches_published_figures():
+    phy2log, _, logcnt = deepseek_rebalance(README_LOAD, 16, 4, 2, 8)
+    per_slot = np.take_along_axis(README_LOAD / logcnt, phy2log, axis=1)
+    per_gpu = per_slot.reshape(2, 8, 2).sum(axis=2)
+    np.testing.assert_allclose(per_gpu.max(axis=1) / per_gpu.mean(axis=1), [1.208, 1.242], atol=1e-3)
+    assert per_gpu[0, :4].sum() == pytest.approx(446) and per_gpu[0, 4:].sum() == pytest.approx(587)
+
+
+@pytest.mark.parametrize(
+    "num_slots, num_groups, num_nodes, num_gpus",
+    [(320, 1, 1, 64), (384, 1, 1, 128), (384, 8, 8, 128), (288, 32, 4, 32), (256, 1, 1, 64)],
+    ids=["global-64x5", "global-128x3", "hier-8-nodes", "hier-4-nodes", "no-redundancy"],
+)
+def test_vectorised_policy_equals_the_loop_reference(num_slots, num_groups, num_nodes, num_gpus):
+    load = np.random.default_rng(num_slots + num_groups).integers(0, 2000, size=(4, 256)).astype(float)
+    phy2log, _, _ = deepseek_rebalance(load, num_slots, num_groups, num_nodes, num_gpus)
+    np.testing.assert_array_equal(phy2log, reference_rebalance(load, num_slots, num_groups, num_nodes, num_gpus))
+
+
+def test_replication_minimises_the_largest_load_per_replica():
+    load = np.array([[100.0, 10.0, 40.0, 1.0]])
+    _, _, logcnt = replicate_greedy(load, 8)
+    np.testing.assert_array_equal(logcnt, [[4, 1, 2, 1]])  # 25, 10, 20, 1: no other split of 8 does better
+
+
+def test_packing_fills_every_pack_exactly_and_heaviest_first():
+    weight = np.array([[9.0, 8.0, 7.0, 1.0, 1.0, 1.0]])
+    pack, rank = pack_balanced(weight, 3)
+    assert sorted(np.bincount(pack[0])) == [2, 2, 2]
+    assert pack[0, :3].tolist() == [0, 1, 2]
+    assert rank[0, :3].tolist() == [0, 0, 0]
+
+
+def test_fit_placement_refuses_too_few_slots_with_advice():
+    counts = np.ones((2, 1, 32), dtype=np.int64)
+    with pytest.raises(PlacementInfeasibleError, match="--slots-per-gpu"):
+        fit_placement("deepseek", counts, ClusterSpec(num_gpus=2, slots_per_gpu=3))
+
+
+def test_unknown_policy_lists_the_known_ones():
+    with pytest.raises(PlacementInfeasibleError, match="deepseek"):
+        fit_placement("magic", np.ones((1, 1, 4), dtype=np.int64), ClusterSpec(num_gpus=2, slots_per_gpu=2))
