@@ -162,7 +162,9 @@ def _one_line(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        return f"{where}: {first['msg']}" if where else first["msg"]
+        # A validator's own ValueError reads better without pydantic's "Value error, " prefix.
+        msg = str(first.get("ctx", {}).get("error", first["msg"])) if first["type"] == "value_error" else first["msg"]
+        return f"{where}: {msg}" if where else msg
     return " ".join(str(exc).split())
 
 

@@ -14,6 +14,7 @@ from eplb.report import format_table
 from placement import (
     ClusterSpec,
     Placement,
+    PlacementInfeasibleError,
     fit_placement,
     load_placement,
     rolling_replay,
@@ -44,6 +45,8 @@ def parse_step_range(text: str, num_steps: int) -> tuple[int, int]:
         stop = int(right) if right else num_steps
     except ValueError:
         raise TraceFormatError(f"--steps must look like START:STOP (e.g. 0:500); got {text!r}") from None
+    if start >= stop:
+        raise TraceFormatError(f"--steps {text} selects no step; START must be below STOP (e.g. 0:500)")
     if not 0 <= start < stop <= num_steps:
         raise TraceFormatError(f"--steps {text} is outside the trace's {num_steps} steps")
     return start, stop
@@ -54,7 +57,11 @@ def cluster_from(args: argparse.Namespace) -> ClusterSpec:
 
 
 def policy_options(args: argparse.Namespace) -> dict:
-    return {"num_groups": args.groups} if args.policy == "deepseek" and args.groups else {}
+    if args.groups is None:
+        return {}
+    if args.policy != "deepseek":
+        raise PlacementInfeasibleError(f"--groups applies only to --policy deepseek, not {args.policy}")
+    return {"num_groups": args.groups}
 
 
 def emit(args: argparse.Namespace, result: dict, table: str) -> None:
@@ -99,9 +106,6 @@ def cmd_place(args: argparse.Namespace) -> int:
     placement = fit_placement(args.policy, trace.counts_TLE, cluster, **policy_options(args))
     seconds = time.perf_counter() - began
     placement.info.update({"fit_steps": trace.num_steps, "solve_seconds": seconds, "trace": trace.header.source})
-    save_placement(placement, args.out)
-    if args.sglang_out:
-        save_sglang_mapping(placement, args.sglang_out)
     fitted = score_placement(placement, trace.counts_TLE, args.routing).summary()
     result = {"out": str(args.out), "policy": args.policy, "solve_seconds": seconds, **fitted}
     if args.plot:
@@ -113,6 +117,10 @@ def cmd_place(args: argparse.Namespace) -> int:
             labels=("no balancing", args.policy),
             title=f"Per-GPU load, {cluster.num_gpus} GPUs x {cluster.slots_per_gpu} slots",
         )
+    # The placement file is written last, so a failure above leaves an existing --out as it was.
+    if args.sglang_out:
+        save_sglang_mapping(placement, args.sglang_out)
+    save_placement(placement, args.out)
     table = format_table([{"policy": args.policy, "routing": args.routing, "fit": "fitted", **fitted}],
                          ("policy", "routing", "fit"))
     emit(args, result, f"wrote {args.out} ({seconds * 1000:.0f} ms)\n{table}")
@@ -122,7 +130,11 @@ def cmd_place(args: argparse.Namespace) -> int:
 def cmd_score(args: argparse.Namespace) -> int:
     placement = load_placement(args.placement)
     trace = read_trace(args)
-    scores = score_placement(placement, trace.counts_TLE, args.routing)
+    progress = Progress(f"score {args.routing}", enabled=not (args.json or args.quiet))
+    try:
+        scores = score_placement(placement, trace.counts_TLE, args.routing, on_chunk=progress.callback())
+    finally:
+        progress.close()
     result = {"placement": str(args.placement), "policy": placement.policy, **scores.summary()}
     if args.plot:
         trivial = fit_placement("trivial", trace.counts_TLE, placement.cluster)

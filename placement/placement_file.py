@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementFormatError
@@ -82,24 +83,30 @@ def placement_from_dict(data: dict, where: str = "placement") -> Placement:
     missing = [k for k in REQUIRED_KEYS if k not in data]
     if missing:
         raise PlacementFormatError(f"{where}: missing keys {missing}; expected the placement file of DESIGN.md")
+    for key in ("num_layers", "num_logical_experts", "num_gpus", "slots_per_gpu", "gpus_per_node"):
+        value = data.get(key, 8)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise PlacementFormatError(f"{where}: {key} must be a positive integer; found {value!r}")
+    if not isinstance(data.get("info", {}), dict):
+        raise PlacementFormatError(f"{where}: info must be a JSON object; found {data['info']!r}")
     try:
         cluster = ClusterSpec(
             num_gpus=data["num_gpus"], slots_per_gpu=data["slots_per_gpu"], gpus_per_node=data.get("gpus_per_node", 8)
         )
+    except ValidationError as exc:
+        raise PlacementFormatError(f"{where}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from exc
+    try:
         phy2log = np.asarray(data["physical_to_logical_map"], dtype=np.int64)
         weights = np.asarray(data["replica_weights"], dtype=np.float64)
     except (ValueError, TypeError) as exc:
-        raise PlacementFormatError(f"{where}: {' '.join(str(exc).split())}") from exc
+        raise PlacementFormatError(
+            f"{where}: physical_to_logical_map and replica_weights must be [layers][slots] lists of numbers"
+        ) from exc
     if phy2log.ndim != 2 or phy2log.shape[0] != data["num_layers"]:
         raise PlacementFormatError(
             f"{where}: physical_to_logical_map has shape {tuple(phy2log.shape)}; expected "
             f"[{data['num_layers']}, {cluster.num_slots}]"
         )
     return Placement(
-        phy2log,
-        weights,
-        cluster,
-        int(data["num_logical_experts"]),
-        str(data.get("policy", "")),
-        dict(data.get("info", {})),
+        phy2log, weights, cluster, data["num_logical_experts"], str(data.get("policy", "")), dict(data.get("info", {}))
     )

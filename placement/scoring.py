@@ -8,7 +8,7 @@ Legend: T steps, L layers, E logical experts, G GPUs, P slots.
 Imbalance is max over GPUs / mean over GPUs of tokens processed; a step with no tokens scores 1.0.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -118,13 +118,25 @@ def imbalance_of(loads_TLG: np.ndarray) -> np.ndarray:
 
 
 def score_placement(
-    placement: Placement, counts_TLE: np.ndarray, routing: Routing = "static", chunk_steps: int = 256
+    placement: Placement,
+    counts_TLE: np.ndarray,
+    routing: Routing = "static",
+    chunk_steps: int = 256,
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> StepScores:
-    """Score `placement` on every step and layer of `counts_TLE` [T, L, E]."""
+    """Score `placement` on every step and layer of `counts_TLE` [T, L, E].
+
+    `on_chunk(done, total)` is called after each chunk of `chunk_steps` steps (for progress bars).
+    """
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {ROUTINGS}; got {routing!r}")
     check_compatible(placement, counts_TLE)
-    parts = [_score_chunk(placement, chunk, routing) for chunk in _chunks(counts_TLE, chunk_steps)]
+    chunks = list(_chunks(counts_TLE, chunk_steps))
+    parts = []
+    for done, chunk in enumerate(chunks, 1):
+        parts.append(_score_chunk(placement, chunk, routing))
+        if on_chunk is not None:
+            on_chunk(done, len(chunks))
     return StepScores.concatenate(parts)
 
 

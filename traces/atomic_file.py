@@ -5,6 +5,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from traces.errors import EplbError
+
 
 def write_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
     """Call `write(tmp_path)` on a temporary file next to `path`, then rename it onto `path`.
@@ -12,6 +14,9 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> 
     A crash or an exception inside `write` leaves `path` as it was (absent or its old content).
     """
     target = Path(path)
+    for parent in target.parents:
+        if parent.exists() and not parent.is_dir():
+            raise EplbError(f"cannot write {target}: {parent} is a file, not a directory")
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp" + target.suffix, dir=target.parent)
     os.close(fd)

@@ -42,6 +42,8 @@ def load_trace(
     if not file.is_file():
         raise TraceFormatError(f"trace file not found: {file}; expected {SUPPORTED}")
     suffix = file.suffix.lower()
+    if tasks and suffix != ".npz":
+        raise TraceFormatError(f"--task applies only to top-k id logs (.npz with <task>_topk_ids), not {file.name}")
     try:
         if suffix == ".npz":
             return _load_npz(file, tokens_per_step, tasks, num_experts)
@@ -85,6 +87,8 @@ def _load_npz(
     with np.load(file, allow_pickle=False) as data:
         keys = list(data.keys())
         if "counts" in keys:
+            if tasks:
+                raise TraceFormatError(f"--task applies only to top-k id logs; {file.name} holds counts")
             counts = validate_counts(data["counts"], f"{file.name}:counts")
             if "header_json" in keys:
                 try:

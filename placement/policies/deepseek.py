@@ -151,6 +151,8 @@ def place_deepseek(load_LE: np.ndarray, cluster: ClusterSpec, num_groups: int | 
     num_layers, num_experts = load_LE.shape
     cluster.check_fits(num_experts)
     nodes = cluster.num_nodes
+    if num_groups is not None and not 1 <= num_groups <= num_experts:
+        raise PlacementInfeasibleError(f"--groups must be between 1 and {num_experts}; got {num_groups}")
     hierarchical = num_groups is not None and num_groups % nodes == 0
     if hierarchical:
         if num_experts % num_groups:
