@@ -37,6 +37,9 @@ examples:
 """
 
 
+DEEPSEEK_V3_EXPERT_BYTES = 3 * 7168 * 2048
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage mistake as one line on stderr and exits 2."""
 
@@ -106,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-out", default=None,
                    help="also write {physical_to_logical_map} alone, for SGLang versions that reject extra keys")
     p.add_argument("--plot", default=None, help="also write per-GPU loads before/after as a PNG here")
+    p.add_argument("--current", default=None,
+                   help="placement file now serving: relabel the new placement's GPUs and slots to move the fewest "
+                        "experts, and report the copies and bytes moved")
+    p.add_argument("--bytes-per-expert", type=int, default=DEEPSEEK_V3_EXPERT_BYTES,
+                   help="bytes of one expert's weights in one layer (default %(default)s: DeepSeek-V3, "
+                        "3 x 7168 x 2048 FP8)")
     _add_common(p)
 
     p = sub.add_parser("score", help="score a placement on a trace")

@@ -23,6 +23,7 @@ from placement import (
     score_placement,
     static_gpu_loads,
 )
+from placement.migration import oblivious_moves, plan_migration
 from traces import RoutingTrace, TraceFormatError, load_trace, save_trace
 from traces.synthetic import SyntheticConfig, generate_trace
 
@@ -106,8 +107,20 @@ def cmd_place(args: argparse.Namespace) -> int:
     placement = fit_placement(args.policy, trace.counts_TLE, cluster, **policy_options(args))
     seconds = time.perf_counter() - began
     placement.info.update({"fit_steps": trace.num_steps, "solve_seconds": seconds, "trace": trace.header.source})
+    migration_line = ""
+    result = {"out": str(args.out), "policy": args.policy, "solve_seconds": seconds}
+    if args.current:
+        # Realise the new placement with the fewest expert copies from the one now serving.
+        current = load_placement(args.current)
+        plan = plan_migration(current, placement, args.bytes_per_expert)
+        oblivious = oblivious_moves(current, placement)
+        placement = plan.realised
+        result["migration"] = {**plan.summary(), "oblivious_moves": oblivious}
+        result.update({"bytes_moved": plan.bytes_moved, "experts_moved": plan.num_moves})
+        migration_line = (f"migration from {args.current}: {plan.num_moves} expert copies, "
+                          f"{plan.bytes_moved / 2**30:.2f} GiB (slot-by-slot remap: {oblivious} copies)\n")
     fitted = score_placement(placement, trace.counts_TLE, args.routing).summary()
-    result = {"out": str(args.out), "policy": args.policy, "solve_seconds": seconds, **fitted}
+    result.update(fitted)
     if args.plot:
         trivial = fit_placement("trivial", trace.counts_TLE, cluster)
         plots.plot_gpu_loads(
@@ -123,7 +136,7 @@ def cmd_place(args: argparse.Namespace) -> int:
     save_placement(placement, args.out)
     table = format_table([{"policy": args.policy, "routing": args.routing, "fit": "fitted", **fitted}],
                          ("policy", "routing", "fit"))
-    emit(args, result, f"wrote {args.out} ({seconds * 1000:.0f} ms)\n{table}")
+    emit(args, result, f"wrote {args.out} ({seconds * 1000:.0f} ms)\n{migration_line}{table}")
     return 0
 
 

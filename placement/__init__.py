@@ -3,6 +3,7 @@
 from placement.bounds import equal_split_bound, min_max_load_per_replica
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementFormatError, PlacementInfeasibleError
+from placement.migration import MigrationPlan, oblivious_moves, plan_migration
 from placement.placement_file import load_placement, placement_to_dict, save_placement, save_sglang_mapping
 from placement.placement_model import Placement
 from placement.policies import POLICIES, fit_placement
@@ -13,6 +14,7 @@ __all__ = [
     "POLICIES",
     "ROUTINGS",
     "ClusterSpec",
+    "MigrationPlan",
     "Placement",
     "PlacementFormatError",
     "PlacementInfeasibleError",
@@ -22,7 +24,9 @@ __all__ = [
     "fit_placement",
     "load_placement",
     "min_max_load_per_replica",
+    "oblivious_moves",
     "placement_to_dict",
+    "plan_migration",
     "rolling_replay",
     "save_placement",
     "save_sglang_mapping",

@@ -112,6 +112,21 @@ def test_place_sglang_out_holds_only_the_physical_to_logical_map(run_eplb, small
     assert mapping["physical_to_logical_map"] == json.loads(out.read_text())["physical_to_logical_map"]
 
 
+def test_place_with_current_reports_bytes_moved_and_nothing_for_the_same_fit(run_eplb, small_trace, tmp_path):
+    first, second, third = (tmp_path / f"{name}.json" for name in ("first", "second", "third"))
+    assert run_eplb("place", "--trace", small_trace, *CLUSTER, "--steps", "0:30", "--out", first).returncode == 0
+    moved = run_eplb("place", "--trace", small_trace, *CLUSTER, "--steps", "30:60", "--out", second,
+                     "--current", first, "--bytes-per-expert", "1000", "--json")
+    result = json.loads(moved.stdout)
+    assert result["bytes_moved"] == 1000 * result["experts_moved"]
+    assert result["experts_moved"] <= result["migration"]["oblivious_moves"]
+    again = run_eplb("place", "--trace", small_trace, *CLUSTER, "--steps", "30:60", "--out", third,
+                     "--current", second, "--json")
+    assert json.loads(again.stdout)["bytes_moved"] == 0
+    assert json.loads(third.read_text())["physical_to_logical_map"] == json.loads(second.read_text())[
+        "physical_to_logical_map"]
+
+
 def test_place_records_gpus_per_node_and_narrows_to_steps(run_eplb, small_trace, tmp_path):
     out = tmp_path / "placement.json"
     result = run_eplb("place", "--trace", small_trace, "--gpus", "16", "--slots-per-gpu", "5",
