@@ -17,6 +17,11 @@ args=(-q -e ".[test]")
 if [ -n "$constraints" ]; then
   args+=(-c "$constraints")
 fi
-.venv/bin/python -m pip install "${args[@]}" >&2
+echo "setting up .venv (first run only; log in .venv/setup.log)" >&2
+if ! .venv/bin/python -m pip install "${args[@]}" > .venv/setup.log 2>&1; then
+  tail -n 30 .venv/setup.log >&2
+  echo "setup failed: see .venv/setup.log" >&2
+  exit 1
+fi
 rm -f .venv/.installed-*
 touch "$stamp"

@@ -4,7 +4,6 @@ import itertools
 
 import numpy as np
 import pytest
-from scipy.optimize import linprog
 
 from placement import (
     ClusterSpec,
@@ -40,26 +39,10 @@ def test_dynamic_routing_moves_the_shared_experts_tokens():
     assert score_placement(two_gpu_placement(), counts, "dynamic").imbalance_TL[0, 0] == pytest.approx(1.0, abs=1e-3)
 
 
-def exact_lp_max_load(counts_E: np.ndarray, phy2log_P: np.ndarray, gpu_of_slot_P: np.ndarray, num_gpus: int) -> float:
-    """min t s.t. sum_g x[e, g] = c_e over the GPUs holding e, sum_e x[e, g] <= t, x >= 0."""
-    pairs = np.unique(phy2log_P * num_gpus + gpu_of_slot_P)
-    expert, gpu = pairs // num_gpus, pairs % num_gpus
-    n = len(pairs)
-    cost = np.zeros(n + 1)
-    cost[-1] = 1.0
-    a_eq = np.zeros((len(counts_E), n + 1))
-    a_eq[expert, np.arange(n)] = 1.0
-    a_ub = np.zeros((num_gpus, n + 1))
-    a_ub[gpu, np.arange(n)] = 1.0
-    a_ub[:, -1] = -1.0
-    result = linprog(cost, A_ub=a_ub, b_ub=np.zeros(num_gpus), A_eq=a_eq, b_eq=counts_E, method="highs")
-    return result.fun
-
-
 @pytest.mark.parametrize(
     "num_gpus, slots, num_experts", [(16, 5, 64), (32, 3, 64), (8, 4, 16)], ids=["16x5", "32x3", "8x4"]
 )
-def test_dynamic_split_matches_the_exact_lp_on_sampled_steps(num_gpus, slots, num_experts):
+def test_dynamic_split_matches_the_exact_lp_on_sampled_steps(exact_lp_max_load, num_gpus, slots, num_experts):
     rng = np.random.default_rng(num_gpus)
     popularity = rng.lognormal(0, 1.2, size=num_experts)
     popularity /= popularity.sum()
