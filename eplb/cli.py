@@ -66,9 +66,19 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots-per-gpu", type=int, required=True, help="S: expert slots per GPU")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per server (default 8)")
     parser.add_argument("--policy", default="deepseek", choices=sorted(POLICIES),
-                        help="placement policy (default deepseek: DeepSeek's EPLB greedy, equal split)")
+                        help="placement policy (default deepseek: DeepSeek's EPLB greedy, equal split; cpsat: "
+                             "OR-Tools CP-SAT fitted to the trace's steps; trivial: no balancing)")
     parser.add_argument("--groups", type=int, default=None,
-                        help="deepseek: expert groups; with groups %% nodes == 0 the hierarchical policy runs")
+                        help="expert groups (consecutive experts); deepseek: with groups %% nodes == 0 the "
+                             "hierarchical policy runs; cpsat: with --nodes-per-group, node-limited placement")
+    parser.add_argument("--nodes-per-group", type=int, default=None,
+                        help="cpsat: most nodes one expert group's replicas may span (needs --groups)")
+    parser.add_argument("--time-limit", type=float, default=10.0,
+                        help="cpsat: wall-clock budget per fit for all layers, seconds (default 10)")
+    parser.add_argument("--workers", type=int, default=2, help="cpsat: layers solved at once (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="cpsat: solver and sampling seed (default 0)")
+    parser.add_argument("--migration-cost", type=float, default=0.0,
+                        help="cpsat with --current: penalty per expert copy, in units of imbalance (default 0: off)")
 
 
 def _add_routing(parser: argparse.ArgumentParser) -> None:

@@ -58,10 +58,22 @@ def cluster_from(args: argparse.Namespace) -> ClusterSpec:
 
 
 def policy_options(args: argparse.Namespace) -> dict:
+    """Keyword options of the chosen policy from the command line."""
+    options: dict = {}
+    if args.policy == "cpsat":
+        options = {"time_limit_s": args.time_limit, "workers": args.workers, "seed": args.seed,
+                   "routing": args.routing}
+        if args.nodes_per_group is not None or args.groups is not None:
+            options.update({"groups": args.groups, "nodes_per_group": args.nodes_per_group})
+        if args.migration_cost:
+            options["migration_cost"] = args.migration_cost
+        return options
+    if args.nodes_per_group is not None or args.migration_cost:
+        raise PlacementInfeasibleError("--nodes-per-group and --migration-cost apply only to --policy cpsat")
     if args.groups is None:
-        return {}
+        return options
     if args.policy != "deepseek":
-        raise PlacementInfeasibleError(f"--groups applies only to --policy deepseek, not {args.policy}")
+        raise PlacementInfeasibleError(f"--groups applies only to --policy deepseek or cpsat, not {args.policy}")
     return {"num_groups": args.groups}
 
 
@@ -103,15 +115,20 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def cmd_place(args: argparse.Namespace) -> int:
     trace = read_trace(args)
     cluster = cluster_from(args)
+    options = policy_options(args)
+    current = load_placement(args.current) if args.current else None
+    if current is not None and args.policy == "cpsat":
+        options["current"] = current
+    elif args.migration_cost:
+        raise PlacementInfeasibleError("--migration-cost needs --current (the placement now serving)")
     began = time.perf_counter()
-    placement = fit_placement(args.policy, trace.counts_TLE, cluster, **policy_options(args))
+    placement = fit_placement(args.policy, trace.counts_TLE, cluster, **options)
     seconds = time.perf_counter() - began
     placement.info.update({"fit_steps": trace.num_steps, "solve_seconds": seconds, "trace": trace.header.source})
     migration_line = ""
     result = {"out": str(args.out), "policy": args.policy, "solve_seconds": seconds}
-    if args.current:
+    if current is not None:
         # Realise the new placement with the fewest expert copies from the one now serving.
-        current = load_placement(args.current)
         plan = plan_migration(current, placement, args.bytes_per_expert)
         oblivious = oblivious_moves(current, placement)
         placement = plan.realised

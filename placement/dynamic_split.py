@@ -8,8 +8,8 @@ Its optimum equals max over GPU sets H of c(A_H) / |H|, where A_H are the expert
 split puts at least c(A_H) tokens on H, and at the optimum the set of busiest GPUs attains it.
 
 Method: damped Jacobi water-filling on the sum of squared GPU loads (whose minimiser also minimises the maximum
-on this flow polytope). Each round, every movable expert re-spreads its tokens to level the GPUs it spans, given
-the others' loads. Every few rounds the certificate is evaluated on the prefixes of GPUs sorted by load; the loop
+on this flow polytope), starting from the placement's static split. Each round, every movable expert re-spreads
+its tokens to level the GPUs it spans, given the others' loads. Every few rounds the certificate is evaluated on the prefixes of GPUs sorted by load; the loop
 stops when the achieved maximum is within `tolerance` (relative) of the certified lower bound for every step, or
 after `max_rounds`. The result is therefore provably close: `achieved / certified - 1` is returned per step.
 Splits are fractional (tokens as reals); rounding to whole tokens adds at most one token per replica.
@@ -28,17 +28,28 @@ class ReplicaGraph:
         fixed_EG: [E, G] float, 1 where an expert that lives on one GPU only lives (its tokens cannot move).
         movable_M: [M] int64, the experts that span two or more GPUs.
         gpus_MX: [M, X] int64, the GPUs each movable expert spans, padded with G (a sink column).
+        weight_MX: [M, X] float, the static share of movable expert m on GPU gpus_MX[m, x] (0 on padding);
+            the starting split of the water-filling.
         num_gpus: G.
     """
 
     fixed_EG: np.ndarray
     movable_M: np.ndarray
     gpus_MX: np.ndarray
+    weight_MX: np.ndarray
     num_gpus: int
 
     @classmethod
-    def build(cls, phy2log_P: np.ndarray, gpu_of_slot_P: np.ndarray, num_experts: int, num_gpus: int):
-        """From one layer's slot map: phy2log_P [P] and gpu_of_slot_P [P]."""
+    def build(
+        cls,
+        phy2log_P: np.ndarray,
+        gpu_of_slot_P: np.ndarray,
+        num_experts: int,
+        num_gpus: int,
+        weights_P: np.ndarray | None = None,
+    ):
+        """From one layer's slot map: phy2log_P [P], gpu_of_slot_P [P] and optional static weights_P [P]
+        (default: equal split over the GPUs an expert spans)."""
         pairs = np.unique(phy2log_P * num_gpus + gpu_of_slot_P)
         expert, gpu = pairs // num_gpus, pairs % num_gpus
         spans_E = np.bincount(expert, minlength=num_experts)
@@ -53,7 +64,14 @@ class ReplicaGraph:
         multi_expert, multi_gpu = expert[~single], gpu[~single]
         column = np.arange(len(multi_expert)) - np.searchsorted(multi_expert, multi_expert)
         gpus[index_of[multi_expert], column] = multi_gpu
-        return cls(fixed, movable, gpus, num_gpus)
+        weight = np.zeros(gpus.shape)
+        if weights_P is None:
+            weight[index_of[multi_expert], column] = 1.0 / spans_E[multi_expert]
+        else:
+            pair_of_slot = np.searchsorted(pairs, phy2log_P * num_gpus + gpu_of_slot_P)
+            pair_weight = np.bincount(pair_of_slot, weights_P, minlength=len(pairs))
+            weight[index_of[multi_expert], column] = pair_weight[~single]
+        return cls(fixed, movable, gpus, weight, num_gpus)
 
 
 def _water_fill(tokens_BM: np.ndarray, base_BMX: np.ndarray) -> np.ndarray:
@@ -104,19 +122,27 @@ def optimal_split_loads(
         loads_BG: [B, G] float, GPU loads of an achievable split (the achieved maximum is an upper bound).
         gap_B: [B] float >= 0, achieved maximum / certified lower bound - 1.
     """
+    _, loads, gap = optimal_split(counts_BE, graph, tolerance, max_rounds)
+    return loads, gap
+
+
+def optimal_split(
+    counts_BE: np.ndarray, graph: ReplicaGraph, tolerance: float = 1e-3, max_rounds: int = 400
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """As `optimal_split_loads`, also returning share_BMX [B, M, X]: tokens of movable expert m on gpus_MX[m, x]."""
     counts = np.asarray(counts_BE, dtype=np.float64)
     steps = counts.shape[0]
     num_gpus = graph.num_gpus
     fixed_BG = counts @ graph.fixed_EG
     movable, gpus_MX = graph.movable_M, graph.gpus_MX
     if len(movable) == 0:
-        return fixed_BG, np.zeros(steps)
+        return np.zeros((steps, 0, 1)), fixed_BG, np.zeros(steps)
     tokens_BM = counts[:, movable]
+    share_BMX = tokens_BM[..., None] * graph.weight_MX[None]
+    # Damping of expert m: 1 / (most movable experts on any GPU it spans), which keeps Jacobi rounds monotone.
     valid_MX = gpus_MX < num_gpus
-    share_BMX = np.where(valid_MX, tokens_BM[..., None] / valid_MX.sum(axis=1)[None, :, None], 0.0)
-    # Damping: each GPU takes part in at most `degree` simultaneous updates; 1/degree keeps Jacobi monotone.
-    degree = np.bincount(gpus_MX[valid_MX], minlength=num_gpus).max()
-    step_size = 1.0 / max(1, degree)
+    degree_G1 = np.append(np.bincount(gpus_MX[valid_MX], minlength=num_gpus), 0)
+    step_M1 = 1.0 / np.maximum(1, degree_G1[gpus_MX].max(axis=1, keepdims=True))
 
     # onehot_YG[y, g] = 1 iff entry y of the flattened [M, X] table is GPU g: loads are one matrix product.
     onehot_YG = np.zeros((gpus_MX.size, num_gpus + 1))
@@ -133,7 +159,7 @@ def optimal_split_loads(
         share, tokens = share_BMX[active], tokens_BM[active]
         padded = np.concatenate([loads_of(share, active), np.full((len(active), 1), np.inf)], axis=1)
         base = padded[np.arange(len(active))[:, None, None], gpus_MX[None]] - share
-        share += step_size * (_water_fill(tokens, base) - share)
+        share += step_M1 * (_water_fill(tokens, base) - share)
         share_BMX[active] = share
         if round_index % 8 == 7 or round_index == max_rounds - 1:
             loads = loads_of(share, active)
@@ -142,4 +168,4 @@ def optimal_split_loads(
             active = active[gap[active] > tolerance]
             if len(active) == 0:
                 break
-    return loads_of(share_BMX, np.arange(steps)), np.maximum(gap, 0.0)
+    return share_BMX, loads_of(share_BMX, np.arange(steps)), np.maximum(gap, 0.0)

@@ -105,7 +105,8 @@ def dynamic_gpu_loads(counts_TLE: np.ndarray, placement: Placement) -> tuple[np.
     loads = np.empty((steps, num_layers, num_gpus))
     gaps = np.empty((steps, num_layers))
     for layer in range(num_layers):
-        graph = ReplicaGraph.build(placement.phy2log_LP[layer], placement.gpu_of_slot_P, num_experts, num_gpus)
+        graph = ReplicaGraph.build(placement.phy2log_LP[layer], placement.gpu_of_slot_P, num_experts, num_gpus,
+                                   placement.weights_LP[layer])
         loads[:, layer], gaps[:, layer] = optimal_split_loads(counts_TLE[:, layer], graph, DYNAMIC_TOLERANCE)
     return loads, gaps
 

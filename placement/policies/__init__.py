@@ -10,6 +10,8 @@ import numpy as np
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementInfeasibleError
 from placement.placement_model import Placement
+from placement.policies.cpsat_config import CpSatConfig
+from placement.policies.cpsat_policy import fit_cpsat
 from placement.policies.deepseek import deepseek_rebalance, place_deepseek
 
 PolicyFit = Callable[..., Placement]
@@ -27,7 +29,7 @@ def _fit_trivial(counts_TLE: np.ndarray, cluster: ClusterSpec) -> Placement:
     return Placement.equal_split(phy2log, cluster, num_experts, "trivial")
 
 
-POLICIES: dict[str, PolicyFit] = {"deepseek": _fit_deepseek, "trivial": _fit_trivial}
+POLICIES: dict[str, PolicyFit] = {"deepseek": _fit_deepseek, "trivial": _fit_trivial, "cpsat": fit_cpsat}
 
 
 def fit_placement(policy: str, counts_TLE: np.ndarray, cluster: ClusterSpec, **options) -> Placement:
@@ -37,4 +39,4 @@ def fit_placement(policy: str, counts_TLE: np.ndarray, cluster: ClusterSpec, **o
     return POLICIES[policy](counts_TLE, cluster, **options)
 
 
-__all__ = ["POLICIES", "PolicyFit", "deepseek_rebalance", "fit_placement", "place_deepseek"]
+__all__ = ["POLICIES", "CpSatConfig", "PolicyFit", "deepseek_rebalance", "fit_cpsat", "fit_placement", "place_deepseek"]

@@ -127,6 +127,19 @@ def test_place_with_current_reports_bytes_moved_and_nothing_for_the_same_fit(run
         "physical_to_logical_map"]
 
 
+def test_place_with_the_cpsat_policy_writes_a_solver_report(run_eplb, small_trace, tmp_path):
+    out = tmp_path / "cpsat.json"
+    result = run_eplb("place", "--trace", small_trace, *CLUSTER, "--policy", "cpsat", "--time-limit", "3",
+                      "--workers", "2", "--routing", "dynamic", "--out", out, "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["policy"] == "cpsat" and summary["imbalance_mean"] >= 1.0
+    data = json.loads(out.read_text())
+    assert data["policy"] == "cpsat"
+    assert data["info"]["solver"] == "cp-sat" and data["info"]["routing"] == "dynamic"
+    assert data["info"]["solve_seconds"] < 3 + 2  # the budget, plus start-up slack
+
+
 def test_place_records_gpus_per_node_and_narrows_to_steps(run_eplb, small_trace, tmp_path):
     out = tmp_path / "placement.json"
     result = run_eplb("place", "--trace", small_trace, "--gpus", "16", "--slots-per-gpu", "5",
