@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from placement.dynamic_split import ReplicaGraph
+from placement.dynamic_split import ROUTER_ROUNDS, ReplicaGraph
 
-DEFAULT_ROUNDS = 12
+DEFAULT_ROUNDS = ROUTER_ROUNDS
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+ROUTER_ROUNDS = 12  # water-filling rounds of the live router (`placement.dynamic_router`), which fits assume
+
 
 @dataclass(frozen=True)
 class ReplicaGraph:

@@ -1,17 +1,23 @@
-"""Benchmark the placement policies on the full shape a user has.
+"""Benchmark the placement policies on the full shape a user has, and on the real ESFT routing logs.
 
-For each shape (58 and 61 layers x 256 experts; 64 GPUs x 5 slots at 128 tokens/GPU/step and 128 GPUs x 3 slots
-at 64 tokens/GPU/step, both 8,192 tokens per step, top-8) it reports:
-- speed: the vectorised `deepseek` policy against the plain-loop rendering of the same algorithm
-  (`placement.policies.deepseek_reference`), timed in this process; the ratio is the figure to quote;
-- imbalance in a rolling replay (refit every --every steps on the last --window steps): each placement scored
-  on the window it was fitted on ("fitted") and on the steps that follow ("held-out"), under static and dynamic
-  routing, with the lower bound beside each.
+Sections:
+1. speed of the baseline: the vectorised `deepseek` policy against the plain-loop rendering of the same algorithm
+   (`placement.policies.deepseek_reference`), timed in this process (58 and 61 layers x 256 experts; 64 GPUs x 5
+   slots and 128 GPUs x 3 slots);
+2. synthetic full shape (61 layers x 256 experts, top-8, 8,192 tokens per step: 128 tokens/GPU/step at 64x5 and
+   64 at 128x3, drifting and bursty): rolling replay (refit every --every steps on the last --window), each
+   placement scored on its own window ("fitted") and on the steps that follow ("held-out"), for every policy under
+   static and dynamic routing (cpsat fits for the routing it is scored with), with the lower bound and the mean
+   fit time beside;
+3. the real ESFT logs (`../shared/data/esft-dsv2lite`, 256 tokens per step) at 16x5 and 32x3: rolling replay
+   (refit every 8 steps on the last 8), and cross-task (fit on one whole task, score on each other task).
 
-Usage: python scripts/bench_placement.py [--steps 500] [--every 50] [--window 50] [--json out.json] [--quick]
+Usage: python scripts/bench_placement.py [--steps 500] [--policies deepseek,cpsat] [--time-limit 10] [--json out.json]
+       [--quick]
 """
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -21,14 +27,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from placement import ClusterSpec, rolling_replay  # noqa: E402
+from placement import ClusterSpec, fit_placement, rolling_replay, score_placement  # noqa: E402
 from placement.policies.deepseek import deepseek_rebalance  # noqa: E402
 from placement.policies.deepseek_reference import reference_rebalance  # noqa: E402
+from traces import load_trace  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
 
 CLUSTERS = [ClusterSpec(num_gpus=64, slots_per_gpu=5), ClusterSpec(num_gpus=128, slots_per_gpu=3)]
-LAYER_COUNTS = [58, 61]
+ESFT_CLUSTERS = [ClusterSpec(num_gpus=16, slots_per_gpu=5), ClusterSpec(num_gpus=32, slots_per_gpu=3)]
+ESFT = Path(__file__).resolve().parents[2] / "shared" / "data" / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
 TOKENS_PER_STEP = 8192
+KEYS = ("imbalance_mean", "imbalance_p99", "imbalance_max", "lower_bound")
 
 
 def best_time(fn, repeats: int) -> float:
@@ -48,17 +57,65 @@ def bench_speed(load_LE: np.ndarray, cluster: ClusterSpec, repeats: int) -> dict
     return {"vectorised_ms": ours * 1e3, "loop_ms": loop * 1e3, "speedup": loop / ours, "identical": same}
 
 
-def bench_quality(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, every: int, window: int) -> list[dict]:
-    """Rolling replay under both routings: each placement scored on its own window (fitted) and on the next."""
+def policy_options(policy: str, routing: str, time_limit: float) -> dict:
+    return {"routing": routing, "time_limit_s": time_limit} if policy == "cpsat" else {}
+
+
+def bench_rolling(counts_TLE, cluster, policies, every, window, time_limit) -> list[dict]:
+    """Rolling replay of every policy under both routings: fitted and held-out rows."""
     rows = []
-    for routing in ("static", "dynamic"):
-        replay = rolling_replay(counts_TLE, cluster, policy, every, window, routing)
+    for policy, routing in itertools.product(policies, ("static", "dynamic")):
+        replay = rolling_replay(counts_TLE, cluster, policy, every, window, routing,
+                                policy_options(policy, routing, time_limit))
+        fit_s = float(np.mean(replay.fit_seconds))
         for fit, scores in (("fitted", replay.fitted), ("held-out", replay.held_out)):
             summary = scores.summary()
-            rows.append({"policy": policy, "routing": routing, "fit": fit,
-                         **{k: summary[k] for k in ("imbalance_mean", "imbalance_p99", "imbalance_max",
-                                                    "lower_bound")}})
+            rows.append({"policy": policy, "routing": routing, "fit": fit, "fit_seconds": fit_s,
+                         **{k: summary[k] for k in KEYS}})
+        print(f"  {policy:8s} {routing:7s} held-out {rows[-1]['imbalance_mean']:.3f} "
+              f"fitted {rows[-2]['imbalance_mean']:.3f} fit {fit_s:.2f} s", flush=True)
     return rows
+
+
+def bench_cross_task(path: Path, cluster, policies, time_limit) -> list[dict]:
+    """Fit on one whole ESFT task, score on each other task; mean over the ordered task pairs."""
+    tasks = ["intent", "law", "summary", "translation"]
+    traces = {t: load_trace(path, tokens_per_step=256, tasks=[t]).counts_TLE for t in tasks}
+    rows = []
+    for policy, routing in itertools.product(policies, ("static", "dynamic")):
+        fitted, held, seconds = [], [], []
+        for fit_task in tasks:
+            began = time.perf_counter()
+            placement = fit_placement(policy, traces[fit_task], cluster, **policy_options(policy, routing, time_limit))
+            seconds.append(time.perf_counter() - began)
+            fitted.append(score_placement(placement, traces[fit_task], routing).summary()["imbalance_mean"])
+            held += [score_placement(placement, traces[t], routing).summary()["imbalance_mean"]
+                     for t in tasks if t != fit_task]
+        rows.append({"policy": policy, "routing": routing, "fitted": float(np.mean(fitted)),
+                     "held_out": float(np.mean(held)), "fit_seconds": float(np.mean(seconds))})
+        print(f"  cross-task {policy:8s} {routing:7s} fitted {rows[-1]['fitted']:.3f} "
+              f"other tasks {rows[-1]['held_out']:.3f}", flush=True)
+    return rows
+
+
+def print_tables(speed: list[dict], synthetic: list[dict], esft: list[dict]) -> None:
+    print("\n| shape | vectorised | loop | speed-up | identical |\n|---|---|---|---|---|")
+    for s in speed:
+        print(f"| {s['shape']} | {s['vectorised_ms']:.1f} ms | {s['loop_ms']:.0f} ms | x{s['speedup']:.0f} | "
+              f"{s['identical']} |")
+    print("\n| data | cluster | policy | routing | fit | mean | p99 | max | lower bound | fit time |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for block in synthetic + [e for e in esft if "rolling" in e]:
+        for r in block["rolling"]:
+            print(f"| {block['data']} | {block['cluster']} | {r['policy']} | {r['routing']} | {r['fit']} | "
+                  f"{r['imbalance_mean']:.3f} | {r['imbalance_p99']:.3f} | {r['imbalance_max']:.3f} | "
+                  f"{r['lower_bound']:.3f} | {r['fit_seconds']:.2f} s |")
+    if any("cross_task" in e for e in esft):
+        print("\n| ESFT cross-task | policy | routing | fitted task | other tasks | fit time |\n|---|---|---|---|---|---|")
+        for block in esft:
+            for r in block.get("cross_task", []):
+                print(f"| {block['cluster']} | {r['policy']} | {r['routing']} | {r['fitted']:.3f} | "
+                      f"{r['held_out']:.3f} | {r['fit_seconds']:.2f} s |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,33 +123,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=500, help="steps of each synthetic trace (default 500)")
     parser.add_argument("--every", type=int, default=50, help="rolling replay: refit every N steps (default 50)")
     parser.add_argument("--window", type=int, default=50, help="rolling replay: fit on the last W steps (default 50)")
+    parser.add_argument("--policies", default="deepseek,cpsat", help="comma-separated policies (default both)")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="cpsat budget per fit, seconds (default 10)")
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats of the loop baseline (default 3)")
+    parser.add_argument("--skip-esft", action="store_true", help="skip the ESFT section")
     parser.add_argument("--json", default=None, help="also write all results to this JSON file")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for a smoke run")
     args = parser.parse_args(argv)
-    layer_counts, clusters, steps = LAYER_COUNTS, CLUSTERS, args.steps
+    policies = args.policies.split(",")
+    layers, steps, clusters, time_limit = 61, args.steps, CLUSTERS, args.time_limit
+    speed_layers = [58, 61]
     if args.quick:
-        layer_counts, steps = [4], 3 * args.window
-    results = []
-    for num_layers in layer_counts:
-        trace = generate_trace(SyntheticConfig(num_steps=steps, num_layers=num_layers, tokens_per_step=TOKENS_PER_STEP))
+        layers, steps, speed_layers, time_limit = 3, 3 * args.window, [3], min(time_limit, 1.0)
+    speed, synthetic, esft = [], [], []
+    for num_layers in speed_layers:
+        load = generate_trace(SyntheticConfig(num_steps=20, num_layers=num_layers)).load_LE().astype(float)
         for cluster in clusters:
-            shape = f"{num_layers}x256 on {cluster.num_gpus}x{cluster.slots_per_gpu}"
-            speed = bench_speed(trace.load_LE().astype(float), cluster, args.repeats)
-            print(f"{shape}: deepseek vectorised {speed['vectorised_ms']:.1f} ms, loop {speed['loop_ms']:.0f} ms, "
-                  f"speed-up x{speed['speedup']:.0f}, identical output: {speed['identical']}", flush=True)
-            rows = bench_quality(trace.counts_TLE, cluster, "deepseek", args.every, args.window)
-            results.append({"shape": shape, "layers": num_layers, "gpus": cluster.num_gpus,
-                            "slots_per_gpu": cluster.slots_per_gpu, "speed": speed, "quality": rows})
-    print()
-    print("| shape | policy | routing | fit | mean | p99 | max | lower bound |")
-    print("|---|---|---|---|---|---|---|---|")
-    for result in results:
-        for r in result["quality"]:
-            print(f"| {result['shape']} | {r['policy']} | {r['routing']} | {r['fit']} | {r['imbalance_mean']:.3f} | "
-                  f"{r['imbalance_p99']:.3f} | {r['imbalance_max']:.3f} | {r['lower_bound']:.3f} |")
+            result = bench_speed(load, cluster, args.repeats)
+            speed.append({"shape": f"{num_layers}x256 on {cluster.num_gpus}x{cluster.slots_per_gpu}", **result})
+            print(f"speed {speed[-1]['shape']}: x{result['speedup']:.0f}", flush=True)
+    trace = generate_trace(SyntheticConfig(num_steps=steps, num_layers=layers, tokens_per_step=TOKENS_PER_STEP))
+    for cluster in clusters:
+        name = f"{cluster.num_gpus}x{cluster.slots_per_gpu}"
+        print(f"synthetic {layers}x256 on {name}", flush=True)
+        synthetic.append({"data": f"synthetic {layers}x256", "cluster": name,
+                          "rolling": bench_rolling(trace.counts_TLE, cluster, policies, args.every, args.window,
+                                                   time_limit)})
+    if not args.skip_esft and ESFT.exists() and not args.quick:
+        rolling_trace = load_trace(ESFT, tokens_per_step=256).counts_TLE
+        for cluster in ESFT_CLUSTERS:
+            name = f"{cluster.num_gpus}x{cluster.slots_per_gpu}"
+            print(f"ESFT on {name}", flush=True)
+            esft.append({"data": "ESFT 26x64", "cluster": name,
+                         "rolling": bench_rolling(rolling_trace, cluster, policies, 8, 8, time_limit),
+                         "cross_task": bench_cross_task(ESFT, cluster, policies, time_limit)})
+    print_tables(speed, synthetic, esft)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps({"speed": speed, "synthetic": synthetic, "esft": esft}, indent=1))
     return 0
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from placement.cluster import ClusterSpec
-from placement.dynamic_split import ReplicaGraph, optimal_split
+from placement.dynamic_split import ROUTER_ROUNDS, ReplicaGraph, optimal_split
 from placement.errors import PlacementInfeasibleError
 from placement.placement_model import Placement
 from placement.policies.chain_layout import chain_layout
@@ -33,7 +33,6 @@ from placement.static_weights import fitted_weights
 
 logger = logging.getLogger(__name__)
 
-ROUTER_ROUNDS = 16  # water-filling rounds of the dynamic router the fitted objective assumes
 STATUS_NAMES = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
                 cp_model.MODEL_INVALID: "invalid", cp_model.UNKNOWN: "unknown"}
 

@@ -11,12 +11,13 @@ def test_bench_placement_quick_run_writes_every_row(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("bench_placement", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.main(["--quick", "--window", "10", "--every", "10", "--json", str(tmp_path / "r.json")]) == 0
-    results = json.loads((tmp_path / "r.json").read_text())
-    assert len(results) == 2  # one layer count x two clusters
-    for result in results:
-        assert result["speed"]["identical"] is True
-        assert len(result["quality"]) == 4
-        for row in result["quality"]:
+    out = tmp_path / "r.json"
+    assert module.main(["--quick", "--window", "10", "--every", "10", "--time-limit", "1", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert all(s["identical"] for s in results["speed"])
+    assert len(results["synthetic"]) == 2  # two clusters
+    for block in results["synthetic"]:
+        assert len(block["rolling"]) == 2 * 2 * 2  # policies x routings x (fitted, held-out)
+        for row in block["rolling"]:
             assert 1.0 <= row["lower_bound"] <= row["imbalance_mean"] <= row["imbalance_max"]
-    assert "| shape |" in capsys.readouterr().out
+    assert "| data |" in capsys.readouterr().out
