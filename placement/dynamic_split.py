@@ -9,9 +9,10 @@ split puts at least c(A_H) tokens on H, and at the optimum the set of busiest GP
 
 Method: damped Jacobi water-filling on the sum of squared GPU loads (whose minimiser also minimises the maximum
 on this flow polytope), starting from the placement's static split. Each round, every movable expert re-spreads
-its tokens to level the GPUs it spans, given the others' loads. Every few rounds the certificate is evaluated on the prefixes of GPUs sorted by load; the loop
-stops when the achieved maximum is within `tolerance` (relative) of the certified lower bound for every step, or
-after `max_rounds`. The result is therefore provably close: `achieved / certified - 1` is returned per step.
+its tokens to level the GPUs it spans, given the others' loads. Every few rounds the certificate is evaluated
+on the prefixes of GPUs sorted by load; the loop stops when the achieved maximum is within `tolerance`
+(relative) of the certified lower bound for every step, or after `max_rounds`. The result is therefore provably
+close: `achieved / certified - 1` is returned per step.
 Splits are fractional (tokens as reals); rounding to whole tokens adds at most one token per replica.
 """
 

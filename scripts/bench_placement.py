@@ -111,7 +111,8 @@ def print_tables(speed: list[dict], synthetic: list[dict], esft: list[dict]) -> 
                   f"{r['imbalance_mean']:.3f} | {r['imbalance_p99']:.3f} | {r['imbalance_max']:.3f} | "
                   f"{r['lower_bound']:.3f} | {r['fit_seconds']:.2f} s |")
     if any("cross_task" in e for e in esft):
-        print("\n| ESFT cross-task | policy | routing | fitted task | other tasks | fit time |\n|---|---|---|---|---|---|")
+        print("\n| ESFT cross-task | policy | routing | fitted task | other tasks | fit time |")
+        print("|---|---|---|---|---|---|")
         for block in esft:
             for r in block.get("cross_task", []):
                 print(f"| {block['cluster']} | {r['policy']} | {r['routing']} | {r['fitted']:.3f} | "

@@ -93,10 +93,11 @@ def build_layer_model(problem: LayerProblem) -> LayerModel:
     for gpu in range(problem.num_gpus):
         m.add(sum(lm.holds[pair] for pair in gpu_terms[gpu]) == problem.slots_per_gpu)
 
-    # peaks[k] >= load of every GPU in sampled step k, divided by its speed.
-    totals = counts.sum(axis=1)
+    # peaks[k] >= load of every GPU in sampled step k, times SPEED_SCALE, divided by its speed (static loads are
+    # also in parts of weight_scale).
+    totals = counts.sum(axis=1) * (problem.weight_scale if problem.routing == "static" else 1)
     for step in range(num_steps):
-        high = int(totals[step]) * (SPEED_SCALE if problem.routing == "dynamic" else problem.weight_scale)
+        high = -(-SPEED_SCALE * int(totals[step]) // int(speeds.min()))
         lm.peaks.append(m.new_int_var(0, max(1, high), f"peak_k{step}"))
 
     if problem.routing == "dynamic":

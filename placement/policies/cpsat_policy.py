@@ -13,7 +13,7 @@ Per layer, in parallel threads within one wall-clock budget:
    static weights); the best is kept, so the result is never worse than the greedy on that objective.
 """
 
-import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,15 +23,13 @@ from ortools.sat.python import cp_model
 
 from placement.cluster import ClusterSpec
 from placement.dynamic_split import ROUTER_ROUNDS, ReplicaGraph, optimal_split
-from placement.errors import PlacementInfeasibleError
+from placement.errors import PlacementFormatError, PlacementInfeasibleError
 from placement.placement_model import Placement
 from placement.policies.chain_layout import chain_layout
 from placement.policies.cpsat_config import CpSatConfig
 from placement.policies.cpsat_model import SPEED_SCALE, LayerProblem, add_placement_hint, build_layer_model
 from placement.policies.deepseek import place_deepseek, replicate_greedy
 from placement.static_weights import fitted_weights
-
-logger = logging.getLogger(__name__)
 
 STATUS_NAMES = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
                 cp_model.MODEL_INVALID: "invalid", cp_model.UNKNOWN: "unknown"}
@@ -97,21 +95,16 @@ def fit_cpsat(
     mean_LE = counts_TLE.mean(axis=0)
     greedy = place_deepseek(counts_TLE.sum(axis=0), cluster)
     _, _, replicas_LE = replicate_greedy(mean_LE, cluster.num_slots)
-    # Budget: each layer, when it starts, takes its share of what is left before the deadline; a margin is kept
-    # for the work around the solve (construction, evaluation, model building), measured as it goes.
-    deadline = began + config.time_limit_s
-    started = iter(range(num_layers))
-    overhead = [0.0]
+    if current is not None and (current.phy2log_LP.shape != (num_layers, cluster.num_slots)
+                                or current.num_experts != num_experts):
+        raise PlacementFormatError("the current placement is for another model or cluster than this fit")
+    budget = _Budget(began + config.time_limit_s, num_layers, config.workers)
 
     def solve(layer: int) -> LayerResult:
-        order = next(started)
-        layers_left = num_layers - order
-        share = (deadline - time.perf_counter()) * min(config.workers, layers_left) / layers_left
-        job_began = time.perf_counter()
+        clock = budget.start_layer()
         result = _solve_layer(layer, counts_TLE[:, layer], mean_LE[layer], replicas_LE[layer], greedy, cluster,
-                              config, speed_G, current, lambda: share - 1.5 * overhead[0] - (time.perf_counter()
-                                                                                              - job_began))
-        overhead[0] = max(overhead[0], time.perf_counter() - job_began - result.solve_seconds)
+                              config, speed_G, current, clock.left)
+        budget.finish_layer(clock, result.solve_seconds)
         return result
 
     with ThreadPoolExecutor(max_workers=config.workers) as pool:
@@ -119,6 +112,45 @@ def fit_cpsat(
     info = _summary(results, time.perf_counter() - began, config)
     return Placement(np.stack([r.phy2log_P for r in results]), np.stack([r.weights_P for r in results]), cluster,
                      num_experts, "cpsat", info)
+
+
+class _Budget:
+    """Shares one wall-clock deadline among layers solved `workers` at a time.
+
+    A layer, when it starts, may use its share of what is left (`workers` layers run at once); CP-SAT gets that
+    share minus the work around the solve (construction, evaluation, model building), estimated as 1.5 times the
+    largest such overhead seen so far.
+    """
+
+    def __init__(self, deadline: float, num_layers: int, workers: int) -> None:
+        self._deadline = deadline
+        self._layers_left = num_layers
+        self._workers = workers
+        self.overhead = 0.0
+        self._lock = threading.Lock()
+
+    def start_layer(self) -> "_LayerClock":
+        with self._lock:
+            layers_left = self._layers_left
+            self._layers_left -= 1
+        began = time.perf_counter()
+        share = (self._deadline - began) * min(self._workers, layers_left) / max(1, layers_left)
+        return _LayerClock(self, began, share)
+
+    def finish_layer(self, clock: "_LayerClock", solve_seconds: float) -> None:
+        with self._lock:
+            self.overhead = max(self.overhead, time.perf_counter() - clock.began - solve_seconds)
+
+
+@dataclass(frozen=True)
+class _LayerClock:
+    budget: _Budget
+    began: float
+    share: float
+
+    def left(self) -> float:
+        """Seconds CP-SAT may still use for this layer."""
+        return self.share - 1.5 * self.budget.overhead - (time.perf_counter() - self.began)
 
 
 def _speeds(config: CpSatConfig, cluster: ClusterSpec) -> np.ndarray:

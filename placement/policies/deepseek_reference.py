@@ -42,7 +42,6 @@ def reference_rebalance(
     """Hierarchical policy (global with num_groups = num_nodes = 1), layer by layer. Returns phy2log_LP [L, P]."""
     num_layers, num_experts = load_LE.shape
     group_size = num_experts // num_groups
-    groups_per_node = num_groups // num_nodes
     experts_per_node = num_experts // num_nodes
     slots_per_node = num_slots // num_nodes
     gpus_per_node = num_gpus // num_nodes
