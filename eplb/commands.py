@@ -2,7 +2,6 @@
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -224,7 +223,3 @@ def cmd_plot(args: argparse.Namespace) -> int:
         )
     emit(args, {"written": [str(p) for p in written]}, "\n".join(f"wrote {p}" for p in written))
     return 0
-
-
-def warn(message: str) -> None:
-    print(f"eplb: {message}", file=sys.stderr)

@@ -16,28 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from placement import ClusterSpec, fit_placement  # noqa: E402
 from placement.dynamic_router import DEFAULT_ROUNDS, LayerRoutingTable, route_step  # noqa: E402
+from placement.exact_split import exact_max_load  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
 
 
 def lp_optimum(counts_E: np.ndarray, phy2log_P: np.ndarray, slots: int, num_gpus: int) -> float:
-    gpu = np.arange(len(phy2log_P)) // slots
-    pairs = np.unique(phy2log_P * num_gpus + gpu)
-    expert, on_gpu = pairs // num_gpus, pairs % num_gpus
-    n = len(pairs)
-    cost = np.zeros(n + 1)
-    cost[-1] = 1.0
-    a_eq = np.zeros((len(counts_E), n + 1))
-    a_eq[expert, np.arange(n)] = 1.0
-    a_ub = np.zeros((num_gpus, n + 1))
-    a_ub[on_gpu, np.arange(n)] = 1.0
-    a_ub[:, -1] = -1.0
-    return linprog(cost, A_ub=a_ub, b_ub=np.zeros(num_gpus), A_eq=a_eq, b_eq=counts_E, method="highs").fun
+    return exact_max_load(counts_E, phy2log_P, np.arange(len(phy2log_P)) // slots, num_gpus)
 
 
 def per_call(fn, calls: int) -> float:
