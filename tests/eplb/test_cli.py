@@ -140,6 +140,16 @@ def test_place_with_the_cpsat_policy_writes_a_solver_report(run_eplb, small_trac
     assert data["info"]["solve_seconds"] < 3 + 2  # the budget, plus start-up slack
 
 
+def test_demo_writes_its_files_and_one_json_object(run_eplb, tmp_path):
+    result = run_eplb("demo", "--steps", "110", "--out-dir", tmp_path / "demo", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert {(r["policy"], r["routing"], r["fit"]) for r in summary["rows"]} == {
+        (p, r, f) for p in ("trivial", "deepseek") for r in ("static", "dynamic") for f in ("fitted", "held-out")}
+    for name in ("trace.npz", "placement.json", "load_heatmap.png", "gpu_loads.png", "replay.png"):
+        assert (tmp_path / "demo" / name).stat().st_size > 0
+
+
 def test_place_records_gpus_per_node_and_narrows_to_steps(run_eplb, small_trace, tmp_path):
     out = tmp_path / "placement.json"
     result = run_eplb("place", "--trace", small_trace, "--gpus", "16", "--slots-per-gpu", "5",
