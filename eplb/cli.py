@@ -83,7 +83,8 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
 
 def _add_routing(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--routing", default="static", choices=ROUTINGS,
-                        help="static: fixed replica weights; dynamic: each step re-split optimally (default static)")
+                        help="static: fixed replica weights; dynamic: each step re-split optimally; live: each step "
+                             "split by the live router decode workers run (default static)")
 
 
 def build_parser() -> argparse.ArgumentParser:

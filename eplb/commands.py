@@ -60,8 +60,9 @@ def policy_options(args: argparse.Namespace) -> dict:
     """Keyword options of the chosen policy from the command line."""
     options: dict = {}
     if args.policy == "cpsat":
+        # cpsat fits the live router's split when scored with either per-step routing.
         options = {"time_limit_s": args.time_limit, "workers": args.workers, "seed": args.seed,
-                   "routing": args.routing}
+                   "routing": "static" if args.routing == "static" else "dynamic"}
         if args.nodes_per_group is not None or args.groups is not None:
             options.update({"groups": args.groups, "nodes_per_group": args.nodes_per_group})
         if args.migration_cost:

@@ -29,6 +29,8 @@ class LayerRoutingTable:
         movable_M: [M] int64, experts spanning two or more GPUs.
         gpus_MX: [M, X] int64, the GPUs each movable expert spans, padded with G.
         slot_of_EG: [E, G + 1] int64, the first slot of expert e on GPU g (-1 if none; column G unused).
+        weight_MX: [M, X] float32, the placement's static share of movable expert m on each GPU it spans: the
+            split the water-filling starts from.
         num_gpus: G.
         step_M1: [M, 1] float32, damping of each movable expert's Jacobi update.
     """
@@ -37,15 +39,19 @@ class LayerRoutingTable:
     movable_M: torch.Tensor
     gpus_MX: torch.Tensor
     slot_of_EG: torch.Tensor
+    weight_MX: torch.Tensor
     num_gpus: int
     step_M1: torch.Tensor
 
     @classmethod
-    def build(cls, phy2log_P: np.ndarray, slots_per_gpu: int, num_experts: int, device="cpu") -> "LayerRoutingTable":
+    def build(
+        cls, phy2log_P: np.ndarray, slots_per_gpu: int, num_experts: int, device="cpu", weights_P=None
+    ) -> "LayerRoutingTable":
+        """From one layer's slot map phy2log_P [P] and, optionally, its static weights_P [P] (default: equal)."""
         phy2log = np.asarray(phy2log_P, dtype=np.int64)
         num_gpus = len(phy2log) // slots_per_gpu
         gpu_of_slot = np.arange(len(phy2log)) // slots_per_gpu
-        graph = ReplicaGraph.build(phy2log, gpu_of_slot, num_experts, num_gpus)
+        graph = ReplicaGraph.build(phy2log, gpu_of_slot, num_experts, num_gpus, weights_P)
         fixed_gpu = np.full(num_experts, num_gpus, dtype=np.int64)
         has_fixed = graph.fixed_EG.any(axis=1)
         fixed_gpu[has_fixed] = graph.fixed_EG[has_fixed].argmax(axis=1)
@@ -58,8 +64,9 @@ class LayerRoutingTable:
         degree_G1 = np.append(np.bincount(graph.gpus_MX[valid], minlength=num_gpus), 0)
         step_M = 1.0 / np.maximum(1, degree_G1[graph.gpus_MX].max(axis=1)) if len(graph.movable_M) else np.ones(0)
         as_tensor = lambda a: torch.as_tensor(a, dtype=torch.int64, device=device)  # noqa: E731
+        as_float = lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)  # noqa: E731
         return cls(as_tensor(fixed_gpu), as_tensor(graph.movable_M), as_tensor(graph.gpus_MX), as_tensor(slot_of),
-                   num_gpus, torch.as_tensor(step_M, dtype=torch.float32, device=device)[:, None])
+                   as_float(graph.weight_MX), num_gpus, as_float(step_M)[:, None])
 
 
 def route_step(counts_E: torch.Tensor, table: LayerRoutingTable, rounds: int = DEFAULT_ROUNDS) -> torch.Tensor:
@@ -91,7 +98,7 @@ def route_step(counts_E: torch.Tensor, table: LayerRoutingTable, rounds: int = D
     gpus_MX = table.gpus_MX
     valid_MX = gpus_MX < num_gpus
     tokens_M = counts[table.movable_M].to(torch.float32)
-    share_MX = valid_MX.to(torch.float32) * (tokens_M / valid_MX.sum(1))[:, None]
+    share_MX = table.weight_MX * tokens_M[:, None]
     flat_gpus = gpus_MX.reshape(-1)
     for _ in range(rounds):
         loads_G1 = fixed_G1.index_add(0, flat_gpus, share_MX.reshape(-1))

@@ -4,7 +4,9 @@ Legend: T steps, L layers, E logical experts, G GPUs, P slots.
 
 - static routing: expert e's tokens split over its replicas in the placement's fixed `weights`;
 - dynamic routing: each step's tokens split over replicas to minimise that step's busiest GPU
-  (`placement.dynamic_split`: provably within `DYNAMIC_TOLERANCE` of the optimum, gap reported).
+  (`placement.dynamic_split`: provably within `DYNAMIC_TOLERANCE` of the optimum, gap reported);
+- live routing: each step split by the live router a decode worker runs (`placement.dynamic_router`, whole tokens,
+  a fixed number of rounds), so the score is what serving would see.
 Imbalance is max over GPUs / mean over GPUs of tokens processed; a step with no tokens scores 1.0.
 """
 
@@ -19,8 +21,8 @@ from placement.dynamic_split import ReplicaGraph, optimal_split_loads
 from placement.errors import PlacementFormatError
 from placement.placement_model import Placement
 
-Routing = Literal["static", "dynamic"]
-ROUTINGS: tuple[str, ...] = ("static", "dynamic")
+Routing = Literal["static", "dynamic", "live"]
+ROUTINGS: tuple[str, ...] = ("static", "dynamic", "live")
 DYNAMIC_TOLERANCE = 1e-3
 
 
@@ -32,7 +34,7 @@ class StepScores:
         imbalance_TL: [T, L] max / mean GPU load.
         lower_bound_TL: [T, L] the lower bound for this routing (1.0 for splittable routing, the equal-split
             bound for an equal-split placement under static routing).
-        routing: "static" or "dynamic".
+        routing: "static", "dynamic" or "live".
         dynamic_gap_TL: [T, L] certified relative gap to the optimal split (zeros for static routing).
     """
 
@@ -111,6 +113,25 @@ def dynamic_gpu_loads(counts_TLE: np.ndarray, placement: Placement) -> tuple[np.
     return loads, gaps
 
 
+def live_gpu_loads(counts_TLE: np.ndarray, placement: Placement) -> np.ndarray:
+    """[T, L, G] GPU loads when the live router splits every step (one call per step and layer, as serving does)."""
+    import torch  # the live router is torch code; imported here so static and dynamic scoring do not need it
+
+    from placement.dynamic_router import LayerRoutingTable, route_step
+
+    steps, num_layers, num_experts = counts_TLE.shape
+    cluster = placement.cluster
+    loads = np.empty((steps, num_layers, cluster.num_gpus))
+    counts = torch.as_tensor(counts_TLE)
+    for layer in range(num_layers):
+        table = LayerRoutingTable.build(placement.phy2log_LP[layer], cluster.slots_per_gpu, num_experts,
+                                        weights_P=placement.weights_LP[layer])
+        for step in range(steps):
+            tokens_P = route_step(counts[step, layer], table)
+            loads[step, layer] = tokens_P.view(cluster.num_gpus, -1).sum(1).numpy()
+    return loads
+
+
 def imbalance_of(loads_TLG: np.ndarray) -> np.ndarray:
     """[T, L] max / mean over GPUs (1.0 where a step carries no tokens)."""
     mean = loads_TLG.mean(axis=-1)
@@ -143,9 +164,11 @@ def score_placement(
 
 def _score_chunk(placement: Placement, counts_TLE: np.ndarray, routing: str) -> StepScores:
     steps, num_layers, num_experts = counts_TLE.shape
+    gaps = np.zeros((steps, num_layers))
     if routing == "static":
         loads = static_gpu_loads(counts_TLE, placement)
-        gaps = np.zeros((steps, num_layers))
+    elif routing == "live":
+        loads = live_gpu_loads(counts_TLE, placement)
     else:
         loads, gaps = dynamic_gpu_loads(counts_TLE, placement)
     if routing == "static" and placement.is_equal_split():

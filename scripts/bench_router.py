@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         options = {"time_limit_s": 5.0, "routing": "dynamic"} if args.policy == "cpsat" else {}
         placement = fit_placement(args.policy, trace.counts_TLE[:60], cluster, **options)
         phy2log, weights = placement.phy2log_LP[0], placement.weights_LP[0]
-        table = LayerRoutingTable.build(phy2log, cluster.slots_per_gpu, 256)
+        table = LayerRoutingTable.build(phy2log, cluster.slots_per_gpu, 256, weights_P=weights)
         weights_t = torch.as_tensor(weights, dtype=torch.float32)
         phy2log_t = torch.as_tensor(phy2log)
         steps = trace.counts_TLE[60:, 0]

@@ -116,3 +116,17 @@ def test_replay_held_out_score_equals_scoring_each_refit_by_hand():
         placement = fit_placement("deepseek", counts[start - 6 : start], cluster)
         parts.append(score_placement(placement, counts[start : start + 6], "dynamic").imbalance_TL)
     np.testing.assert_allclose(result.held_out.imbalance_TL, np.concatenate(parts))
+
+
+def test_live_routing_is_whole_tokens_between_the_optimum_and_the_static_split():
+    rng = np.random.default_rng(4)
+    popularity = rng.lognormal(0, 1.0, size=(2, 32))
+    popularity /= popularity.sum(axis=1, keepdims=True)
+    counts = rng.multinomial(1024, popularity, size=(12, 2))
+    placement = fit_placement("deepseek", counts[:4], ClusterSpec(num_gpus=8, slots_per_gpu=5))
+    live = score_placement(placement, counts[4:], "live").imbalance_TL
+    dynamic = score_placement(placement, counts[4:], "dynamic")
+    certified = dynamic.imbalance_TL / (1 + dynamic.dynamic_gap_TL)  # a lower bound on the fractional optimum
+    static = score_placement(placement, counts[4:], "static").imbalance_TL
+    assert (live >= certified - 1e-9).all()  # no whole-token split beats the fractional optimum
+    assert live.mean() <= static.mean()
