@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from placement.dynamic_split import ROUTER_ROUNDS, ReplicaGraph
+from placement.dynamic_split import ROUTER_ROUNDS, ReplicaGraph, first_slot_EG
 
 DEFAULT_ROUNDS = ROUTER_ROUNDS
 
@@ -52,21 +52,13 @@ class LayerRoutingTable:
         num_gpus = len(phy2log) // slots_per_gpu
         gpu_of_slot = np.arange(len(phy2log)) // slots_per_gpu
         graph = ReplicaGraph.build(phy2log, gpu_of_slot, num_experts, num_gpus, weights_P)
-        fixed_gpu = np.full(num_experts, num_gpus, dtype=np.int64)
-        has_fixed = graph.fixed_EG.any(axis=1)
-        fixed_gpu[has_fixed] = graph.fixed_EG[has_fixed].argmax(axis=1)
-        # The first slot of each expert on each GPU takes all of that GPU's share of the expert.
-        slot_of = np.full((num_experts, num_gpus + 1), len(phy2log), dtype=np.int64)
-        np.minimum.at(slot_of, (phy2log, gpu_of_slot), np.arange(len(phy2log)))
-        slot_of[slot_of == len(phy2log)] = -1
-        # Damping of expert m: 1 / (most movable experts on any GPU it spans), which keeps Jacobi rounds monotone.
-        valid = graph.gpus_MX < num_gpus
-        degree_G1 = np.append(np.bincount(graph.gpus_MX[valid], minlength=num_gpus), 0)
-        step_M = 1.0 / np.maximum(1, degree_G1[graph.gpus_MX].max(axis=1)) if len(graph.movable_M) else np.ones(0)
+        fixed_gpu = graph.fixed_gpu_E(none=num_gpus)
+        slot_of = np.full((num_experts, num_gpus + 1), -1, dtype=np.int64)
+        slot_of[:, :num_gpus] = first_slot_EG(phy2log, gpu_of_slot, num_experts, num_gpus)
         as_tensor = lambda a: torch.as_tensor(a, dtype=torch.int64, device=device)  # noqa: E731
         as_float = lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)  # noqa: E731
         return cls(as_tensor(fixed_gpu), as_tensor(graph.movable_M), as_tensor(graph.gpus_MX), as_tensor(slot_of),
-                   as_float(graph.weight_MX), num_gpus, as_float(step_M)[:, None])
+                   as_float(graph.weight_MX), num_gpus, as_float(graph.damping_M1()))
 
 
 def route_step(counts_E: torch.Tensor, table: LayerRoutingTable, rounds: int = DEFAULT_ROUNDS) -> torch.Tensor:

@@ -76,6 +76,25 @@ class ReplicaGraph:
             weight[index_of[multi_expert], column] = pair_weight[~single]
         return cls(fixed, movable, gpus, weight, num_gpus)
 
+    def fixed_gpu_E(self, none: int) -> np.ndarray:
+        """[E] int64: the GPU of each expert that lives on one GPU only, `none` for the movable ones."""
+        return np.where(self.fixed_EG.any(axis=1), self.fixed_EG.argmax(axis=1), none)
+
+    def damping_M1(self) -> np.ndarray:
+        """[M, 1] step of each movable expert's Jacobi update: 1 / (most movable experts on any GPU it spans),
+        which keeps simultaneous updates from overshooting."""
+        valid_MX = self.gpus_MX < self.num_gpus
+        degree_G1 = np.append(np.bincount(self.gpus_MX[valid_MX], minlength=self.num_gpus), 0)
+        return 1.0 / np.maximum(1, degree_G1[self.gpus_MX].max(axis=1, keepdims=True))
+
+
+def first_slot_EG(phy2log_P: np.ndarray, gpu_of_slot_P: np.ndarray, num_experts: int, num_gpus: int) -> np.ndarray:
+    """[E, G] int64: the lowest slot holding expert e on GPU g, or -1; that slot takes the GPU's share of e."""
+    first = np.full((num_experts, num_gpus), len(phy2log_P), dtype=np.int64)
+    np.minimum.at(first, (phy2log_P, gpu_of_slot_P), np.arange(len(phy2log_P)))
+    first[first == len(phy2log_P)] = -1
+    return first
+
 
 def _water_fill(tokens_BM: np.ndarray, base_BMX: np.ndarray) -> np.ndarray:
     """Spread tokens_BM over X bins whose levels are base_BMX (inf = absent) to raise the lowest bins evenly."""
@@ -95,7 +114,7 @@ def certified_lower_bound(counts_BE: np.ndarray, loads_BG: np.ndarray, graph: Re
     steps, num_gpus = loads_BG.shape
     position_BG = np.argsort(np.argsort(-loads_BG, axis=1, kind="stable"), axis=1)
     # An expert lies wholly in a prefix once the prefix reaches its last-ranked GPU.
-    fixed_gpu_E = np.where(graph.fixed_EG.any(axis=1), graph.fixed_EG.argmax(axis=1), -1)
+    fixed_gpu_E = graph.fixed_gpu_E(none=-1)
     fixed_experts = np.flatnonzero(fixed_gpu_E >= 0)
     entry = [position_BG[:, fixed_gpu_E[fixed_experts]]]
     weights = [counts_BE[:, fixed_experts]]
@@ -142,10 +161,7 @@ def optimal_split(
         return np.zeros((steps, 0, 1)), fixed_BG, np.zeros(steps)
     tokens_BM = counts[:, movable]
     share_BMX = tokens_BM[..., None] * graph.weight_MX[None]
-    # Damping of expert m: 1 / (most movable experts on any GPU it spans), which keeps Jacobi rounds monotone.
-    valid_MX = gpus_MX < num_gpus
-    degree_G1 = np.append(np.bincount(gpus_MX[valid_MX], minlength=num_gpus), 0)
-    step_M1 = 1.0 / np.maximum(1, degree_G1[gpus_MX].max(axis=1, keepdims=True))
+    step_M1 = graph.damping_M1()
 
     # onehot_YG[y, g] = 1 iff entry y of the flattened [M, X] table is GPU g: loads are one matrix product.
     onehot_YG = np.zeros((gpus_MX.size, num_gpus + 1))

@@ -5,7 +5,7 @@ Legend: E logical experts, G GPUs, S slots per GPU, P slots.
 
 import numpy as np
 
-from placement.dynamic_split import ReplicaGraph, optimal_split
+from placement.dynamic_split import ReplicaGraph, first_slot_EG, optimal_split
 
 
 def fitted_weights(
@@ -23,14 +23,12 @@ def fitted_weights(
     graph = ReplicaGraph.build(phy2log, gpu_of_slot, num_experts, num_gpus)
     share_1MX, _, _ = optimal_split(np.asarray(load_E, dtype=np.float64)[None], graph, 1e-3, max_rounds)
     pair_share = np.zeros((num_experts, num_gpus + 1))
-    pair_share[np.arange(num_experts)[:, None], np.where(graph.fixed_EG.any(1), graph.fixed_EG.argmax(1), num_gpus)[
-        :, None]] = 1.0
+    pair_share[np.arange(num_experts), graph.fixed_gpu_E(none=num_gpus)] = 1.0  # column G: movable, overwritten
     if len(graph.movable_M):
         load_M = np.maximum(load_E[graph.movable_M], 1e-12)
         pair_share[graph.movable_M[:, None], graph.gpus_MX] = share_1MX[0] / load_M[:, None]
-    first = np.full((num_experts, num_gpus), len(phy2log))
-    np.minimum.at(first, (phy2log, gpu_of_slot), np.arange(len(phy2log)))
-    is_first = first[phy2log, gpu_of_slot] == np.arange(len(phy2log))
+    first_EG = first_slot_EG(phy2log, gpu_of_slot, num_experts, num_gpus)
+    is_first = first_EG[phy2log, gpu_of_slot] == np.arange(len(phy2log))
     weights = np.where(is_first, pair_share[phy2log, gpu_of_slot], 0.0)
     sums = np.bincount(phy2log, weights, minlength=num_experts)
     replicas = np.bincount(phy2log, minlength=num_experts)
