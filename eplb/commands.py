@@ -90,6 +90,19 @@ def mean_gpu_loads_LG(placement: Placement, counts_TLE: np.ndarray) -> np.ndarra
     return static_gpu_loads(counts_TLE, placement).mean(axis=0)
 
 
+def plot_before_after(placement: Placement, counts_TLE: np.ndarray, path) -> None:
+    """Per-GPU loads with no balancing (the `trivial` layout) beside `placement`'s, as a PNG at `path`."""
+    cluster = placement.cluster
+    trivial = fit_placement("trivial", counts_TLE, cluster)
+    plots.plot_gpu_loads(
+        mean_gpu_loads_LG(trivial, counts_TLE),
+        mean_gpu_loads_LG(placement, counts_TLE),
+        path,
+        labels=("no balancing", placement.policy or "placement"),
+        title=f"Per-GPU load, {cluster.num_gpus} GPUs x {cluster.slots_per_gpu} slots",
+    )
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     config = SyntheticConfig(
         num_steps=args.steps,
@@ -139,14 +152,7 @@ def cmd_place(args: argparse.Namespace) -> int:
     fitted = score_placement(placement, trace.counts_TLE, args.routing).summary()
     result.update(fitted)
     if args.plot:
-        trivial = fit_placement("trivial", trace.counts_TLE, cluster)
-        plots.plot_gpu_loads(
-            mean_gpu_loads_LG(trivial, trace.counts_TLE),
-            mean_gpu_loads_LG(placement, trace.counts_TLE),
-            args.plot,
-            labels=("no balancing", args.policy),
-            title=f"Per-GPU load, {cluster.num_gpus} GPUs x {cluster.slots_per_gpu} slots",
-        )
+        plot_before_after(placement, trace.counts_TLE, args.plot)
     # The placement file is written last, so a failure above leaves an existing --out as it was.
     if args.sglang_out:
         save_sglang_mapping(placement, args.sglang_out)
@@ -167,13 +173,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         progress.close()
     result = {"placement": str(args.placement), "policy": placement.policy, **scores.summary()}
     if args.plot:
-        trivial = fit_placement("trivial", trace.counts_TLE, placement.cluster)
-        plots.plot_gpu_loads(
-            mean_gpu_loads_LG(trivial, trace.counts_TLE),
-            mean_gpu_loads_LG(placement, trace.counts_TLE),
-            args.plot,
-            labels=("no balancing", placement.policy or "placement"),
-        )
+        plot_before_after(placement, trace.counts_TLE, args.plot)
     rows = [{"policy": placement.policy, "routing": args.routing, **result}]
     emit(args, result, format_table(rows, ("policy", "routing")))
     return 0
@@ -214,13 +214,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     plots.plot_load_heatmap(trace.load_LE(), written[0], title=f"Expert load: {Path(args.trace).name}")
     if args.placement:
         placement = load_placement(args.placement)
-        trivial = fit_placement("trivial", trace.counts_TLE, placement.cluster)
         written.append(out_dir / "gpu_loads.png")
-        plots.plot_gpu_loads(
-            mean_gpu_loads_LG(trivial, trace.counts_TLE),
-            mean_gpu_loads_LG(placement, trace.counts_TLE),
-            written[1],
-            labels=("no balancing", placement.policy or "placement"),
-        )
+        plot_before_after(placement, trace.counts_TLE, written[1])
     emit(args, {"written": [str(p) for p in written]}, "\n".join(f"wrote {p}" for p in written))
     return 0

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from eplb import plots
-from eplb.commands import emit, mean_gpu_loads_LG
+from eplb.commands import emit, plot_before_after
 from eplb.progress import Progress
 from eplb.report import format_table
 from placement import ClusterSpec, fit_placement, rolling_replay, save_placement
@@ -49,11 +49,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     progress.close()
     baseline = fit_placement("deepseek", counts, DEMO_CLUSTER)
     save_placement(baseline, out / "placement.json")
-    trivial = fit_placement("trivial", counts, DEMO_CLUSTER)
     plots.plot_load_heatmap(trace.load_LE(), out / "load_heatmap.png", title="Expert load, synthetic 61 x 256")
-    plots.plot_gpu_loads(mean_gpu_loads_LG(trivial, counts), mean_gpu_loads_LG(baseline, counts),
-                         out / "gpu_loads.png", labels=("no balancing", "deepseek"),
-                         title="Per-GPU load, 64 GPUs x 5 slots")
+    plot_before_after(baseline, counts, out / "gpu_loads.png")
     plots.plot_imbalance_over_time(series, out / "replay.png", refit_steps=refit_steps, lower_bound_T=bound_T,
                                    title=f"Rolling replay: refit every {DEMO_EVERY} steps on the last {DEMO_WINDOW}")
     seconds = time.perf_counter() - began
