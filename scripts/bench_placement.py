@@ -9,11 +9,14 @@ Sections:
    placement scored on its own window ("fitted") and on the steps that follow ("held-out"), for every policy under
    static and dynamic routing (cpsat fits for the routing it is scored with), with the lower bound and the mean
    fit time beside;
-3. the real ESFT logs (`../shared/data/esft-dsv2lite`, 256 tokens per step) at 16x5 and 32x3: rolling replay
-   (refit every 8 steps on the last 8), and cross-task (fit on one whole task, score on each other task).
+3. the real ESFT logs (`../shared/data/esft-dsv2lite`, four tasks of ~32 steps of 256 tokens) at 16x5 and 32x3:
+   rolling replay (refit every 8 steps on the last 8) within each task ("within tasks": every held-out window
+   comes from the task the placement was fitted on), rolling replay over the four tasks one after another ("task
+   stream": 3 of its 15 held-out windows follow a switch to a task never seen before), and cross-task (fit on one
+   whole task, score on each other task).
 
 Usage: python scripts/bench_placement.py [--steps 500] [--policies deepseek,cpsat] [--time-limit 10] [--json out.json]
-       [--quick]
+       [--quick] [--skip-esft | --skip-synthetic]
 """
 
 import argparse
@@ -28,6 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from placement import ClusterSpec, fit_placement, rolling_replay, score_placement  # noqa: E402
+from placement.scoring import StepScores  # noqa: E402
 from placement.policies.deepseek import deepseek_rebalance  # noqa: E402
 from placement.policies.deepseek_reference import reference_rebalance  # noqa: E402
 from traces import load_trace  # noqa: E402
@@ -36,6 +40,7 @@ from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
 CLUSTERS = [ClusterSpec(num_gpus=64, slots_per_gpu=5), ClusterSpec(num_gpus=128, slots_per_gpu=3)]
 ESFT_CLUSTERS = [ClusterSpec(num_gpus=16, slots_per_gpu=5), ClusterSpec(num_gpus=32, slots_per_gpu=3)]
 ESFT = Path(__file__).resolve().parents[2] / "shared" / "data" / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
+ESFT_TASKS = ("intent", "law", "summary", "translation")  # in the order the logs hold them
 TOKENS_PER_STEP = 8192
 KEYS = ("imbalance_mean", "imbalance_p99", "imbalance_max", "lower_bound")
 
@@ -61,15 +66,18 @@ def policy_options(policy: str, routing: str, time_limit: float) -> dict:
     return {"routing": routing, "time_limit_s": time_limit} if policy == "cpsat" else {}
 
 
-def bench_rolling(counts_TLE, cluster, policies, every, window, time_limit) -> list[dict]:
-    """Rolling replay of every policy under both routings: fitted and held-out rows."""
+def bench_rolling(traces_TLE: list[np.ndarray], cluster, policies, every, window, time_limit) -> list[dict]:
+    """Rolling replay of every policy under both routings: fitted and held-out rows.
+
+    Each trace of `traces_TLE` is replayed on its own (a new replay for each) and the scores of all are pooled.
+    """
     rows = []
     for policy, routing in itertools.product(policies, ("static", "dynamic")):
-        replay = rolling_replay(counts_TLE, cluster, policy, every, window, routing,
-                                policy_options(policy, routing, time_limit))
-        fit_s = float(np.mean(replay.fit_seconds))
-        for fit, scores in (("fitted", replay.fitted), ("held-out", replay.held_out)):
-            summary = scores.summary()
+        replays = [rolling_replay(counts_TLE, cluster, policy, every, window, routing,
+                                  policy_options(policy, routing, time_limit)) for counts_TLE in traces_TLE]
+        fit_s = float(np.mean([s for r in replays for s in r.fit_seconds]))
+        for fit, part in (("fitted", "fitted"), ("held-out", "held_out")):
+            summary = StepScores.concatenate([getattr(r, part) for r in replays]).summary()
             rows.append({"policy": policy, "routing": routing, "fit": fit, "fit_seconds": fit_s,
                          **{k: summary[k] for k in KEYS}})
         print(f"  {policy:8s} {routing:7s} held-out {rows[-1]['imbalance_mean']:.3f} "
@@ -77,10 +85,9 @@ def bench_rolling(counts_TLE, cluster, policies, every, window, time_limit) -> l
     return rows
 
 
-def bench_cross_task(path: Path, cluster, policies, time_limit) -> list[dict]:
+def bench_cross_task(traces: dict[str, np.ndarray], cluster, policies, time_limit) -> list[dict]:
     """Fit on one whole ESFT task, score on each other task; mean over the ordered task pairs."""
-    tasks = ["intent", "law", "summary", "translation"]
-    traces = {t: load_trace(path, tokens_per_step=256, tasks=[t]).counts_TLE for t in tasks}
+    tasks = list(traces)
     rows = []
     for policy, routing in itertools.product(policies, ("static", "dynamic")):
         fitted, held, seconds = [], [], []
@@ -105,8 +112,8 @@ def print_tables(speed: list[dict], synthetic: list[dict], esft: list[dict]) -> 
               f"{s['identical']} |")
     print("\n| data | cluster | policy | routing | fit | mean | p99 | max | lower bound | fit time |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for block in synthetic + [e for e in esft if "rolling" in e]:
-        for r in block["rolling"]:
+    for block in synthetic + esft:
+        for r in block.get("rolling", []):
             print(f"| {block['data']} | {block['cluster']} | {r['policy']} | {r['routing']} | {r['fit']} | "
                   f"{r['imbalance_mean']:.3f} | {r['imbalance_p99']:.3f} | {r['imbalance_max']:.3f} | "
                   f"{r['lower_bound']:.3f} | {r['fit_seconds']:.2f} s |")
@@ -128,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=10.0, help="cpsat budget per fit, seconds (default 10)")
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats of the loop baseline (default 3)")
     parser.add_argument("--skip-esft", action="store_true", help="skip the ESFT section")
+    parser.add_argument("--skip-synthetic", action="store_true", help="skip the speed and synthetic sections")
     parser.add_argument("--json", default=None, help="also write all results to this JSON file")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for a smoke run")
     args = parser.parse_args(argv)
@@ -137,27 +145,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         layers, steps, speed_layers, time_limit = 3, 3 * args.window, [3], min(time_limit, 1.0)
     speed, synthetic, esft = [], [], []
+    if args.skip_synthetic:
+        speed_layers, clusters = [], []
     for num_layers in speed_layers:
         load = generate_trace(SyntheticConfig(num_steps=20, num_layers=num_layers)).load_LE().astype(float)
         for cluster in clusters:
             result = bench_speed(load, cluster, args.repeats)
             speed.append({"shape": f"{num_layers}x256 on {cluster.num_gpus}x{cluster.slots_per_gpu}", **result})
             print(f"speed {speed[-1]['shape']}: x{result['speedup']:.0f}", flush=True)
-    trace = generate_trace(SyntheticConfig(num_steps=steps, num_layers=layers, tokens_per_step=TOKENS_PER_STEP))
     for cluster in clusters:
+        trace = generate_trace(SyntheticConfig(num_steps=steps, num_layers=layers, tokens_per_step=TOKENS_PER_STEP))
         name = f"{cluster.num_gpus}x{cluster.slots_per_gpu}"
         print(f"synthetic {layers}x256 on {name}", flush=True)
         synthetic.append({"data": f"synthetic {layers}x256", "cluster": name,
-                          "rolling": bench_rolling(trace.counts_TLE, cluster, policies, args.every, args.window,
+                          "rolling": bench_rolling([trace.counts_TLE], cluster, policies, args.every, args.window,
                                                    time_limit)})
     if not args.skip_esft and ESFT.exists() and not args.quick:
-        rolling_trace = load_trace(ESFT, tokens_per_step=256).counts_TLE
+        tasks = {t: load_trace(ESFT, tokens_per_step=256, tasks=[t]).counts_TLE for t in ESFT_TASKS}
+        stream = [np.concatenate(list(tasks.values()))]
         for cluster in ESFT_CLUSTERS:
             name = f"{cluster.num_gpus}x{cluster.slots_per_gpu}"
-            print(f"ESFT on {name}", flush=True)
-            esft.append({"data": "ESFT 26x64", "cluster": name,
-                         "rolling": bench_rolling(rolling_trace, cluster, policies, 8, 8, time_limit),
-                         "cross_task": bench_cross_task(ESFT, cluster, policies, time_limit)})
+            print(f"ESFT on {name}: within tasks", flush=True)
+            esft.append({"data": "ESFT 26x64 within tasks", "cluster": name,
+                         "rolling": bench_rolling(list(tasks.values()), cluster, policies, 8, 8, time_limit)})
+            print(f"ESFT on {name}: task stream", flush=True)
+            esft.append({"data": "ESFT 26x64 task stream", "cluster": name,
+                         "rolling": bench_rolling(stream, cluster, policies, 8, 8, time_limit),
+                         "cross_task": bench_cross_task(tasks, cluster, policies, time_limit)})
     print_tables(speed, synthetic, esft)
     if args.json:
         Path(args.json).write_text(json.dumps({"speed": speed, "synthetic": synthetic, "esft": esft}, indent=1))

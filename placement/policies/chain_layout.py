@@ -7,8 +7,15 @@ packs replicas by expected load alone, so the GPUs fall into many small groups l
 load of one group cannot reach another (`../shared/NOTES.md`). Here the replicated experts are laid along a ring
 of GPUs: each expert's replicas sit on consecutive GPUs, and the next expert starts on the last GPU of the one
 before, so the experts link all GPUs into one chain and every GPU holds movable tokens. Experts with one
-replica then fill the free slots heaviest first onto the GPU with the least expected load (each movable replica
-counted with its equal share), as the greedy does. No GPU holds two replicas of one expert.
+replica then fill the free slots, heaviest first. Their tokens cannot move, so what matters is a GPU's load on
+each step, not on average: given the window's steps, an expert goes to the free GPU whose per-step load so far
+(each movable replica counted with its equal share) is lowest on the steps where this expert is busy, i.e. the
+GPU minimising sum_t load_tg * c_te, the growth of the sum of squared per-step loads. With one "step" (the mean)
+this is the greedy's least-loaded rule. No GPU holds two replicas of one expert.
+
+Measured on the ESFT logs (rolling, 8-step windows, best per-step split, against the least-mean-load rule):
+fitted 1.019 -> 1.006 and held-out 1.164 -> 1.150 at 16 GPUs x 5 slots, fitted 1.048 -> 1.032 at 32 x 3
+(held-out unchanged); on synthetic traffic at 128 x 3, held-out 1.033 -> 1.031.
 
 The order of the replicated experts along the ring matters: heaviest first crowds the hot experts onto one arc
 of GPUs, whose load then has far to travel. Measured on synthetic drifting traffic (6 layers, 25 windows of 50
@@ -30,6 +37,7 @@ def chain_layout(
     slots_per_gpu: int,
     order: str = "random",
     seed: int = 0,
+    steps_TE: np.ndarray | None = None,
 ) -> np.ndarray:
     """Lay out one layer.
 
@@ -41,6 +49,8 @@ def chain_layout(
         order: order of the replicated experts along the ring: "desc" (heaviest first), "interleave" (heaviest,
             lightest, second heaviest, ...) or "random" (a permutation drawn from `seed`).
         seed: seed of the "random" order.
+        steps_TE: [T, E] tokens per expert on each step of the window, for placing the one-replica experts
+            (default: `load_E` as a single step).
 
     Returns:
         phy2log_P: [P] int64, the expert of each slot; slot p lives on GPU p // S.
@@ -50,26 +60,29 @@ def chain_layout(
         raise PlacementInfeasibleError(
             f"an expert needs {replicas_E.max()} replicas but there are only {num_gpus} GPUs to hold them apart"
         )
+    steps = np.asarray(load_E if steps_TE is None else steps_TE, dtype=np.float64).reshape(-1, num_experts)
+    # A tiny constant keeps the least-loaded rule for experts with no tokens in the window.
+    steps = steps + 1e-6 * max(1.0, float(steps.mean()))
     slots: list[list[int]] = [[] for _ in range(num_gpus)]
-    expected_G = np.zeros(num_gpus)
+    load_TG = np.zeros((len(steps), num_gpus))
     movable = _ring_order(np.flatnonzero(replicas_E >= 2), load_E, order, seed)
     position = 0
     for expert in movable:
         count = int(replicas_E[expert])
-        # The first two replicas continue the chain; further ones jump ahead by G / count (chords).
         wanted = [position + j for j in range(count)]
         chosen = [_free_gpu_from(slots, expert, start % num_gpus, slots_per_gpu) for start in wanted]
         for gpu in chosen:
             slots[gpu].append(int(expert))
-            expected_G[gpu] += load_E[expert] / count
+            load_TG[:, gpu] += steps[:, expert] / count
         position = chosen[-1]
     singles = np.flatnonzero(replicas_E == 1)
     singles = singles[np.argsort(-load_E[singles], kind="stable")]
     free_G = np.array([slots_per_gpu - len(s) for s in slots])
     for expert in singles:
-        gpu = int(np.argmin(np.where(free_G > 0, expected_G, np.inf)))
+        growth_G = steps[:, expert] @ load_TG
+        gpu = int(np.argmin(np.where(free_G > 0, growth_G, np.inf)))
         slots[gpu].append(int(expert))
-        expected_G[gpu] += load_E[expert]
+        load_TG[:, gpu] += steps[:, expert]
         free_G[gpu] -= 1
     phy2log = np.array([e for s in slots for e in s], dtype=np.int64)
     if len(phy2log) != num_gpus * slots_per_gpu or np.bincount(phy2log, minlength=num_experts).min() == 0:
