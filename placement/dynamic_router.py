@@ -5,7 +5,8 @@ GPUs (movable), X the most GPUs one expert spans.
 
 This is the function a decode worker runs every step (and the simulator replays): torch in, torch out, on the
 device the counts live on, no Python loop over experts. Each call runs a fixed number of damped water-filling
-rounds (see `placement.dynamic_split` for the method and its optimality certificate), then rounds the split to
+rounds with Nesterov momentum (see `placement.dynamic_split` for the method, the same in numpy, and its
+optimality certificate), then rounds the split to
 whole tokens (largest remainders), so every expert's tokens are conserved exactly.
 torch is imported here on purpose: the router must run where the tokens are (CUDA, Ascend NPU or CPU).
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from placement.dynamic_split import ROUTER_ROUNDS, ReplicaGraph, first_slot_EG
+from placement.dynamic_split import MOMENTUM, ROUTER_ROUNDS, ReplicaGraph, first_slot_EG
 
 DEFAULT_ROUNDS = ROUTER_ROUNDS
 
@@ -61,13 +62,16 @@ class LayerRoutingTable:
                    as_float(graph.weight_MX), num_gpus, as_float(graph.damping_M1()))
 
 
-def route_step(counts_E: torch.Tensor, table: LayerRoutingTable, rounds: int = DEFAULT_ROUNDS) -> torch.Tensor:
+def route_step(
+    counts_E: torch.Tensor, table: LayerRoutingTable, rounds: int = DEFAULT_ROUNDS, momentum: float = MOMENTUM
+) -> torch.Tensor:
     """Split one step's tokens over the replicas of one layer.
 
     Args:
         counts_E: [E] integer tensor, tokens routed to each logical expert this step.
         table: the layer's routing table (same device as counts_E).
         rounds: damped water-filling rounds; more is closer to the optimum.
+        momentum: Nesterov momentum of each round (0 = plain damped Jacobi).
 
     Returns:
         tokens_P: [P] int64, tokens each slot processes; per expert the slots' tokens sum to counts_E[e].
@@ -86,21 +90,35 @@ def route_step(counts_E: torch.Tensor, table: LayerRoutingTable, rounds: int = D
     tokens_P.index_add_(0, fixed_slots[is_fixed], counts[is_fixed])
     if table.movable_M.numel() == 0:
         return tokens_P
-    # Step 2: damped Jacobi water-filling of the movable experts over the GPUs they span.
+    # Step 2: damped Jacobi water-filling of the movable experts over the GPUs they span, each round from the
+    # Nesterov look-ahead split.
     gpus_MX = table.gpus_MX
     valid_MX = gpus_MX < num_gpus
     tokens_M = counts[table.movable_M].to(torch.float32)
     share_MX = table.weight_MX * tokens_M[:, None]
+    previous_MX = share_MX
     flat_gpus = gpus_MX.reshape(-1)
     for _ in range(rounds):
-        loads_G1 = fixed_G1.index_add(0, flat_gpus, share_MX.reshape(-1))
-        base_MX = loads_G1[gpus_MX] - share_MX
-        share_MX = share_MX + table.step_M1 * (_water_fill(tokens_M, base_MX) - share_MX)
+        ahead_MX = _extrapolate(share_MX, previous_MX, tokens_M, valid_MX, momentum)
+        loads_G1 = fixed_G1.index_add(0, flat_gpus, ahead_MX.reshape(-1))
+        base_MX = loads_G1[gpus_MX] - ahead_MX
+        previous_MX = share_MX
+        share_MX = ahead_MX + table.step_M1 * (_water_fill(tokens_M, base_MX) - ahead_MX)
     # Step 3: whole tokens by largest remainders, so each expert's tokens are conserved exactly.
     whole_MX = _round_preserving_sums(share_MX, counts[table.movable_M], valid_MX)
     slots_MX = table.slot_of_EG[table.movable_M[:, None], gpus_MX]
     tokens_P.index_add_(0, slots_MX[valid_MX], whole_MX[valid_MX])
     return tokens_P
+
+
+def _extrapolate(share_MX: torch.Tensor, previous_MX: torch.Tensor, tokens_M: torch.Tensor, valid_MX: torch.Tensor,
+                 momentum: float) -> torch.Tensor:
+    """share + momentum * (share - previous), projected to a valid split (as `dynamic_split.extrapolate`).
+
+    Each row's extrapolation sums to its tokens, so a row with tokens keeps a positive entry after clamping.
+    """
+    ahead = (share_MX + momentum * (share_MX - previous_MX)).clamp_min_(0.0).mul_(valid_MX)
+    return ahead.mul_(tokens_M[:, None] / ahead.sum(1, keepdim=True).clamp_min_(1e-30))
 
 
 def _water_fill(tokens_M: torch.Tensor, base_MX: torch.Tensor) -> torch.Tensor:

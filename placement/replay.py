@@ -7,7 +7,7 @@ window (the "fitted" score), so the gap between the two shows how much a policy 
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,12 +27,14 @@ class ReplayResult:
         fitted: scores of each placement on the window it was fitted on, stacked.
         refit_steps: the trace step at which each placement started serving.
         fit_seconds: wall time of each fit.
+        held_out_also: the held-out steps scored under each routing of `also_routings` as well (same placements).
     """
 
     held_out: StepScores
     fitted: StepScores
     refit_steps: list[int]
     fit_seconds: list[float]
+    held_out_also: dict[str, StepScores] = field(default_factory=dict)
 
     def summary(self) -> dict:
         """Held-out summary (the contract keys) plus the fitted summary and fit timing."""
@@ -59,10 +61,12 @@ def rolling_replay(
     routing: Routing = "static",
     policy_options: dict | None = None,
     on_refit: Callable[[int, int], None] | None = None,
+    also_routings: tuple[Routing, ...] = (),
 ) -> ReplayResult:
     """Replay `counts_TLE` [T, L, E] with a re-fit every `every` steps on the last `window` steps.
 
-    `on_refit(done, total)` is called after each fit (for progress bars).
+    `on_refit(done, total)` is called after each fit (for progress bars). `also_routings` scores the held-out steps
+    under further routings too (for example "live" beside "dynamic": the router that runs against the best split).
     """
     num_steps = counts_TLE.shape[0]
     if every < 1 or window < 1:
@@ -73,6 +77,7 @@ def rolling_replay(
         )
     starts = list(range(window, num_steps, every))
     held, fitted, seconds = [], [], []
+    also: dict[str, list[StepScores]] = {name: [] for name in also_routings}
     for done, start in enumerate(starts, 1):
         history = counts_TLE[start - window : start]
         began = time.perf_counter()
@@ -80,6 +85,9 @@ def rolling_replay(
         seconds.append(time.perf_counter() - began)
         held.append(score_placement(placement, counts_TLE[start : start + every], routing))
         fitted.append(score_placement(placement, history, routing))
+        for name in also_routings:
+            also[name].append(score_placement(placement, counts_TLE[start : start + every], name))
         if on_refit is not None:
             on_refit(done, len(starts))
-    return ReplayResult(StepScores.concatenate(held), StepScores.concatenate(fitted), starts, seconds)
+    return ReplayResult(StepScores.concatenate(held), StepScores.concatenate(fitted), starts, seconds,
+                        {name: StepScores.concatenate(parts) for name, parts in also.items()})

@@ -130,3 +130,17 @@ def test_live_routing_is_whole_tokens_between_the_optimum_and_the_static_split()
     static = score_placement(placement, counts[4:], "static").imbalance_TL
     assert (live >= certified - 1e-9).all()  # no whole-token split beats the fractional optimum
     assert live.mean() <= static.mean()
+
+
+def test_rolling_replay_also_scores_the_held_out_steps_under_the_live_router():
+    counts = np.random.default_rng(4).poisson(30.0, size=(18, 2, 12))
+    cluster = ClusterSpec(num_gpus=4, slots_per_gpu=4)
+    result = rolling_replay(counts, cluster, "deepseek", every=6, window=6, routing="dynamic",
+                            also_routings=("live", "static"))
+    best, live, static = (result.held_out.imbalance_TL, result.held_out_also["live"].imbalance_TL,
+                          result.held_out_also["static"].imbalance_TL)
+    assert best.shape == live.shape == static.shape == (12, 2)
+    # The best split is a lower bound of any split, up to its certified gap and whole-token rounding.
+    # Rounding moves at most one token per replica: 4 slots a GPU, mean GPU load = total / 4.
+    assert (live >= best * (1 - 1e-3) - 4 * 4 / counts[6:].sum(axis=-1).min()).all()
+    assert live.mean() <= static.mean() + 1e-9

@@ -17,7 +17,8 @@ def test_bench_placement_quick_run_writes_every_row(tmp_path, capsys):
     assert all(s["identical"] for s in results["speed"])
     assert len(results["synthetic"]) == 2  # two clusters
     for block in results["synthetic"]:
-        assert len(block["rolling"]) == 2 * 2 * 2  # policies x routings x (fitted, held-out)
+        # policies x (static fitted, static held-out, dynamic fitted, dynamic held-out, live held-out)
+        assert len(block["rolling"]) == 2 * 5
         for row in block["rolling"]:
             assert 1.0 <= row["lower_bound"] <= row["imbalance_mean"] <= row["imbalance_max"]
     assert "| data |" in capsys.readouterr().out
