@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job on an embedded default: synth, place, score, replay, plot",
                        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default="out/demo", help="where plots, trace and placement go (default out/demo)")
-    p.add_argument("--steps", type=int, default=400, help="steps of the synthetic trace (default 400)")
+    p.add_argument("--steps", type=int, default=250, help="steps of the synthetic trace (default 250)")
+    p.add_argument("--time-limit", type=float, default=10.0,
+                   help="cpsat budget per refit of the whole model, seconds (default 10)")
     _add_common(p)
 
     p = sub.add_parser("synth", help="write a synthetic decode routing trace")

@@ -28,6 +28,7 @@ class ReplayResult:
         refit_steps: the trace step at which each placement started serving.
         fit_seconds: wall time of each fit.
         held_out_also: the held-out steps scored under each routing of `also_routings` as well (same placements).
+        last: the placement of the last fit (the one a live system would be serving at the end).
     """
 
     held_out: StepScores
@@ -35,6 +36,7 @@ class ReplayResult:
     refit_steps: list[int]
     fit_seconds: list[float]
     held_out_also: dict[str, StepScores] = field(default_factory=dict)
+    last: Placement | None = None
 
     def summary(self) -> dict:
         """Held-out summary (the contract keys) plus the fitted summary and fit timing."""
@@ -90,4 +92,4 @@ def rolling_replay(
         if on_refit is not None:
             on_refit(done, len(starts))
     return ReplayResult(StepScores.concatenate(held), StepScores.concatenate(fitted), starts, seconds,
-                        {name: StepScores.concatenate(parts) for name, parts in also.items()})
+                        {name: StepScores.concatenate(parts) for name, parts in also.items()}, placement)
