@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from placement.dynamic_split import ReplicaGraph
 from placement.errors import PlacementInfeasibleError
 from placement.policies.chain_layout import ORDERS, chain_layout
 from placement.policies.deepseek import replicate_greedy
