@@ -106,10 +106,10 @@ def first_slot_EG(phy2log_P: np.ndarray, gpu_of_slot_P: np.ndarray, num_experts:
 def extrapolate(share_BMX: np.ndarray, previous_BMX: np.ndarray, tokens_BM: np.ndarray, valid_MX: np.ndarray,
                 momentum: float) -> np.ndarray:
     """Nesterov's look-ahead split: share + momentum * (share - previous), projected back to a valid split
-    (shares >= 0, only on GPUs the expert spans, each expert's tokens conserved)."""
+    (shares >= 0, only on GPUs the expert spans, each expert's tokens conserved). Each row's extrapolation sums
+    to its tokens, so a row with tokens keeps a positive entry after clamping; a row without stays all zero."""
     ahead = np.where(valid_MX, np.maximum(share_BMX + momentum * (share_BMX - previous_BMX), 0.0), 0.0)
-    total = ahead.sum(axis=-1, keepdims=True)
-    return np.where(total > 0, ahead * (tokens_BM[..., None] / np.maximum(total, 1e-300)), share_BMX)
+    return ahead * (tokens_BM[..., None] / np.maximum(ahead.sum(axis=-1, keepdims=True), 1e-300))
 
 
 def _water_fill(tokens_BM: np.ndarray, base_BMX: np.ndarray) -> np.ndarray:
