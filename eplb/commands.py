@@ -186,18 +186,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         result = rolling_replay(
             trace.counts_TLE, cluster, args.policy, args.every, args.window, args.routing,
-            policy_options(args), on_refit=progress.callback(),
+            policy_options(args), on_refit=progress.callback(), drift_ratio=args.refit_on_drift,
         )
     finally:
         progress.close()
-    summary = {"policy": args.policy, "every": args.every, "window": args.window, **result.summary()}
+    summary = {"policy": args.policy, "every": args.every, "window": args.window,
+               "refit_on_drift": args.refit_on_drift, **result.summary()}
     if args.plot:
         plots.plot_imbalance_over_time(
             {f"{args.policy}, {args.routing}": result.held_out.imbalance_TL.mean(axis=1)},
             args.plot,
             refit_steps=[s - args.window for s in result.refit_steps],
             lower_bound_T=result.held_out.lower_bound_TL.mean(axis=1),
-            title=f"Rolling replay: refit every {args.every} steps on the last {args.window}",
+            title=f"Rolling replay: refit every {args.every} steps on the last {args.window}"
+                  + ("" if args.refit_on_drift is None else f", and on drift ({args.refit_on_drift})"),
         )
     rows = [
         {"policy": args.policy, "routing": args.routing, "fit": "held-out", **summary},

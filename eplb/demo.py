@@ -54,7 +54,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             bound_T = replay.held_out.lower_bound_TL.mean(axis=1)
         tick(done, len(jobs))
     progress.close()
-    placement, last_window = replay.last, counts[replay.refit_steps[-1] - DEMO_WINDOW : replay.refit_steps[-1]]
+    placement, last_window = replay.last, counts[slice(*replay.fit_windows[-1])]
     save_placement(placement, out / "placement.json")
     plots.plot_load_heatmap(trace.load_LE(), out / "load_heatmap.png", title="Expert load, synthetic 61 x 256")
     plot_before_after(placement, last_window, out / "gpu_loads.png")

@@ -47,6 +47,11 @@ class StepScores:
         """Mean, p99 and worst imbalance over (step, layer), with the lower bound beside them."""
         return summarize(self.imbalance_TL, self.lower_bound_TL, self.routing, self.dynamic_gap_TL)
 
+    def take_steps(self, count: int) -> "StepScores":
+        """The first `count` steps."""
+        return StepScores(self.imbalance_TL[:count], self.lower_bound_TL[:count], self.routing,
+                          self.dynamic_gap_TL[:count])
+
     @staticmethod
     def concatenate(parts: list["StepScores"]) -> "StepScores":
         """Stack the steps of several results (same routing and layers)."""

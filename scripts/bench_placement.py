@@ -16,9 +16,12 @@ Sections:
    comes from the task the placement was fitted on), rolling replay over the four tasks one after another ("task
    stream": 3 of its 15 held-out windows follow a switch to a task never seen before), and cross-task (fit on one
    whole task, score on each other task).
+Beside the rolling rows of sections 2 and 3, the same replays with refits on drift (`--drift-ratio`, default 1.3:
+a served step more than 1.3 times as imbalanced as the placement's fit triggers a refit on the steps since;
+`placement/replay.py`), under dynamic routing and the live router, for every policy alike.
 
 Usage: python scripts/bench_placement.py [--steps 500] [--policies deepseek,cpsat] [--time-limit 10] [--json out.json]
-       [--quick] [--skip-esft | --skip-synthetic]
+       [--drift-ratio 1.3] [--quick] [--skip-esft | --skip-synthetic]
 """
 
 import argparse
@@ -94,6 +97,32 @@ def bench_rolling(traces_TLE: list[np.ndarray], cluster, policies, every, window
     return rows
 
 
+def bench_drift(traces_TLE: list[np.ndarray], cluster, policies, every, window, time_limit, ratio,
+                rolling: list[dict]) -> list[dict]:
+    """Rolling replay with refits on drift (dynamic routing and the live router) beside the fixed cadence.
+
+    `rolling` holds the fixed-cadence rows of `bench_rolling` on the same traces, for the comparison.
+    """
+    rows = []
+    for policy in policies:
+        replays = [rolling_replay(counts_TLE, cluster, policy, every, window, "dynamic",
+                                  policy_options(policy, "dynamic", time_limit), also_routings=("live",),
+                                  drift_ratio=ratio)
+                   for counts_TLE in traces_TLE]
+        fits = sum(len(r.refit_steps) for r in replays)
+        drifts = sum(len(r.drift_steps) for r in replays)
+        for routing, scores in (("dynamic", [r.held_out for r in replays]),
+                                ("live", [r.held_out_also["live"] for r in replays])):
+            fixed = next(r for r in rolling if (r["policy"], r["routing"], r["fit"]) == (policy, routing, "held-out"))
+            summary = StepScores.concatenate(scores).summary()
+            rows.append({"policy": policy, "routing": routing, "ratio": ratio, "fixed_mean": fixed["imbalance_mean"],
+                         "drift_refits": drifts, "fits": fits, **{k: summary[k] for k in KEYS}})
+        print(f"  drift {ratio}: {policy} dynamic {rows[-2]['fixed_mean']:.3f} -> {rows[-2]['imbalance_mean']:.3f}, "
+              f"live {rows[-1]['fixed_mean']:.3f} -> {rows[-1]['imbalance_mean']:.3f} "
+              f"({drifts} refits on drift, {fits} fits)", flush=True)
+    return rows
+
+
 def bench_cross_task(traces: dict[str, np.ndarray], cluster, policies, time_limit) -> list[dict]:
     """Fit on one whole ESFT task, score on each other task; mean over the ordered task pairs."""
     tasks = list(traces)
@@ -126,6 +155,14 @@ def print_tables(speed: list[dict], synthetic: list[dict], esft: list[dict]) -> 
             print(f"| {block['data']} | {block['cluster']} | {r['policy']} | {r['routing']} | {r['fit']} | "
                   f"{r['imbalance_mean']:.3f} | {r['imbalance_p99']:.3f} | {r['imbalance_max']:.3f} | "
                   f"{r['lower_bound']:.3f} | {r['fit_seconds']:.2f} s |")
+    if any("drift" in b for b in synthetic + esft):
+        print("\n| data | cluster | policy | routing | fixed cadence | refit on drift | p99 | max | refits on drift "
+              "| fits |\n|---|---|---|---|---|---|---|---|---|---|")
+        for block in synthetic + esft:
+            for r in block.get("drift", []):
+                print(f"| {block['data']} | {block['cluster']} | {r['policy']} | {r['routing']} | "
+                      f"{r['fixed_mean']:.3f} | {r['imbalance_mean']:.3f} | {r['imbalance_p99']:.3f} | "
+                      f"{r['imbalance_max']:.3f} | {r['drift_refits']} | {r['fits']} |")
     if any("cross_task" in e for e in esft):
         print("\n| ESFT cross-task | policy | routing | fitted task | other tasks | fit time |")
         print("|---|---|---|---|---|---|")
@@ -142,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=50, help="rolling replay: fit on the last W steps (default 50)")
     parser.add_argument("--policies", default="deepseek,cpsat", help="comma-separated policies (default both)")
     parser.add_argument("--time-limit", type=float, default=10.0, help="cpsat budget per fit, seconds (default 10)")
+    parser.add_argument("--drift-ratio", type=float, default=1.3,
+                        help="rolling replay rows with refits on drift at this ratio (default 1.3; 0 skips them)")
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats of the loop baseline (default 3)")
     parser.add_argument("--skip-esft", action="store_true", help="skip the ESFT section")
     parser.add_argument("--skip-synthetic", action="store_true", help="skip the speed and synthetic sections")
@@ -166,21 +205,26 @@ def main(argv: list[str] | None = None) -> int:
         trace = generate_trace(SyntheticConfig(num_steps=steps, num_layers=layers, tokens_per_step=TOKENS_PER_STEP))
         name = f"{cluster.num_gpus}x{cluster.slots_per_gpu}"
         print(f"synthetic {layers}x256 on {name}", flush=True)
-        synthetic.append({"data": f"synthetic {layers}x256", "cluster": name,
-                          "rolling": bench_rolling([trace.counts_TLE], cluster, policies, args.every, args.window,
-                                                   time_limit)})
+        block = {"data": f"synthetic {layers}x256", "cluster": name,
+                 "rolling": bench_rolling([trace.counts_TLE], cluster, policies, args.every, args.window, time_limit)}
+        if args.drift_ratio:
+            block["drift"] = bench_drift([trace.counts_TLE], cluster, policies, args.every, args.window, time_limit,
+                                         args.drift_ratio, block["rolling"])
+        synthetic.append(block)
     if not args.skip_esft and ESFT.exists() and not args.quick:
         tasks = {t: load_trace(ESFT, tokens_per_step=256, tasks=[t]).counts_TLE for t in ESFT_TASKS}
         stream = [np.concatenate(list(tasks.values()))]
         for cluster in ESFT_CLUSTERS:
             name = f"{cluster.num_gpus}x{cluster.slots_per_gpu}"
-            print(f"ESFT on {name}: within tasks", flush=True)
-            esft.append({"data": "ESFT 26x64 within tasks", "cluster": name,
-                         "rolling": bench_rolling(list(tasks.values()), cluster, policies, 8, 8, time_limit)})
-            print(f"ESFT on {name}: task stream", flush=True)
-            esft.append({"data": "ESFT 26x64 task stream", "cluster": name,
-                         "rolling": bench_rolling(stream, cluster, policies, 8, 8, time_limit),
-                         "cross_task": bench_cross_task(tasks, cluster, policies, time_limit)})
+            for data, traces in (("within tasks", list(tasks.values())), ("task stream", stream)):
+                print(f"ESFT on {name}: {data}", flush=True)
+                block = {"data": f"ESFT 26x64 {data}", "cluster": name,
+                         "rolling": bench_rolling(traces, cluster, policies, 8, 8, time_limit)}
+                if args.drift_ratio:
+                    block["drift"] = bench_drift(traces, cluster, policies, 8, 8, time_limit, args.drift_ratio,
+                                                 block["rolling"])
+                esft.append(block)
+            esft[-1]["cross_task"] = bench_cross_task(tasks, cluster, policies, time_limit)
     print_tables(speed, synthetic, esft)
     if args.json:
         Path(args.json).write_text(json.dumps({"speed": speed, "synthetic": synthetic, "esft": esft}, indent=1))

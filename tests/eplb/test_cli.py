@@ -209,6 +209,23 @@ def test_replay_scores_the_held_out_steps_with_one_refit_per_every(run_eplb, sma
     assert summary["refits"] == 4, "refits at steps 10, 25, 40, 55"
 
 
+def test_replay_refits_on_drift_when_the_traffic_switches(run_eplb, tmp_path):
+    from traces import RoutingTrace, save_trace
+
+    rng = np.random.default_rng(0)
+    rate = np.full((2, 3, 32), 10.0)
+    rate[0, :, :4], rate[1, :, 16:20] = 200.0, 200.0  # the hot experts change at step 37
+    counts = np.concatenate([rng.poisson(rate[0], size=(37, 3, 32)), rng.poisson(rate[1], size=(23, 3, 32))])
+    save_trace(RoutingTrace.from_counts(counts), tmp_path / "switch.npz")
+    args = ("replay", "--trace", tmp_path / "switch.npz", *CLUSTER, "--every", "10", "--window", "10",
+            "--routing", "dynamic", "--json")
+    fixed, drift = ok_json(run_eplb(*args)), ok_json(run_eplb(*args, "--refit-on-drift", "1.3"))
+    assert (fixed["drift_refits"], drift["drift_refits"]) == (0, 1)
+    assert (fixed["refits"], drift["refits"], drift["refit_on_drift"]) == (5, 6, 1.3)
+    assert drift["steps"] == fixed["steps"] == 50
+    assert drift["imbalance_mean"] < fixed["imbalance_mean"]
+
+
 # --- progress bars --------------------------------------------------------------------------------------------
 
 

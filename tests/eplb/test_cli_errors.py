@@ -58,6 +58,8 @@ ERRORS = [
     ("placement-missing-keys", "score --placement {dir}/missing_keys.json --trace {trace}", "missing keys"),
     ("window-not-below-steps", "replay --trace {trace} {cluster} --every 10 --window 60", "--window 60"),
     ("every-zero", "replay --trace {trace} {cluster} --every 0 --window 10", "--every"),
+    ("drift-ratio-not-above-one", "replay --trace {trace} {cluster} --every 10 --window 10 --refit-on-drift 0.9",
+     "--refit-on-drift"),
     ("unknown-policy", "place --trace {trace} {cluster} --policy nosuch --out {dir}/o.json", "invalid choice"),
     ("unknown-policy-replay", "replay --trace {trace} {cluster} --policy nosuch --every 10 --window 10",
      "invalid choice"),

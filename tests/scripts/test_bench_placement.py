@@ -21,4 +21,9 @@ def test_bench_placement_quick_run_writes_every_row(tmp_path, capsys):
         assert len(block["rolling"]) == 2 * 5
         for row in block["rolling"]:
             assert 1.0 <= row["lower_bound"] <= row["imbalance_mean"] <= row["imbalance_max"]
+        # policies x (dynamic, live) with refits on drift, each beside its fixed-cadence figure
+        assert [(r["policy"], r["routing"]) for r in block["drift"]] == [
+            (p, r) for p in ("deepseek", "cpsat") for r in ("dynamic", "live")]
+        for row in block["drift"]:
+            assert row["fits"] >= 2 and 0 <= row["drift_refits"] < row["fits"] and row["imbalance_mean"] >= 1.0
     assert "| data |" in capsys.readouterr().out
