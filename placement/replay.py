@@ -83,8 +83,8 @@ def rolling_replay(
 ) -> ReplayResult:
     """Replay `counts_TLE` [T, L, E] with a re-fit every `every` steps on the last `window` steps.
 
-    `on_refit(done, total)` is called after each fit (for progress bars; `total` counts the scheduled fits, so
-    refits on drift can take `done` past it). `also_routings` scores the held-out steps under further routings too
+    `on_refit(done, total)` is called after each fit has served its steps: `done` of the `total` steps to score
+    (for progress bars). `also_routings` scores the held-out steps under further routings too
     (for example "live" beside "dynamic": the router that runs against the best split). `drift_ratio` > 1 also
     refits early when traffic drifts (see the module docstring); None keeps the fixed cadence.
     """
@@ -100,7 +100,6 @@ def rolling_replay(
             f"--refit-on-drift compares a served step's imbalance with the fitted one and must be > 1 (for example "
             f"1.3); got {drift_ratio}"
         )
-    scheduled = len(range(window, num_steps, every))
     held, fitted, seconds, windows, drifts = [], [], [], [], []
     also: dict[str, list[StepScores]] = {name: [] for name in also_routings}
     start, regime_start = window, 0
@@ -127,7 +126,7 @@ def rolling_replay(
             also[name].append(score_placement(placement, counts_TLE[start : start + stop], name))
         start += stop
         if on_refit is not None:
-            on_refit(len(windows), scheduled)
+            on_refit(start - window, num_steps - window)
     return ReplayResult(StepScores.concatenate(held), StepScores.concatenate(fitted), [w[1] for w in windows],
                         seconds, {name: StepScores.concatenate(parts) for name, parts in also.items()}, placement,
                         windows, drifts)
