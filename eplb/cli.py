@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, required=True, help="fit on the last W steps")
     p.add_argument("--refit-on-drift", type=float, default=None, metavar="RATIO",
                    help="also refit at once when a served step's imbalance exceeds RATIO times the fitted one, on "
-                        "the steps since that step (for example 1.3; default: fixed cadence only)")
+                        "the steps since that step (for example 1.4; default: fixed cadence only)")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 

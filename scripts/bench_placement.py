@@ -16,12 +16,12 @@ Sections:
    comes from the task the placement was fitted on), rolling replay over the four tasks one after another ("task
    stream": 3 of its 15 held-out windows follow a switch to a task never seen before), and cross-task (fit on one
    whole task, score on each other task).
-Beside the rolling rows of sections 2 and 3, the same replays with refits on drift (`--drift-ratio`, default 1.3:
-a served step more than 1.3 times as imbalanced as the placement's fit triggers a refit on the steps since;
+Beside the rolling rows of sections 2 and 3, the same replays with refits on drift (`--drift-ratio`, default 1.4:
+a served step more than 1.4 times as imbalanced as the placement's fit triggers a refit on the steps since;
 `placement/replay.py`), under dynamic routing and the live router, for every policy alike.
 
 Usage: python scripts/bench_placement.py [--steps 500] [--policies deepseek,cpsat] [--time-limit 10] [--json out.json]
-       [--drift-ratio 1.3] [--quick] [--skip-esft | --skip-synthetic]
+       [--drift-ratio 1.4] [--quick] [--skip-esft | --skip-synthetic]
 """
 
 import argparse
@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=50, help="rolling replay: fit on the last W steps (default 50)")
     parser.add_argument("--policies", default="deepseek,cpsat", help="comma-separated policies (default both)")
     parser.add_argument("--time-limit", type=float, default=10.0, help="cpsat budget per fit, seconds (default 10)")
-    parser.add_argument("--drift-ratio", type=float, default=1.3,
-                        help="rolling replay rows with refits on drift at this ratio (default 1.3; 0 skips them)")
+    parser.add_argument("--drift-ratio", type=float, default=1.4,
+                        help="rolling replay rows with refits on drift at this ratio (default 1.4; 0 skips them)")
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats of the loop baseline (default 3)")
     parser.add_argument("--skip-esft", action="store_true", help="skip the ESFT section")
     parser.add_argument("--skip-synthetic", action="store_true", help="skip the speed and synthetic sections")
