@@ -118,11 +118,12 @@ def rolling_replay(
         if drift_ratio is not None:
             threshold = drift_ratio * float(fitted[-1].imbalance_TL.mean())
             over = np.flatnonzero(served.imbalance_TL.mean(axis=1) > threshold)
-            if over.size and start + over[0] + 1 < num_steps:
-                stop = int(over[0]) + 1
-                drifts.append(start + stop - 1)
-                if drifts[-1] - regime_start >= window:
-                    regime_start = drifts[-1]
+            drifted = start + int(over[0]) if over.size else num_steps
+            if drifted + 1 < num_steps:
+                stop = drifted + 1 - start
+                drifts.append(drifted)
+                if drifted - regime_start >= window:
+                    regime_start = drifted
         held.append(served.take_steps(stop))
         for name in also_routings:
             also[name].append(score_placement(placement, counts_TLE[start : start + stop], name))

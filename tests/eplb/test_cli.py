@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from traces import RoutingTrace, save_trace
+
 ESFT = Path(__file__).resolve().parents[2].parent / "shared/data/esft-dsv2lite/esft_vanilla_lite_routing.npz"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SCORE_KEYS = ("imbalance_mean", "imbalance_p99", "imbalance_max", "lower_bound")
@@ -210,8 +212,6 @@ def test_replay_scores_the_held_out_steps_with_one_refit_per_every(run_eplb, sma
 
 
 def test_replay_refits_on_drift_when_the_traffic_switches(run_eplb, tmp_path):
-    from traces import RoutingTrace, save_trace
-
     rng = np.random.default_rng(0)
     rate = np.full((2, 3, 32), 10.0)
     rate[0, :, :4], rate[1, :, 16:20] = 200.0, 200.0  # the hot experts change at step 37
