@@ -23,6 +23,11 @@ class CpSatConfig(BaseModel):
     layout_seeds: int = Field(
         2, ge=0, description="Chain layouts with random ring orders tried per layer (besides the interleaved one)."
     )
+    ring_search: bool = Field(
+        True,
+        description="Dynamic routing: swap the replica sets of the best chain layout's experts to fit the window's "
+        "steps (up to half of each layer's time; skipped where too slow to pay off).",
+    )
     extra_candidates: int = Field(
         2, ge=0, description="GPUs beyond the hint's and the construction's that each expert may move to."
     )

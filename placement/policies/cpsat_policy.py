@@ -6,9 +6,11 @@ Per layer, in parallel threads within one wall-clock budget:
 1. Two starting placements: DeepSeek's greedy (the hint the result is never worse than) and a chain layout
    (`chain_layout`: replicated experts link all GPUs, so dynamic routing can move load anywhere), each with
    weights fitted to the window's mean load.
-2. The CP-SAT model (`cpsat_model`) over K sampled steps, with each expert allowed on the GPUs of both
+2. Under dynamic routing on small clusters, a local search (`ring_search`) swaps the replica sets of the best chain
+   layout's experts, scored exactly on every step of the window, with up to half of the layer's time.
+3. The CP-SAT model (`cpsat_model`) over K sampled steps, with each expert allowed on the GPUs of both
    starting placements plus a few others, hinted with the better start.
-3. The fitted objective, the mean over the window's steps of max / mean GPU load under the router that will
+4. The fitted objective, the mean over the window's steps of max / mean GPU load under the router that will
    run, is evaluated for every candidate (the dynamic router with `ROUTER_ROUNDS` water-filling rounds, or the
    static weights); the best is kept, so the result is never worse than the greedy on that objective.
 """
@@ -29,6 +31,7 @@ from placement.policies.chain_layout import chain_layout
 from placement.policies.cpsat_config import CpSatConfig
 from placement.policies.cpsat_model import SPEED_SCALE, LayerProblem, add_placement_hint, build_layer_model
 from placement.policies.deepseek import place_deepseek, replicate_greedy
+from placement.policies.ring_search import ring_search, search_pays_off
 from placement.static_weights import fitted_weights
 
 STATUS_NAMES = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
@@ -41,12 +44,13 @@ class LayerResult:
 
     phy2log_P: np.ndarray
     weights_P: np.ndarray
-    source: str  # "deepseek", "chain" or "cpsat"
+    source: str  # "deepseek", "chain-...", "chain-search", "current" or "cpsat"
     status: str
     fitted: dict  # fitted objective (mean max/mean over the window) of each candidate
     objective: float | None  # CP-SAT objective as mean imbalance over the sampled steps
     bound: float | None  # CP-SAT lower bound, same units
     solve_seconds: float = 0.0  # wall time inside CP-SAT
+    search_seconds: float = 0.0  # wall time inside the ring search
 
 
 def fitted_objective(counts_TE: np.ndarray, phy2log_P, weights_P, cluster: ClusterSpec, routing: str,
@@ -104,7 +108,7 @@ def fit_cpsat(
         clock = budget.start_layer()
         result = _solve_layer(layer, counts_TLE[:, layer], mean_LE[layer], replicas_LE[layer], greedy, cluster,
                               config, speed_G, current, clock.left)
-        budget.finish_layer(clock, result.solve_seconds)
+        budget.finish_layer(clock, result.solve_seconds + result.search_seconds)
         return result
 
     with ThreadPoolExecutor(max_workers=config.workers) as pool:
@@ -118,8 +122,8 @@ class _Budget:
     """Shares one wall-clock deadline among layers solved `workers` at a time.
 
     A layer, when it starts, may use its share of what is left (`workers` layers run at once); CP-SAT gets that
-    share minus the work around the solve (construction, evaluation, model building), estimated as 1.5 times the
-    largest such overhead seen so far.
+    share minus the work around the searches (construction, evaluation, model building), estimated as 1.5 times
+    the largest such overhead seen so far; the ring search and CP-SAT share what is left.
     """
 
     def __init__(self, deadline: float, num_layers: int, workers: int) -> None:
@@ -193,6 +197,17 @@ def _solve_layer(layer, counts_TE, mean_E, replicas_E, greedy: Placement, cluste
     def penalised(name: str) -> float:
         return fitted[name] + _move_penalty(starts[name][0], current, layer, config, slots)
 
+    search_seconds = 0.0
+    chains = [name for name in fitted if name.startswith("chain")]
+    if (config.routing == "dynamic" and config.ring_search and config.groups is None and chains
+            and search_pays_off(len(counts_TE), num_gpus)):
+        searched = time.perf_counter()
+        start = min(chains, key=fitted.get)
+        deadline = searched + 0.5 * max(0.0, time_left() - after_solve)
+        phy2log, _ = ring_search(counts_TE, starts[start][0], num_gpus, slots, speed_G, (config.seed, layer), deadline)
+        starts["chain-search"] = (phy2log, fitted_weights(phy2log, mean_E, num_gpus, slots))
+        fitted["chain-search"] = fitted_objective(counts_TE, *starts["chain-search"], cluster, config.routing, speed_G)
+        search_seconds = time.perf_counter() - searched
     best_start = min(fitted, key=penalised)
     status, objective, bound, seconds = "skipped", None, None, 0.0
     if time_left() - after_solve > 0.05:
@@ -231,7 +246,8 @@ def _solve_layer(layer, counts_TE, mean_E, replicas_E, greedy: Placement, cluste
         )
     chosen = min(fitted, key=penalised) if config.groups is None else "cpsat"
     phy2log, weights = starts[chosen]
-    return LayerResult(np.asarray(phy2log), np.asarray(weights), chosen, status, fitted, objective, bound, seconds)
+    return LayerResult(np.asarray(phy2log), np.asarray(weights), chosen, status, fitted, objective, bound, seconds,
+                       search_seconds)
 
 
 def _move_penalty(phy2log_P, current: Placement | None, layer: int, config: CpSatConfig, slots: int) -> float:
@@ -326,4 +342,5 @@ def _summary(results: list[LayerResult], seconds: float, config: CpSatConfig) ->
                         for name in sorted({n for r in results for n in r.fitted})},
         "fitted_chosen": float(np.mean([r.fitted[r.source] for r in results])),
         "cpsat_seconds_total": float(sum(r.solve_seconds for r in results)),
+        "search_seconds_total": float(sum(r.search_seconds for r in results)),
     }

@@ -140,3 +140,17 @@ def test_slow_gpus_get_less_load():
 def test_wrong_capacity_list_is_rejected():
     with pytest.raises(PlacementInfeasibleError, match="gpu_capacity"):
         fit_placement("cpsat", skewed_counts(4, 1, 8, 1), ClusterSpec(num_gpus=4, slots_per_gpu=3), gpu_capacity=[1.0])
+
+
+def test_ring_search_joins_the_candidates_under_dynamic_routing_only():
+    counts = skewed_counts(12, 2, 24, 4)
+    cluster = ClusterSpec(num_gpus=8, slots_per_gpu=4)
+    searched = fit_placement("cpsat", counts, cluster, time_limit_s=2.0)
+    without = fit_placement("cpsat", counts, cluster, time_limit_s=2.0, ring_search=False)
+    static = fit_placement("cpsat", counts, cluster, time_limit_s=2.0, routing="static")
+    assert "chain-search" in searched.info["fitted_mean"] and searched.info["search_seconds_total"] > 0
+    assert "chain-search" not in without.info["fitted_mean"] and without.info["search_seconds_total"] == 0
+    assert "chain-search" not in static.info["fitted_mean"]
+    # The search starts from the best chain layout and keeps only improvements.
+    fitted = searched.info["fitted_mean"]
+    assert fitted["chain-search"] <= min(v for k, v in fitted.items() if k.startswith("chain-")) + 1e-3
