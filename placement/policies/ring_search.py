@@ -68,7 +68,7 @@ def ring_objective(counts_TE: np.ndarray, phy2log_P: np.ndarray, num_gpus: int, 
     Exact when every expert's replicas lie on consecutive GPUs of the ring, a lower bound otherwise.
     """
     state = _SearchState(counts_TE, phy2log_P, num_gpus, slots_per_gpu, speed_G)
-    return state.score(state.loads_TX[:, :, None])[0]
+    return float(state.score(state.loads_TX[:, :, None])[0])
 
 
 def ring_search(
