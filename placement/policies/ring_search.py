@@ -67,8 +67,7 @@ def ring_objective(counts_TE: np.ndarray, phy2log_P: np.ndarray, num_gpus: int, 
 
     Exact when every expert's replicas lie on consecutive GPUs of the ring, a lower bound otherwise.
     """
-    state = _SearchState(counts_TE, phy2log_P, num_gpus, slots_per_gpu, speed_G)
-    return float(state.score(state.loads_TX[:, :, None])[0])
+    return _SearchState(counts_TE, phy2log_P, num_gpus, slots_per_gpu, speed_G).objective()
 
 
 def ring_search(
@@ -100,7 +99,7 @@ def ring_search(
     num_experts = counts_TE.shape[1]
     batch = max(1, BATCH_ELEMENTS // (num_steps * num_arcs))
     rng = np.random.default_rng(seed)
-    best = state.score(state.loads_TX[:, :, None])[0]
+    best = state.objective()
     idle = 0
     for _ in range(max_rounds):
         if idle >= patience or (deadline is not None and time.perf_counter() >= deadline):
@@ -137,6 +136,10 @@ class _SearchState:
         self.inside_XE = (masks_XG.astype(np.float64) @ replicas_GE == replicas_GE.sum(axis=0)).astype(np.float64)
         self.loads_TX = self.counts_TE @ self.inside_XE.T
         self.mean_T = np.maximum(self.counts_TE.sum(axis=1) / num_gpus, 1e-12)
+
+    def objective(self) -> float:
+        """The fitted objective of the layout as it stands."""
+        return float(self.score(self.loads_TX[:, :, None])[0])
 
     def score(self, loads_TXB: np.ndarray) -> np.ndarray:
         """[B] fitted objective of each candidate's arc loads [T, X, B]."""
