@@ -1,7 +1,27 @@
-"""The public face of the balancer: the `eplb` command line (and, as it grows, the live decode-worker library)."""
+"""The public face of the balancer: what a decode worker imports, and the `eplb` command line.
+
+Offline: `load_trace`, `fit_placement`, `score_placement`, `load_placement`, `save_placement`.
+Live (torch; imported on first use, so the command line starts without torch): `MoEDecodeLayer`,
+`MoELayerConfig`, `LoadRecorder`, `init_communicator`, and the drop-in policies `rebalance_experts` (DeepSeek's
+interface) and `CpsatEplbPolicy` (vLLM's policy interface).
+"""
+
+import importlib
 
 from placement import ClusterSpec, Placement, fit_placement, load_placement, save_placement, score_placement
 from traces import EplbError, RoutingTrace, load_trace, save_trace
+
+# Live names -> the module that defines them, imported on first access (PEP 562).
+_LAZY = {
+    "MoEDecodeLayer": "eplb.live",
+    "MoELayerConfig": "eplb.live",
+    "LoadRecorder": "eplb.live",
+    "ExpertWeights": "eplb.live",
+    "rebalance_experts": "eplb.live.policy_adapters",
+    "CpsatEplbPolicy": "eplb.live.policy_adapters",
+    "init_communicator": "collectives",
+    "Communicator": "collectives",
+}
 
 __all__ = [
     "ClusterSpec",
@@ -14,4 +34,11 @@ __all__ = [
     "save_placement",
     "save_trace",
     "score_placement",
+    *sorted(_LAZY),
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'eplb' has no attribute {name!r}")

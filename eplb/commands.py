@@ -2,6 +2,9 @@
 
 import argparse
 import json
+import logging
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -23,17 +26,21 @@ from placement import (
     static_gpu_loads,
 )
 from placement.migration import oblivious_moves, plan_migration
+from placement.scoring import check_compatible
 from traces import RoutingTrace, TraceFormatError, load_trace, save_trace
 from traces.synthetic import SyntheticConfig, generate_trace
+
+logger = logging.getLogger(__name__)
 
 
 def read_trace(args: argparse.Namespace) -> RoutingTrace:
     """The trace named by --trace, narrowed to --steps START:STOP when given."""
-    tasks = args.task.split(",") if getattr(args, "task", None) else None
-    trace = load_trace(args.trace, tokens_per_step=args.tokens_per_step, tasks=tasks)
+    tasks = args.task.split(",") if args.task is not None else None
+    trace = load_trace(args.trace, tokens_per_step=args.tokens_per_step, tasks=tasks, num_experts=args.num_experts)
     if getattr(args, "steps", None):
         start, stop = parse_step_range(args.steps, trace.num_steps)
         trace = trace.steps(start, stop)
+    logger.info("read %s: %d steps x %d layers x %d experts", args.trace, *trace.counts_TLE.shape)
     return trace
 
 
@@ -78,11 +85,18 @@ def policy_options(args: argparse.Namespace) -> dict:
 
 
 def emit(args: argparse.Namespace, result: dict, table: str) -> None:
-    """Print one JSON object under --json, else the human table."""
-    if args.json:
-        print(json.dumps(result, sort_keys=True))
-    elif not args.quiet:
-        print(table)
+    """Print one JSON object under --json, else the human table.
+
+    A reader that closed the pipe early (`eplb ... | head`) does not want the rest: stdout goes to /dev/null and
+    the command still writes its files.
+    """
+    try:
+        if args.json:
+            print(json.dumps(result, sort_keys=True), flush=True)
+        elif not args.quiet:
+            print(table, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def mean_gpu_loads_LG(placement: Placement, counts_TLE: np.ndarray) -> np.ndarray:
@@ -103,8 +117,16 @@ def plot_before_after(placement: Placement, counts_TLE: np.ndarray, path) -> Non
     )
 
 
-def cmd_synth(args: argparse.Namespace) -> int:
-    config = SyntheticConfig(
+def synthetic_config(args: argparse.Namespace) -> SyntheticConfig:
+    """The generator's config from `eplb synth`'s flags; a shape flag of the other popularity is refused."""
+    shape = {"skew": args.skew} if args.popularity == "lognormal" else {"zipf_exponent": args.zipf_exponent}
+    stray = ("--zipf-exponent", args.zipf_exponent) if args.popularity == "lognormal" else ("--skew", args.skew)
+    if stray[1] is not None:
+        raise TraceFormatError(
+            f"{stray[0]} does not apply to --popularity {args.popularity}; use "
+            f"{'--skew' if args.popularity == 'lognormal' else '--zipf-exponent'} to shape it"
+        )
+    return SyntheticConfig(
         num_steps=args.steps,
         num_layers=args.layers,
         num_experts=args.experts,
@@ -112,13 +134,18 @@ def cmd_synth(args: argparse.Namespace) -> int:
         tokens_per_step=args.tokens_per_step,
         seed=args.seed,
         popularity=args.popularity,
-        skew=args.skew,
+        **{key: value for key, value in shape.items() if value is not None},
     )
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    config = synthetic_config(args)
     began = time.perf_counter()
     trace = generate_trace(config)
     save_trace(trace, args.out)
     if args.plot:
         plots.plot_load_heatmap(trace.load_LE(), args.plot, title=f"Expert load: {Path(args.out).name}")
+    logger.info("synthesised %d steps x %d layers x %d experts", *trace.counts_TLE.shape)
     result = {"out": str(args.out), "shape": list(trace.counts_TLE.shape), "seconds": time.perf_counter() - began}
     emit(args, result, f"wrote {args.out}: {trace.num_steps} steps x {trace.num_layers} layers x "
          f"{trace.num_experts} experts ({result['seconds']:.1f} s)")
@@ -137,6 +164,7 @@ def cmd_place(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     placement = fit_placement(args.policy, trace.counts_TLE, cluster, **options)
     seconds = time.perf_counter() - began
+    logger.info("fitted %s on %d steps in %.2f s", args.policy, trace.num_steps, seconds)
     placement.info.update({"fit_steps": trace.num_steps, "solve_seconds": seconds, "trace": trace.header.source})
     migration_line = ""
     result = {"out": str(args.out), "policy": args.policy, "solve_seconds": seconds}
@@ -153,7 +181,6 @@ def cmd_place(args: argparse.Namespace) -> int:
     result.update(fitted)
     if args.plot:
         plot_before_after(placement, trace.counts_TLE, args.plot)
-    # The placement file is written last, so a failure above leaves an existing --out as it was.
     if args.sglang_out:
         save_sglang_mapping(placement, args.sglang_out)
     save_placement(placement, args.out)
@@ -186,17 +213,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         result = rolling_replay(
             trace.counts_TLE, cluster, args.policy, args.every, args.window, args.routing,
-            policy_options(args), on_refit=progress.callback(), drift_ratio=args.refit_on_drift,
+            policy_options(args), on_refit=progress.callback(), drift_ratio=args.refit_on_drift, lag=args.lag,
         )
     finally:
         progress.close()
+    logger.info("replayed %d fits (%d on drift)", len(result.refit_steps), len(result.drift_steps))
     summary = {"policy": args.policy, "every": args.every, "window": args.window,
                "refit_on_drift": args.refit_on_drift, **result.summary()}
     if args.plot:
         plots.plot_imbalance_over_time(
             {f"{args.policy}, {args.routing}": result.held_out.imbalance_TL.mean(axis=1)},
             args.plot,
-            refit_steps=[s - args.window for s in result.refit_steps],
+            refit_steps=[s - args.window - args.lag for s in result.refit_steps],
             lower_bound_T=result.held_out.lower_bound_TL.mean(axis=1),
             title=f"Rolling replay: refit every {args.every} steps on the last {args.window}"
                   + ("" if args.refit_on_drift is None else f", and on drift ({args.refit_on_drift})"),
@@ -211,11 +239,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     trace = read_trace(args)
+    placement = load_placement(args.placement) if args.placement else None
+    if placement is not None:
+        check_compatible(placement, trace.counts_TLE)
     out_dir = Path(args.out_dir)
     written = [out_dir / "load_heatmap.png"]
     plots.plot_load_heatmap(trace.load_LE(), written[0], title=f"Expert load: {Path(args.trace).name}")
-    if args.placement:
-        placement = load_placement(args.placement)
+    if placement is not None:
         written.append(out_dir / "gpu_loads.png")
         plot_before_after(placement, trace.counts_TLE, written[1])
     emit(args, {"written": [str(p) for p in written]}, "\n".join(f"wrote {p}" for p in written))

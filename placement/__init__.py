@@ -1,6 +1,6 @@
 """Cluster spec, placement model and file, policies, lower bounds, scoring and rolling replay."""
 
-from placement.bounds import equal_split_bound, min_max_load_per_replica
+from placement.bounds import imbalance_lower_bound, replica_count_load
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementFormatError, PlacementInfeasibleError
 from placement.migration import MigrationPlan, oblivious_moves, plan_migration
@@ -20,13 +20,13 @@ __all__ = [
     "PlacementInfeasibleError",
     "ReplayResult",
     "StepScores",
-    "equal_split_bound",
     "fit_placement",
+    "imbalance_lower_bound",
     "load_placement",
-    "min_max_load_per_replica",
     "oblivious_moves",
     "placement_to_dict",
     "plan_migration",
+    "replica_count_load",
     "rolling_replay",
     "save_placement",
     "save_sglang_mapping",

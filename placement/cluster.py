@@ -4,6 +4,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from placement.errors import PlacementInfeasibleError
 
+# Sizes beyond any EP group in service (DeepSeek's largest decode unit has 320 GPUs): refused at once, since the
+# policies' work grows with GPUs x slots and an absurd size would run until killed rather than fail.
+MAX_GPUS = 4096
+MAX_SLOTS_PER_GPU = 1024
+MAX_SLOTS = 65536
+
 
 class ClusterSpec(BaseModel):
     """One expert-parallel group of `num_gpus` cards with `slots_per_gpu` expert slots each.
@@ -14,18 +20,29 @@ class ClusterSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_gpus: int = Field(gt=0, description="G: cards in the EP group.")
-    slots_per_gpu: int = Field(gt=0, description="S: expert slots per card.")
+    num_gpus: int = Field(gt=0, le=MAX_GPUS, description="G: cards in the EP group.")
+    slots_per_gpu: int = Field(gt=0, le=MAX_SLOTS_PER_GPU, description="S: expert slots per card.")
     gpus_per_node: int = Field(8, gt=0, description="Cards per server; the EP group spans G / gpus_per_node nodes.")
 
     @model_validator(mode="after")
     def _whole_nodes(self) -> "ClusterSpec":
         if self.num_gpus % self.gpus_per_node != 0 and self.num_gpus > self.gpus_per_node:
             raise ValueError(
-                f"{self.num_gpus} GPUs do not fill whole nodes of {self.gpus_per_node}; "
-                f"use a multiple of {self.gpus_per_node} GPUs or set --gpus-per-node"
+                f"num_gpus={self.num_gpus} does not fill whole nodes of gpus_per_node={self.gpus_per_node}; "
+                f"use num_gpus={self.whole_nodes(self.num_gpus)} (or set gpus_per_node)"
+            )
+        if self.num_slots > MAX_SLOTS:
+            raise ValueError(
+                f"num_gpus x slots_per_gpu = {self.num_slots} slots exceeds the limit of {MAX_SLOTS}; "
+                f"no EP group in service is this large"
             )
         return self
+
+    def whole_nodes(self, gpus: int) -> int:
+        """The smallest GPU count >= `gpus` that this spec accepts (whole nodes above one node)."""
+        if gpus <= self.gpus_per_node:
+            return gpus
+        return -(-gpus // self.gpus_per_node) * self.gpus_per_node
 
     @property
     def num_slots(self) -> int:
@@ -46,8 +63,8 @@ class ClusterSpec(BaseModel):
         """Raise `PlacementInfeasibleError` unless every one of `num_experts` experts can have a slot (P >= E)."""
         if self.num_slots < num_experts:
             need_slots = -(-num_experts // self.num_gpus)
-            need_gpus = -(-num_experts // self.slots_per_gpu)
+            need_gpus = self.whole_nodes(-(-num_experts // self.slots_per_gpu))
             raise PlacementInfeasibleError(
                 f"{self.num_gpus} GPUs x {self.slots_per_gpu} slots = {self.num_slots} slots cannot hold "
-                f"{num_experts} experts; use --slots-per-gpu >= {need_slots} or --gpus >= {need_gpus}"
+                f"{num_experts} experts; use slots_per_gpu >= {need_slots} or num_gpus >= {need_gpus}"
             )

@@ -70,6 +70,10 @@ def load_placement(path: str | os.PathLike) -> Placement:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PlacementFormatError(f"{file} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise PlacementFormatError(f"{file} nests JSON too deeply; expected the placement file of DESIGN.md") from None
+    except OSError as exc:
+        raise PlacementFormatError(f"cannot read placement file {file}: {exc.strerror or exc}") from None
     return placement_from_dict(data, str(file))
 
 
@@ -85,28 +89,53 @@ def placement_from_dict(data: dict, where: str = "placement") -> Placement:
         raise PlacementFormatError(f"{where}: missing keys {missing}; expected the placement file of DESIGN.md")
     for key in ("num_layers", "num_logical_experts", "num_gpus", "slots_per_gpu", "gpus_per_node"):
         value = data.get(key, 8)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise PlacementFormatError(f"{where}: {key} must be a positive integer; found {value!r}")
+        if not _is_int(value) or value < 1:
+            raise PlacementFormatError(f"{where}: {key} must be a positive integer; found {_short(value)}")
     if not isinstance(data.get("info", {}), dict):
-        raise PlacementFormatError(f"{where}: info must be a JSON object; found {data['info']!r}")
+        raise PlacementFormatError(f"{where}: info must be a JSON object; found {_short(data['info'])}")
+    if not isinstance(data.get("policy", ""), str):
+        raise PlacementFormatError(f"{where}: policy must be a string; found {_short(data['policy'])}")
     try:
         cluster = ClusterSpec(
             num_gpus=data["num_gpus"], slots_per_gpu=data["slots_per_gpu"], gpus_per_node=data.get("gpus_per_node", 8)
         )
     except ValidationError as exc:
         raise PlacementFormatError(f"{where}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from exc
-    try:
-        phy2log = np.asarray(data["physical_to_logical_map"], dtype=np.int64)
-        weights = np.asarray(data["replica_weights"], dtype=np.float64)
-    except (ValueError, TypeError) as exc:
-        raise PlacementFormatError(
-            f"{where}: physical_to_logical_map and replica_weights must be [layers][slots] lists of numbers"
-        ) from exc
-    if phy2log.ndim != 2 or phy2log.shape[0] != data["num_layers"]:
-        raise PlacementFormatError(
-            f"{where}: physical_to_logical_map has shape {tuple(phy2log.shape)}; expected "
-            f"[{data['num_layers']}, {cluster.num_slots}]"
-        )
-    return Placement(
-        phy2log, weights, cluster, data["num_logical_experts"], str(data.get("policy", "")), dict(data.get("info", {}))
-    )
+    shape = (data["num_layers"], cluster.num_slots)
+    phy2log = _matrix(data["physical_to_logical_map"], "physical_to_logical_map", shape, _is_int, "expert ids",
+                      np.int64, where)
+    weights = _matrix(data["replica_weights"], "replica_weights", shape, _is_number, "numbers", np.float64, where)
+    return Placement(phy2log, weights, cluster, data["num_logical_experts"], data.get("policy", ""),
+                     dict(data.get("info", {})))
+
+
+def _is_int(value) -> bool:
+    """A JSON integer (not a boolean, not 15.0) small enough for int64."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**62) < value < 2**62
+
+
+def _is_number(value) -> bool:
+    """A JSON number (not a boolean, not a string)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 2**62
+
+
+def _matrix(value, key: str, shape: tuple[int, int], accept, what: str, dtype, where: str) -> np.ndarray:
+    """`value` as a [rows, cols] array after checking it is a list of `rows` lists of `cols` accepted entries."""
+    rows, cols = shape
+    if not isinstance(value, list) or not all(isinstance(row, list) for row in value):
+        raise PlacementFormatError(f"{where}: {key} must be a list of {rows} lists (one per layer)")
+    lengths = {len(row) for row in value}
+    if len(value) != rows or lengths - {cols}:
+        found = f"{len(value)} rows of {sorted(lengths)[:4]} entries"
+        raise PlacementFormatError(f"{where}: {key} has {found}; expected [{rows}, {cols}] (layers x slots)")
+    for layer, row in enumerate(value):
+        bad = [entry for entry in row if not accept(entry)]
+        if bad:
+            bad = bad[0]
+            raise PlacementFormatError(f"{where}: {key} layer {layer} holds {_short(bad)}; expected {what}")
+    return np.asarray(value, dtype=dtype).reshape(rows, cols)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

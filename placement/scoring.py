@@ -4,9 +4,9 @@ Legend: T steps, L layers, E logical experts, G GPUs, P slots.
 
 - static routing: expert e's tokens split over its replicas in the placement's fixed `weights`;
 - dynamic routing: each step's tokens split over replicas to minimise that step's busiest GPU
-  (`placement.dynamic_split`: provably within `DYNAMIC_TOLERANCE` of the optimum, gap reported);
-- live routing: each step split by the live router a decode worker runs (`placement.dynamic_router`, whole tokens,
-  a fixed number of rounds), so the score is what serving would see.
+  (`placement.routing.dynamic_split`: provably within `DYNAMIC_TOLERANCE` of the optimum, gap reported);
+- live routing: each step split by the live router a decode worker runs (`placement.routing.live_router`, whole
+  tokens, a fixed number of rounds), so the score is what serving would see.
 Imbalance is max over GPUs / mean over GPUs of tokens processed; a step with no tokens scores 1.0.
 """
 
@@ -16,10 +16,10 @@ from typing import Literal
 
 import numpy as np
 
-from placement.bounds import equal_split_bound
-from placement.dynamic_split import ReplicaGraph, optimal_split_loads
+from placement.bounds import imbalance_lower_bound
 from placement.errors import PlacementFormatError
 from placement.placement_model import Placement
+from placement.routing.dynamic_split import ReplicaGraph, optimal_split_loads
 
 Routing = Literal["static", "dynamic", "live"]
 ROUTINGS: tuple[str, ...] = ("static", "dynamic", "live")
@@ -32,8 +32,9 @@ class StepScores:
 
     Attributes:
         imbalance_TL: [T, L] max / mean GPU load.
-        lower_bound_TL: [T, L] the lower bound for this routing (1.0 for splittable routing, the equal-split
-            bound for an equal-split placement under static routing).
+        lower_bound_TL: [T, L] >= 1, a bound no placement beats on that step and layer under any routing
+            (`placement.bounds.imbalance_lower_bound`: the mean and the replica-count bound; in whole tokens for
+            live routing).
         routing: "static", "dynamic" or "live".
         dynamic_gap_TL: [T, L] certified relative gap to the optimal split (zeros for static routing).
     """
@@ -122,7 +123,7 @@ def live_gpu_loads(counts_TLE: np.ndarray, placement: Placement) -> np.ndarray:
     """[T, L, G] GPU loads when the live router splits every step (one call per step and layer, as serving does)."""
     import torch  # the live router is torch code; imported here so static and dynamic scoring do not need it
 
-    from placement.dynamic_router import LayerRoutingTable, route_step
+    from placement.routing.live_router import LayerRoutingTable, route_step
 
     steps, num_layers, num_experts = counts_TLE.shape
     cluster = placement.cluster
@@ -176,12 +177,9 @@ def _score_chunk(placement: Placement, counts_TLE: np.ndarray, routing: str) -> 
         loads = live_gpu_loads(counts_TLE, placement)
     else:
         loads, gaps = dynamic_gpu_loads(counts_TLE, placement)
-    if routing == "static" and placement.is_equal_split():
-        flat = counts_TLE.reshape(-1, num_experts)
-        bound = equal_split_bound(flat, placement.cluster.num_slots, placement.cluster.num_gpus)
-        bound = bound.reshape(steps, num_layers)
-    else:
-        bound = np.ones((steps, num_layers))
+    cluster = placement.cluster
+    bound = imbalance_lower_bound(counts_TLE.reshape(-1, num_experts), cluster.num_slots, cluster.num_gpus,
+                                  whole_tokens=routing == "live").reshape(steps, num_layers)
     return StepScores(imbalance_of(loads), bound, routing, gaps)
 
 

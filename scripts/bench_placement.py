@@ -19,14 +19,24 @@ Sections:
 Beside the rolling rows of sections 2 and 3, the same replays with refits on drift (`--drift-ratio`, default 1.4:
 a served step more than 1.4 times as imbalanced as the placement's fit triggers a refit on the steps since;
 `placement/replay.py`), under dynamic routing and the live router, for every policy alike.
+4. lag (`--lag-only` runs this section alone): the synthetic rolling replay (dynamic routing and the live router)
+   where each placement serves only `lag` steps after its fit window ends, the lag a live group has:
+   ceil((fit seconds + transfer seconds) / STEP_SECONDS). Fit seconds: the longer of two fits timed here, on the
+   trace's first window and the next; transfer seconds: the most expert copies one GPU sends or receives in the
+   migration plan between those two fits (`placement.migration.plan_migration`), times EXPERT_BYTES, over
+   GPU_LINK_BYTES_PER_SECOND. For the greedy and for `cpsat` at each budget of `--lag-budgets`, beside the same
+   replay without lag, on a trace of `--lag-steps` steps. Every row of a cluster scores the same steps, from
+   window + the largest lag to the end: each replay starts (largest lag - its lag) steps into the trace.
 
 Usage: python scripts/bench_placement.py [--steps 500] [--policies deepseek,cpsat] [--time-limit 10] [--json out.json]
-       [--drift-ratio 1.4] [--quick] [--skip-esft | --skip-synthetic]
+       [--drift-ratio 1.4] [--quick] [--skip-esft | --skip-synthetic] [--lag-only] [--lag-steps 600]
+       [--lag-budgets 10,2,0.5]
 """
 
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -35,7 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from placement import ClusterSpec, fit_placement, rolling_replay, score_placement  # noqa: E402
+from placement import ClusterSpec, fit_placement, plan_migration, rolling_replay, score_placement  # noqa: E402
 from placement.scoring import StepScores  # noqa: E402
 from placement.policies.deepseek import deepseek_rebalance  # noqa: E402
 from placement.policies.deepseek_reference import reference_rebalance  # noqa: E402
@@ -48,6 +58,12 @@ ESFT = Path(__file__).resolve().parents[2] / "shared" / "data" / "esft-dsv2lite"
 ESFT_TASKS = ("intent", "law", "summary", "translation")  # in the order the logs hold them
 TOKENS_PER_STEP = 8192
 KEYS = ("imbalance_mean", "imbalance_p99", "imbalance_max", "lower_bound")
+STEP_SECONDS = 0.05  # one decode step of a 64-128-GPU EP group
+# One routed expert of DeepSeek-V3 in one layer: gate, up and down projections of 7168 x 2048, FP8 (one byte each).
+EXPERT_BYTES = 3 * 7168 * 2048
+# What one GPU sends or receives per second while weights move: one 400 Gb/s NIC per GPU (cross-node; NVLink
+# inside a node is faster, so this is the slow end).
+GPU_LINK_BYTES_PER_SECOND = 50e9
 
 
 def best_time(fn, repeats: int) -> float:
@@ -123,6 +139,62 @@ def bench_drift(traces_TLE: list[np.ndarray], cluster, policies, every, window, 
     return rows
 
 
+def live_lag(counts_TLE: np.ndarray, cluster, policy: str, options: dict, every: int, window: int) -> dict:
+    """The lag a live group has with this policy: ceil((fit seconds + transfer seconds) / STEP_SECONDS).
+
+    Two fits are timed, on steps [0, window) and [every, every + window); the transfer is the migration plan from
+    the first to the second, limited by the GPU that sends or receives the most expert copies.
+    """
+    placements, seconds = [], []
+    for first in (0, every):
+        began = time.perf_counter()
+        placements.append(fit_placement(policy, counts_TLE[first : first + window], cluster, **options))
+        seconds.append(time.perf_counter() - began)
+    moves = plan_migration(*placements, bytes_per_expert=EXPERT_BYTES).summary()
+    busiest_link = max(moves["max_sends_per_gpu"], moves["max_receives_per_gpu"])
+    transfer = busiest_link * EXPERT_BYTES / GPU_LINK_BYTES_PER_SECOND
+    return {"fit_seconds": max(seconds), "transfer_seconds": transfer, "moves": moves["num_moves"],
+            "busiest_link_copies": busiest_link, "lag": math.ceil((max(seconds) + transfer) / STEP_SECONDS)}
+
+
+def bench_lag(counts_TLE: np.ndarray, cluster, policies, every, window, budgets) -> list[dict]:
+    """Rolling replay with the lag a live group has, beside the same replay without lag, on the same steps.
+
+    One configuration per policy, `cpsat` once per budget of `budgets` (seconds), fitted for dynamic routing. Each
+    replay runs under the live router (so each fit is also scored on its window under it, the cheaper router) with
+    the best split ("dynamic") beside it. Every replay scores steps [window + largest lag, T).
+    """
+    configs = [(policy, budget) for policy in policies for budget in (budgets if policy == "cpsat" else [None])]
+    timing = {}
+    for policy, budget in configs:
+        options = policy_options(policy, "dynamic", budget)
+        timing[policy, budget] = live_lag(counts_TLE, cluster, policy, options, every, window)
+        t = timing[policy, budget]
+        print(f"  lag {policy} {budget or ''}: fit {t['fit_seconds']:.2f} s + transfer {t['transfer_seconds']:.2f} s"
+              f" ({t['busiest_link_copies']} copies on the busiest GPU) -> {t['lag']} steps", flush=True)
+    largest = max(t["lag"] for t in timing.values())
+    if window + largest >= counts_TLE.shape[0]:
+        raise SystemExit(f"--lag-steps {counts_TLE.shape[0]} leaves no step to score after a window of {window} "
+                         f"and a lag of {largest}; use --lag-steps > {window + largest}")
+    rows = []
+    for (policy, budget), t in timing.items():
+        scores = {}
+        for lag in (0, t["lag"]):
+            replay = rolling_replay(counts_TLE[largest - lag :], cluster, policy, every, window, "live",
+                                    policy_options(policy, "dynamic", budget), also_routings=("dynamic",), lag=lag)
+            scores[lag] = {"dynamic": replay.held_out_also["dynamic"].summary(), "live": replay.held_out.summary()}
+        for routing in ("dynamic", "live"):
+            lagged = scores[t["lag"]][routing]
+            rows.append({"policy": policy, "budget": budget, "routing": routing, **t,
+                         "held_out_steps": lagged["steps"], "no_lag_mean": scores[0][routing]["imbalance_mean"],
+                         **{k: lagged[k] for k in KEYS}})
+        dynamic, live = rows[-2:]
+        print(f"  lag {policy} {budget or ''}: at lag {t['lag']}, dynamic {dynamic['no_lag_mean']:.3f} -> "
+              f"{dynamic['imbalance_mean']:.3f}, live {live['no_lag_mean']:.3f} -> {live['imbalance_mean']:.3f}",
+              flush=True)
+    return rows
+
+
 def bench_cross_task(traces: dict[str, np.ndarray], cluster, policies, time_limit) -> list[dict]:
     """Fit on one whole ESFT task, score on each other task; mean over the ordered task pairs."""
     tasks = list(traces)
@@ -163,6 +235,16 @@ def print_tables(speed: list[dict], synthetic: list[dict], esft: list[dict]) -> 
                 print(f"| {block['data']} | {block['cluster']} | {r['policy']} | {r['routing']} | "
                       f"{r['fixed_mean']:.3f} | {r['imbalance_mean']:.3f} | {r['imbalance_p99']:.3f} | "
                       f"{r['imbalance_max']:.3f} | {r['drift_refits']} | {r['fits']} |")
+    if any("lag" in b for b in synthetic):
+        print("\n| data | cluster | policy | fit time | transfer | lag | routing | no lag | with lag | p99 | max "
+              "| lower bound |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for block in synthetic:
+            for r in block.get("lag", []):
+                policy = r["policy"] if r["budget"] is None else f"{r['policy']} {r['budget']:g} s"
+                print(f"| {block['data']} | {block['cluster']} | {policy} | {r['fit_seconds']:.2f} s | "
+                      f"{r['transfer_seconds']:.2f} s | {r['lag']} | {r['routing']} | {r['no_lag_mean']:.3f} | "
+                      f"{r['imbalance_mean']:.3f} | {r['imbalance_p99']:.3f} | {r['imbalance_max']:.3f} | "
+                      f"{r['lower_bound']:.3f} |")
     if any("cross_task" in e for e in esft):
         print("\n| ESFT cross-task | policy | routing | fitted task | other tasks | fit time |")
         print("|---|---|---|---|---|---|")
@@ -186,15 +268,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-synthetic", action="store_true", help="skip the speed and synthetic sections")
     parser.add_argument("--json", default=None, help="also write all results to this JSON file")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for a smoke run")
+    parser.add_argument("--lag-only", action="store_true", help="run the lag rows alone (synthetic full shape)")
+    parser.add_argument("--lag-steps", type=int, default=600,
+                        help="steps of the synthetic trace of the lag rows (default 600)")
+    parser.add_argument("--lag-budgets", default="10,2,0.5",
+                        help="cpsat budgets of the lag rows, seconds per fit (default 10,2,0.5)")
     args = parser.parse_args(argv)
     policies = args.policies.split(",")
     layers, steps, clusters, time_limit = 61, args.steps, CLUSTERS, args.time_limit
+    lag_steps, lag_budgets = args.lag_steps, sorted({float(b) for b in args.lag_budgets.split(",")}, reverse=True)
     speed_layers = [58, 61]
     if args.quick:
         layers, steps, speed_layers, time_limit = 3, 3 * args.window, [3], min(time_limit, 1.0)
+        lag_steps, lag_budgets = 4 * args.window, [min(time_limit, 0.2)]
     speed, synthetic, esft = [], [], []
     if args.skip_synthetic:
         speed_layers, clusters = [], []
+    if args.lag_only:
+        speed_layers = []
     for num_layers in speed_layers:
         load = generate_trace(SyntheticConfig(num_steps=20, num_layers=num_layers)).load_LE().astype(float)
         for cluster in clusters:
@@ -202,16 +293,22 @@ def main(argv: list[str] | None = None) -> int:
             speed.append({"shape": f"{num_layers}x256 on {cluster.num_gpus}x{cluster.slots_per_gpu}", **result})
             print(f"speed {speed[-1]['shape']}: x{result['speedup']:.0f}", flush=True)
     for cluster in clusters:
-        trace = generate_trace(SyntheticConfig(num_steps=steps, num_layers=layers, tokens_per_step=TOKENS_PER_STEP))
         name = f"{cluster.num_gpus}x{cluster.slots_per_gpu}"
-        print(f"synthetic {layers}x256 on {name}", flush=True)
-        block = {"data": f"synthetic {layers}x256", "cluster": name,
-                 "rolling": bench_rolling([trace.counts_TLE], cluster, policies, args.every, args.window, time_limit)}
-        if args.drift_ratio:
-            block["drift"] = bench_drift([trace.counts_TLE], cluster, policies, args.every, args.window, time_limit,
-                                         args.drift_ratio, block["rolling"])
+        block = {"data": f"synthetic {layers}x256", "cluster": name}
+        if not args.lag_only:
+            trace = generate_trace(SyntheticConfig(num_steps=steps, num_layers=layers, tokens_per_step=TOKENS_PER_STEP))
+            print(f"synthetic {layers}x256 on {name}", flush=True)
+            block["rolling"] = bench_rolling([trace.counts_TLE], cluster, policies, args.every, args.window,
+                                             time_limit)
+            if args.drift_ratio:
+                block["drift"] = bench_drift([trace.counts_TLE], cluster, policies, args.every, args.window,
+                                             time_limit, args.drift_ratio, block["rolling"])
+        lag_trace = generate_trace(SyntheticConfig(num_steps=lag_steps, num_layers=layers,
+                                                   tokens_per_step=TOKENS_PER_STEP))
+        print(f"synthetic {layers}x256 on {name}: {lag_steps} steps with lag", flush=True)
+        block["lag"] = bench_lag(lag_trace.counts_TLE, cluster, policies, args.every, args.window, lag_budgets)
         synthetic.append(block)
-    if not args.skip_esft and ESFT.exists() and not args.quick:
+    if not args.skip_esft and ESFT.exists() and not args.quick and not args.lag_only:
         tasks = {t: load_trace(ESFT, tokens_per_step=256, tasks=[t]).counts_TLE for t in ESFT_TASKS}
         stream = [np.concatenate(list(tasks.values()))]
         for cluster in ESFT_CLUSTERS:

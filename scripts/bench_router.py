@@ -1,77 +1,129 @@
-"""Benchmark the live dynamic router on the full shape: 256 experts, 64x5 and 128x3 GPUs, 8,192 tokens per step.
+"""Benchmark the live router on the full shape: 256 experts, 64x5 and 128x3 GPUs, 8,192 tokens per step (top-8).
 
-For each shape it times, in this process, one layer's routing of one step:
-- `route_step` (the live router, torch, whole tokens) with its default rounds,
-- the static split (tokens times fixed weights, rounded), the baseline a router replaces,
+For each shape it fits a placement (default `cpsat` under dynamic routing, on the 60 steps before those routed) and
+times, in this process, one layer's routing of one step:
+- `route_step` (the live router, whole tokens) as the layer's table chooses: the exact chain split when the layout
+  is a chain, else water-filling with its default rounds; and beside it water-filling forced on the same layout
+  (`exact_chains=False`), the method of layouts that are not chains;
+  each eager and compiled (`torch.compile(fullgraph=True)`, `check_values=False`: the per-step path);
+- the static split (tokens times fixed weights, rounded), the baseline a router replaces;
 - the exact optimum by an LP (scipy HiGHS), the quality reference;
-and reports the busiest GPU of the router relative to the LP optimum and to the static split.
+and reports the busiest GPU of each router relative to the LP optimum, and of the static split. Times are the
+least mean per call over `--repeats` runs of `--calls` calls, wall clock and CPU time of this thread (other
+processes on the cores add to both, to the wall clock most); the load average is printed at the start and end.
 
-Usage: python scripts/bench_router.py [--steps 50] [--threads 1]
+Usage: python scripts/bench_router.py [--steps 50] [--threads 1] [--policy cpsat] [--no-compile] [--cpp-wrapper]
+       [--calls 200] [--repeats 5] [--quick]
 """
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch._inductor.config as inductor_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from placement import ClusterSpec, fit_placement  # noqa: E402
-from placement.dynamic_router import DEFAULT_ROUNDS, LayerRoutingTable, route_step  # noqa: E402
-from placement.exact_split import exact_max_load  # noqa: E402
+from placement.routing.exact_split import exact_max_load  # noqa: E402
+from placement.routing.live_router import DEFAULT_ROUNDS, LayerRoutingTable, route_step  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
 
+FIT_STEPS = 60
+EXPERTS = 256
 
-def lp_optimum(counts_E: np.ndarray, phy2log_P: np.ndarray, slots: int, num_gpus: int) -> float:
-    return exact_max_load(counts_E, phy2log_P, np.arange(len(phy2log_P)) // slots, num_gpus)
 
-
-def per_call(fn, calls: int) -> float:
+def per_call(fn, calls: int, repeats: int) -> tuple[float, float]:
+    """Seconds per call, wall clock and this thread's CPU time: the least mean of each over `repeats` runs of
+    `calls` calls, after one warm-up call. CPU time leaves out the time other processes hold the core."""
     fn()
-    began = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - began) / calls
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        began, began_cpu = time.perf_counter(), time.thread_time()
+        for _ in range(calls):
+            fn()
+        wall = min(wall, (time.perf_counter() - began) / calls)
+        cpu = min(cpu, (time.thread_time() - began_cpu) / calls)
+    return wall, cpu
+
+
+def ms(seconds: tuple[float, float]) -> str:
+    """Wall / CPU milliseconds."""
+    return f"{seconds[0] * 1e3:.3f} / {seconds[1] * 1e3:.3f} ms"
+
+
+def busiest_over_lp(route, steps_TE: np.ndarray, lp_T: np.ndarray, num_gpus: int) -> float:
+    """Mean over steps of the busiest GPU under `route(counts_E) -> tokens_P`, over the LP optimum."""
+    busiest = [route(torch.as_tensor(counts)).view(num_gpus, -1).sum(1).max().item() for counts in steps_TE]
+    return float(np.mean(np.array(busiest) / lp_T))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=50, help="steps routed per shape (default 50)")
+    parser.add_argument("--steps", type=int, default=50, help="held-out steps routed per shape (default 50)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as a worker's side)")
     parser.add_argument("--policy", default="cpsat", help="placement to route on (default cpsat)")
+    parser.add_argument("--calls", type=int, default=200, help="calls per timing run (default 200)")
+    parser.add_argument("--repeats", type=int, default=5, help="timing runs, the least is kept (default 5)")
+    parser.add_argument("--no-compile", action="store_true", help="eager only (each compile takes ~15 s on CPU)")
+    parser.add_argument("--cpp-wrapper", action="store_true",
+                        help="compile with inductor's C++ wrapper (less Python per call on CPU; longer compiles)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 5 steps, 1 s fits, 20 calls x 2 runs")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.calls, args.repeats = 5, 20, 2
     torch.set_num_threads(args.threads)
-    trace = generate_trace(SyntheticConfig(num_steps=60 + args.steps, num_layers=1, tokens_per_step=8192))
-    print("| cluster | policy | router | static split | exact LP | router / LP | static / LP |")
-    print("|---|---|---|---|---|---|---|")
+    inductor_config.cpp_wrapper = args.cpp_wrapper
+    print(f"load average at start: {' / '.join(f'{x:.2f}' for x in os.getloadavg())} (1 / 5 / 15 min) on "
+          f"{os.cpu_count()} cores; torch {torch.__version__}, {args.threads} thread(s)")
+    trace = generate_trace(SyntheticConfig(num_steps=FIT_STEPS + args.steps, num_layers=1, tokens_per_step=8192))
+    steps = trace.counts_TLE[FIT_STEPS:, 0]
+    print("Times per call, one layer, one step: wall / CPU of this thread.")
+    print("| cluster | policy | method | rounds | eager | compiled | static split | exact LP | router / LP | "
+          "static / LP |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for cluster in (ClusterSpec(num_gpus=64, slots_per_gpu=5), ClusterSpec(num_gpus=128, slots_per_gpu=3)):
-        options = {"time_limit_s": 5.0, "routing": "dynamic"} if args.policy == "cpsat" else {}
-        placement = fit_placement(args.policy, trace.counts_TLE[:60], cluster, **options)
+        options = {"time_limit_s": 1.0 if args.quick else 5.0, "routing": "dynamic"} if args.policy == "cpsat" else {}
+        placement = fit_placement(args.policy, trace.counts_TLE[:FIT_STEPS], cluster, **options)
         phy2log, weights = placement.phy2log_LP[0], placement.weights_LP[0]
-        table = LayerRoutingTable.build(phy2log, cluster.slots_per_gpu, 256, weights_P=weights)
+        gpu_of_slot = np.arange(cluster.num_slots) // cluster.slots_per_gpu
+        lp = np.array([exact_max_load(c.astype(float), phy2log, gpu_of_slot, cluster.num_gpus) for c in steps])
         weights_t = torch.as_tensor(weights, dtype=torch.float32)
         phy2log_t = torch.as_tensor(phy2log)
-        steps = trace.counts_TLE[60:, 0]
-        router_max, static_max, lp_max = [], [], []
-        for counts in steps:
-            counts_t = torch.as_tensor(counts)
-            tokens = route_step(counts_t, table)
-            router_max.append(tokens.view(cluster.num_gpus, -1).sum(1).max().item())
-            static = (counts_t[phy2log_t] * weights_t).round()
-            static_max.append(static.view(cluster.num_gpus, -1).sum(1).max().item())
-            lp_max.append(lp_optimum(counts.astype(float), phy2log, cluster.slots_per_gpu, cluster.num_gpus))
         counts_t = torch.as_tensor(steps[0])
-        t_router = per_call(lambda: route_step(counts_t, table), 200)
-        t_static = per_call(lambda: (counts_t[phy2log_t] * weights_t).round(), 200)
-        t_lp = per_call(lambda: lp_optimum(steps[0].astype(float), phy2log, cluster.slots_per_gpu,
-                                           cluster.num_gpus), 5)
-        lp = np.array(lp_max)
-        print(f"| {cluster.num_gpus}x{cluster.slots_per_gpu} | {args.policy} | {t_router * 1e3:.2f} ms "
-              f"({DEFAULT_ROUNDS} rounds) | {t_static * 1e3:.3f} ms | {t_lp * 1e3:.1f} ms | "
-              f"{np.mean(np.array(router_max) / lp):.4f} | {np.mean(np.array(static_max) / lp):.4f} |", flush=True)
+
+        def static(counts_E: torch.Tensor) -> torch.Tensor:
+            return (counts_E[phy2log_t] * weights_t).round()
+
+        static_lp = busiest_over_lp(static, steps, lp, cluster.num_gpus)
+        t_static = per_call(lambda: static(counts_t), args.calls, args.repeats)
+        t_lp = per_call(lambda: exact_max_load(steps[0].astype(float), phy2log, gpu_of_slot, cluster.num_gpus),
+                        5, 1)[0]
+        for exact_chains in (True, False):
+            table = LayerRoutingTable.build(phy2log, cluster.slots_per_gpu, EXPERTS, weights_P=weights,
+                                            exact_chains=exact_chains)
+            router_lp = busiest_over_lp(lambda c: route_step(c, table), steps, lp, cluster.num_gpus)
+            t_eager = per_call(lambda: route_step(counts_t, table, check_values=False), args.calls, args.repeats)
+            compiled = "-"
+            if not args.no_compile:
+                fn = torch.compile(route_step, fullgraph=True, dynamic=False)
+                for counts in steps:  # the compiled router gives the eager one's tokens
+                    counts_E = torch.as_tensor(counts)
+                    assert torch.equal(fn(counts_E, table, check_values=False), route_step(counts_E, table))
+                t_compiled = per_call(lambda: fn(counts_t, table, check_values=False), args.calls, args.repeats)
+                compiled = ms(t_compiled)
+            method = "chain (exact)" if table.method == "chain" else "water-filling"
+            rounds = "-" if table.method == "chain" else str(DEFAULT_ROUNDS)
+            print(f"| {cluster.num_gpus}x{cluster.slots_per_gpu} | {args.policy} | {method} | {rounds} | "
+                  f"{ms(t_eager)} | {compiled} | {ms(t_static)} | {t_lp * 1e3:.1f} ms | "
+                  f"{router_lp:.4f} | {static_lp:.4f} |", flush=True)
+            if table.method == "water-filling":
+                break  # not a chain: the forced water-filling row would repeat this one
+    print(f"load average at end: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 

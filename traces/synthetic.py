@@ -31,6 +31,8 @@ from traces.routing_trace import RoutingTrace
 
 # Float64 values of one [steps, L, E] chunk while sampling: 2**21 values = 16 MiB per temporary array.
 _CHUNK_VALUES = 1 << 21
+# Largest trace generated at once: 2**29 int64 counts are 4 GiB (the default shape is 31 M counts).
+MAX_TRACE_VALUES = 1 << 29
 
 
 class SyntheticConfig(BaseModel):
@@ -72,6 +74,12 @@ class SyntheticConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "SyntheticConfig":
+        values = self.num_steps * self.num_layers * self.num_experts
+        if values > MAX_TRACE_VALUES:
+            raise ValueError(
+                f"num_steps x num_layers x num_experts = {values:,} counts exceeds the limit of {MAX_TRACE_VALUES:,} "
+                f"({MAX_TRACE_VALUES * 8 // 2**30} GiB as int64); lower num_steps"
+            )
         if self.top_k > self.num_experts:
             raise ValueError(
                 f"top_k={self.top_k} exceeds num_experts={self.num_experts}: a token picks top_k distinct experts; "

@@ -26,12 +26,12 @@ def counts_from_topk_ids(topk_ids_LNK: np.ndarray, num_experts: int, tokens_per_
     if ids.dtype.kind not in "iu":
         raise TraceFormatError(f"top-k ids must be integers; found dtype {ids.dtype}")
     if tokens_per_step < 1:
-        raise TraceFormatError(f"--tokens-per-step must be >= 1; got {tokens_per_step}")
+        raise TraceFormatError(f"tokens_per_step must be >= 1; got {tokens_per_step}")
     num_layers, num_tokens, _ = ids.shape
     num_steps = num_tokens // tokens_per_step
     if num_steps == 0:
         raise TraceFormatError(
-            f"the log has {num_tokens} tokens, fewer than one step of {tokens_per_step}; lower --tokens-per-step"
+            f"the log has {num_tokens} tokens, fewer than one step of {tokens_per_step}; lower tokens_per_step"
         )
     if ids.size and ids.max() >= num_experts:
         raise TraceFormatError(f"top-k ids reach {ids.max()} but the model has {num_experts} experts")

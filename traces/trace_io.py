@@ -34,25 +34,27 @@ def load_trace(
     """Read a routing trace from `path`.
 
     Args:
-        tokens_per_step: tokens per step, needed only for top-k id logs.
-        tasks: for top-k id logs, the tasks to read (default: all, concatenated in file order).
-        num_experts: for top-k id logs, E (default: the largest id + 1).
+        tokens_per_step: tokens per step; top-k id logs only (they need it), counts are grouped already.
+        tasks: top-k id logs only: the tasks to read, each once (default: all, concatenated in file order).
+        num_experts: top-k id logs only: E (default: the file's `num_experts` array if it has one, else the largest
+            id in any task of the file + 1, so that every task of one file reads with the same E).
     """
     file = Path(path)
     if not file.is_file():
         raise TraceFormatError(f"trace file not found: {file}; expected {SUPPORTED}")
     suffix = file.suffix.lower()
-    if tasks and suffix != ".npz":
-        raise TraceFormatError(f"--task applies only to top-k id logs (.npz with <task>_topk_ids), not {file.name}")
+    _check_tasks(tasks)
     try:
         if suffix == ".npz":
             return _load_npz(file, tokens_per_step, tasks, num_experts)
+        if suffix in (".npy", ".pt"):
+            _check_counts_options(file, tokens_per_step, tasks, num_experts)
         if suffix == ".npy":
             counts = np.load(file, allow_pickle=False)
             return RoutingTrace.from_counts(validate_counts(counts, f"{file.name}"), source=str(file))
         if suffix == ".pt":
             return _load_sglang_dump(file)
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, RecursionError) as exc:
         if isinstance(exc, TraceFormatError):
             raise
         raise TraceFormatError(f"cannot read trace {file}: {_one_line(exc)}; expected {SUPPORTED}") from exc
@@ -81,14 +83,39 @@ def save_trace(trace: RoutingTrace, path: str | os.PathLike) -> None:
     write_atomically(file, write)
 
 
+def _check_tasks(tasks: list[str] | None) -> None:
+    if tasks is None:
+        return
+    if not tasks or any(not task for task in tasks):
+        raise TraceFormatError(f"tasks={','.join(tasks)!r} holds an empty name; name the tasks (e.g. law,intent)")
+    repeated = sorted({task for task in tasks if tasks.count(task) > 1})
+    if repeated:
+        raise TraceFormatError(
+            f"tasks={','.join(tasks)!r} names {', '.join(repeated)} more than once; name each task once"
+        )
+
+
+def _check_counts_options(
+    file: Path, tokens_per_step: int | None, tasks: list[str] | None, num_experts: int | None
+) -> None:
+    """Refuse options that apply only to top-k id logs when `file` holds counts (they would be ignored)."""
+    given = [f"{name}={value}" for name, value in (("tokens_per_step", tokens_per_step),
+                                                   ("tasks", tasks and ",".join(tasks)),
+                                                   ("num_experts", num_experts)) if value is not None]
+    if given:
+        raise TraceFormatError(
+            f"{' and '.join(given)}: only top-k id logs (.npz with <task>_topk_ids) take this; {file.name} holds "
+            f"counts already grouped into steps, so leave it out"
+        )
+
+
 def _load_npz(
     file: Path, tokens_per_step: int | None, tasks: list[str] | None, num_experts: int | None
 ) -> RoutingTrace:
     with np.load(file, allow_pickle=False) as data:
         keys = list(data.keys())
         if "counts" in keys:
-            if tasks:
-                raise TraceFormatError(f"--task applies only to top-k id logs; {file.name} holds counts")
+            _check_counts_options(file, tokens_per_step, tasks, num_experts)
             counts = validate_counts(data["counts"], f"{file.name}:counts")
             if "header_json" in keys:
                 try:
@@ -108,13 +135,27 @@ def _load_npz(
         if missing:
             raise TraceFormatError(f"{file.name} has no task {missing}; available tasks: {', '.join(available)}")
         if tokens_per_step is None:
-            raise TraceFormatError(f"{file.name} is a top-k id log: give --tokens-per-step to group tokens into steps")
-        ids = [data[f"{t}_topk_ids"] for t in chosen]
+            raise TraceFormatError(f"{file.name} is a top-k id log: give tokens_per_step to group tokens into steps")
+        every_task = {t: data[f"{t}_topk_ids"] for t in available}
+        experts = num_experts or _experts_of_log(data, every_task, file)
+        ids = [every_task[t] for t in chosen]
     top_k = ids[0].shape[-1] if ids[0].ndim == 3 else None
-    experts = num_experts or int(max(int(a.max()) for a in ids)) + 1
     counts = np.concatenate([counts_from_topk_ids(a, experts, tokens_per_step) for a in ids], axis=0)
     source = f"{file} tasks={','.join(chosen)} tokens_per_step={tokens_per_step}"
     return RoutingTrace.from_counts(counts, top_k=top_k, tokens_per_step=tokens_per_step, source=source)
+
+
+def _experts_of_log(data, ids_by_task: dict[str, np.ndarray], file: Path) -> int:
+    """E of a top-k id log: its `num_experts` array when present, else the largest id of any task + 1."""
+    if "num_experts" in data:
+        value = data["num_experts"]
+        if value.shape != () or value.dtype.kind not in "iu" or int(value) < 1:
+            raise TraceFormatError(f"{file.name}: num_experts must be one positive integer; found {value!r}")
+        return int(value)
+    for task, ids in ids_by_task.items():
+        if ids.dtype.kind not in "iu":
+            raise TraceFormatError(f"{file.name}: {task}_topk_ids must hold integer ids; found dtype {ids.dtype}")
+    return max((int(ids.max()) for ids in ids_by_task.values() if ids.size), default=-1) + 1
 
 
 def _load_sglang_dump(file: Path) -> RoutingTrace:
@@ -128,7 +169,13 @@ def _load_sglang_dump(file: Path) -> RoutingTrace:
     if not isinstance(data, dict) or "logical_count" not in data:
         found = sorted(data.keys()) if isinstance(data, dict) else type(data).__name__
         raise TraceFormatError(f"{file.name} is not an SGLang expert-distribution dump: no 'logical_count' in {found}")
-    counts = np.asarray(torch.as_tensor(data["logical_count"]).cpu().numpy())
+    try:
+        counts = np.asarray(torch.as_tensor(data["logical_count"]).cpu().numpy())
+    except (TypeError, ValueError, RuntimeError) as exc:
+        found = type(data["logical_count"]).__name__
+        raise TraceFormatError(
+            f"{file.name}: logical_count must be a tensor [steps, layers, experts] of counts; found a {found}"
+        ) from exc
     if counts.ndim == 2:
         counts = counts[None]
     return RoutingTrace.from_counts(validate_counts(counts, f"{file.name}:logical_count"), source=str(file))

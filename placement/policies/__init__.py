@@ -13,6 +13,7 @@ from placement.placement_model import Placement
 from placement.policies.cpsat_config import CpSatConfig
 from placement.policies.cpsat_policy import fit_cpsat
 from placement.policies.deepseek import deepseek_rebalance, place_deepseek
+from traces.routing_trace import validate_counts
 
 PolicyFit = Callable[..., Placement]
 
@@ -33,10 +34,17 @@ POLICIES: dict[str, PolicyFit] = {"deepseek": _fit_deepseek, "trivial": _fit_tri
 
 
 def fit_placement(policy: str, counts_TLE: np.ndarray, cluster: ClusterSpec, **options) -> Placement:
-    """Fit a placement with the named policy to the steps of `counts_TLE` [T, L, E]."""
+    """Fit a placement with the named policy to the steps of `counts_TLE` [T, L, E].
+
+    `counts_TLE` must be whole, non-negative token counts (any integer or integral float dtype) and `cluster` a
+    `ClusterSpec`; anything else raises `TraceFormatError` or `PlacementInfeasibleError` naming the parameter.
+    """
     if policy not in POLICIES:
         raise PlacementInfeasibleError(f"unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}")
-    return POLICIES[policy](counts_TLE, cluster, **options)
+    if not isinstance(cluster, ClusterSpec):
+        raise PlacementInfeasibleError(f"cluster must be a ClusterSpec; got {type(cluster).__name__}")
+    counts = validate_counts(counts_TLE, "counts_TLE")
+    return POLICIES[policy](counts, cluster, **options)
 
 
 __all__ = ["POLICIES", "CpSatConfig", "PolicyFit", "deepseek_rebalance", "fit_cpsat", "fit_placement", "place_deepseek"]

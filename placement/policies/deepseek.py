@@ -152,11 +152,11 @@ def place_deepseek(load_LE: np.ndarray, cluster: ClusterSpec, num_groups: int | 
     cluster.check_fits(num_experts)
     nodes = cluster.num_nodes
     if num_groups is not None and not 1 <= num_groups <= num_experts:
-        raise PlacementInfeasibleError(f"--groups must be between 1 and {num_experts}; got {num_groups}")
+        raise PlacementInfeasibleError(f"num_groups must be between 1 and {num_experts}; got {num_groups}")
     hierarchical = num_groups is not None and num_groups % nodes == 0
     if hierarchical:
         if num_experts % num_groups:
-            raise PlacementInfeasibleError(f"--groups {num_groups} does not divide the {num_experts} experts")
+            raise PlacementInfeasibleError(f"num_groups={num_groups} does not divide the {num_experts} experts")
         if (cluster.num_slots // nodes) < num_experts // nodes:
             raise PlacementInfeasibleError("each node needs at least as many slots as experts of its groups")
         phy2log, _, _ = rebalance_hierarchical(load_LE.astype(np.float64), cluster.num_slots, num_groups, nodes,

@@ -4,7 +4,9 @@ The small shape (60 steps x 3 layers x 32 experts, top-4, 256 tokens per step on
 call well under a second.
 """
 
+import contextlib
 import fcntl
+import io
 import os
 import pty
 import select
@@ -70,6 +72,42 @@ def _run_eplb_tty_stderr(*args: str) -> tuple[int, str]:
 def run_eplb():
     """`run_eplb(*args, cwd=None) -> CompletedProcess`: the real `eplb` entry point in a subprocess."""
     return _run_eplb
+
+
+def _assert_one_line_error(result: subprocess.CompletedProcess, expected: str) -> None:
+    """Exit 2, stdout empty, stderr one non-empty line (no traceback) that contains `expected`."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2, f"exit {result.returncode}; stderr: {result.stderr}"
+    assert len(lines) == 1, f"stderr has {len(lines)} lines: {result.stderr!r}"
+    assert lines[0].startswith("eplb") and expected in lines[0], f"{expected!r} not in {lines[0]!r}"
+    assert result.stdout == "", f"stdout on error: {result.stdout!r}"
+
+
+@pytest.fixture(scope="session")
+def one_line_error():
+    """`one_line_error(result, expected)`: assert exit 2 with one stderr line holding `expected`, no traceback."""
+    return _assert_one_line_error
+
+
+def _run_eplb_here(*args: str) -> subprocess.CompletedProcess:
+    """`eplb.cli.main(ARGS)` in this process, its output captured: the same code path as the console script, without
+    a Python start-up per call (for the long tables of bad inputs)."""
+    from eplb.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            status = main([str(arg) for arg in args])
+        except SystemExit as exc:  # argparse's usage errors and --help
+            status = exc.code
+    return subprocess.CompletedProcess(list(args), status, stdout.getvalue(), stderr.getvalue())
+
+
+@pytest.fixture(scope="session")
+def run_eplb_here():
+    """`run_eplb_here(*args) -> CompletedProcess`: `eplb.cli.main` in this process, output captured."""
+    return _run_eplb_here
 
 
 @pytest.fixture(scope="session")

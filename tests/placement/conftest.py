@@ -2,7 +2,7 @@
 
 import pytest
 
-from placement.exact_split import exact_max_load
+from placement.routing.exact_split import exact_max_load
 
 
 @pytest.fixture

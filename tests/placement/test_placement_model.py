@@ -19,27 +19,32 @@ CASES = [(8, 5, 32, "deepseek"), (16, 3, 40, "deepseek"), (4, 2, 8, "trivial"), 
 CASE_IDS = ["8x5-deepseek", "16x3-deepseek", "4x2-trivial", "8x4-trivial"]
 
 
-def make_placement(num_gpus: int, slots: int, num_experts: int, policy: str, seed: int = 0) -> Placement:
+def window_counts(num_experts: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    counts = rng.poisson(rng.lognormal(3, 1, size=(3, num_experts)), size=(10, 3, num_experts))
-    return fit_placement(policy, counts, ClusterSpec(num_gpus=num_gpus, slots_per_gpu=slots))
+    return rng.poisson(rng.lognormal(3, 1, size=(3, num_experts)), size=(10, 3, num_experts))
 
 
-@pytest.mark.parametrize("num_gpus, slots, num_experts, policy", CASES, ids=CASE_IDS)
-def test_every_expert_has_a_replica_and_every_gpu_exactly_s_slots(num_gpus, slots, num_experts, policy):
-    placement = make_placement(num_gpus, slots, num_experts, policy)
-    assert placement.phy2log_LP.shape == (3, num_gpus * slots)
-    assert (placement.logcnt_LE >= 1).all()
-    assert (placement.logcnt_LE.sum(axis=1) == num_gpus * slots).all()
-    assert (np.bincount(placement.gpu_of_slot_P) == slots).all()
+def make_placement(num_gpus: int, slots: int, num_experts: int, policy: str, seed: int = 0) -> Placement:
+    return fit_placement(policy, window_counts(num_experts, seed), ClusterSpec(num_gpus=num_gpus, slots_per_gpu=slots))
 
 
-@pytest.mark.parametrize("num_gpus, slots, num_experts, policy", CASES, ids=CASE_IDS)
-def test_weights_sum_to_one_per_expert(num_gpus, slots, num_experts, policy):
-    placement = make_placement(num_gpus, slots, num_experts, policy)
-    for layer in range(placement.num_layers):
-        sums = np.bincount(placement.phy2log_LP[layer], placement.weights_LP[layer], minlength=num_experts)
-        np.testing.assert_allclose(sums, 1.0)
+@pytest.mark.parametrize("num_gpus, slots, num_experts", [(8, 5, 32), (16, 3, 40)], ids=["8x5", "16x3"])
+def test_deepseek_never_gives_a_busier_expert_fewer_replicas(num_gpus, slots, num_experts):
+    load_LE = window_counts(num_experts).sum(axis=0)
+    logcnt = make_placement(num_gpus, slots, num_experts, "deepseek").logcnt_LE
+    for layer in range(3):
+        busier = load_LE[layer][:, None] > load_LE[layer][None, :]
+        assert (logcnt[layer][:, None] >= logcnt[layer][None, :])[busier].all()
+        assert logcnt[layer].max() > 1
+
+
+@pytest.mark.parametrize("num_gpus, slots, num_experts", [(4, 2, 8), (8, 4, 32), (4, 3, 8)],
+                         ids=["4x2", "8x4", "4x3-uneven-copies"])
+def test_trivial_puts_expert_p_mod_e_in_slot_p_with_an_equal_split(num_gpus, slots, num_experts):
+    placement = make_placement(num_gpus, slots, num_experts, "trivial")
+    expected = np.arange(num_gpus * slots) % num_experts
+    assert (placement.phy2log_LP == expected).all()
+    np.testing.assert_allclose(placement.weights_LP, 1.0 / np.bincount(expected)[expected][None].repeat(3, 0))
 
 
 @pytest.mark.parametrize("num_gpus, slots, num_experts, policy", CASES, ids=CASE_IDS)
@@ -84,10 +89,15 @@ def test_sglang_mapping_file_holds_only_the_map(tmp_path):
         (lambda d: d.__setitem__("schema_version", 9), "schema_version"),
         (lambda d: d["physical_to_logical_map"][0].__setitem__(0, 99), "expert ids"),
         (lambda d: d["replica_weights"][0].__setitem__(0, 0.9), "sum to 1"),
-        (lambda d: d.__setitem__("slots_per_gpu", 4), "shape"),
-        (lambda d: d["physical_to_logical_map"].pop(), "shape"),
+        (lambda d: d.__setitem__("slots_per_gpu", 4), r"3 rows of \[40\] entries; expected \[3, 32\]"),
+        (lambda d: d["physical_to_logical_map"].pop(), r"2 rows of \[40\] entries; expected \[3, 40\]"),
+        (lambda d: d["physical_to_logical_map"][1].__setitem__(2, 15.7), "layer 1 holds 15.7; expected expert ids"),
+        (lambda d: d["physical_to_logical_map"][1].__setitem__(2, "15"), "layer 1 holds '15'"),
+        (lambda d: d["replica_weights"][2].__setitem__(0, "1.0"), "replica_weights layer 2 holds '1.0'"),
+        (lambda d: d["replica_weights"][2].__setitem__(0, False), "replica_weights layer 2 holds False"),
     ],
-    ids=["missing-key", "schema", "bad-expert-id", "weights-not-summing", "slot-count", "layer-count"],
+    ids=["missing-key", "schema", "bad-expert-id", "weights-not-summing", "slot-count", "layer-count",
+         "fractional-expert-id", "string-expert-id", "string-weight", "boolean-weight"],
 )
 def test_bad_placement_files_raise_format_errors(tmp_path, mutate, message):
     placement = make_placement(8, 5, 32, "deepseek")

@@ -5,10 +5,10 @@ import itertools
 import numpy as np
 import pytest
 
-from placement.exact_split import exact_max_load
 from placement.policies.chain_layout import chain_layout
 from placement.policies.deepseek import replicate_greedy
 from placement.policies.ring_search import arc_masks, ring_objective, ring_search
+from placement.routing.exact_split import exact_max_load
 
 
 def _exact_objective(counts_TE, phy2log_P, num_gpus, slots) -> float:

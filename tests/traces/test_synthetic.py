@@ -39,7 +39,6 @@ def test_rows_sum_to_n_times_k_and_no_count_exceeds_n(overrides):
     config = SyntheticConfig(**{**SMALL, **overrides})
     counts_TLE = generate_trace(config).counts_TLE
     assert (counts_TLE.sum(axis=-1) == config.tokens_per_step * config.top_k).all()
-    assert counts_TLE.min() >= 0
     assert counts_TLE.max() <= config.tokens_per_step
 
 

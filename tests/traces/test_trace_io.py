@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from traces import RoutingTrace, TraceFormatError, counts_from_topk_ids, load_trace, save_trace
+from traces import EplbError, RoutingTrace, TraceFormatError, counts_from_topk_ids, load_trace, save_trace
 
 ESFT = Path(__file__).resolve().parents[2].parent / "shared/data/esft-dsv2lite/esft_vanilla_lite_routing.npz"
 
@@ -62,7 +62,7 @@ def test_topk_ids_are_grouped_into_steps_and_counted():
 
 def test_topk_log_npz_needs_tokens_per_step(tmp_path):
     np.savez(tmp_path / "log.npz", a_topk_ids=np.zeros((2, 10, 2), dtype=np.int8))
-    with pytest.raises(TraceFormatError, match="--tokens-per-step"):
+    with pytest.raises(TraceFormatError, match="tokens_per_step"):
         load_trace(tmp_path / "log.npz")
     trace = load_trace(tmp_path / "log.npz", tokens_per_step=5, num_experts=4)
     assert trace.counts_TLE.shape == (2, 2, 4)
@@ -105,7 +105,7 @@ def test_failed_write_leaves_old_file_unchanged(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(np, "savez_compressed", explode)
-    with pytest.raises(OSError):
+    with pytest.raises(EplbError, match="cannot write .*t.npz: disk full"):
         save_trace(RoutingTrace.from_counts(small_counts(1)), path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["t.npz"]

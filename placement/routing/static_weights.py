@@ -5,7 +5,7 @@ Legend: E logical experts, G GPUs, S slots per GPU, P slots.
 
 import numpy as np
 
-from placement.dynamic_split import ReplicaGraph, first_slot_EG, optimal_split
+from placement.routing.dynamic_split import ReplicaGraph, first_slot_EG, optimal_split
 
 
 def fitted_weights(

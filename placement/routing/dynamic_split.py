@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ROUTER_ROUNDS = 12  # water-filling rounds of the live router (`placement.dynamic_router`), which fits assume
+ROUTER_ROUNDS = 12  # water-filling rounds of the live router (`placement.routing.live_router`), which fits assume
 MOMENTUM = 0.8  # Nesterov extrapolation of each round (0 = plain damped Jacobi): best for a few rounds
 CERTIFY_MOMENTUM = 0.95  # for the scorer's long runs: at 128 x 3, every step within 0.1% in half the time of 0.8
 
@@ -154,7 +154,8 @@ def optimal_split_loads(
     Args:
         counts_BE: [B, E] tokens per expert in each step.
         graph: the layer's replica graph.
-        tolerance: stop once every step's max load is within this relative gap of its certified bound.
+        tolerance: stop once every step's max load is within this relative gap of its certified bound
+            (-inf: never stop early, every step runs exactly `max_rounds` rounds, as the live router does).
         max_rounds: cap on water-filling rounds.
         momentum: Nesterov momentum of the rounds.
 

@@ -1,0 +1,195 @@
+"""A small communicator over torch.distributed: the few operations the balancer needs, each with a timeout.
+
+Legend: W ranks in the group, N rows (tokens) sent by this rank, R rows received, X trailing dims of a row.
+
+Operations:
+- `all_gather(x)`: every rank's small tensor, stacked [W, *x.shape] (per-rank expert counts each step);
+- `all_reduce_sum(x)`: the sum over ranks (the load recorder's window);
+- `all_to_all(rows_NX, send_counts_W)`: variable-size exchange of rows (MoE dispatch and combine);
+- `exchange(sends, recvs, max_chunk_bytes)`: point-to-point transfers in chunks of at most `max_chunk_bytes`
+  (expert weights when a placement changes);
+- `agree(ok)`: True on every rank iff it is True on every rank, so that all ranks take the same branch.
+
+Invariants: every rank of the group must call the same operations in the same order with matching shapes (the
+send counts of one rank are the receive counts of its peers), or the group hangs until the timeout. A peer that
+dies (its connection closes) or hangs makes the operation raise `CollectiveError` / `CollectiveTimeoutError` on every
+surviving rank within `timeout_s`, never a hang: each operation is issued asynchronously and waited on with the
+timeout. On Gloo (CPU) the wait itself enforces it. On NCCL the host-side wait cannot bound a GPU kernel; the
+process group's timeout (the same `timeout_s`, given at `init_communicator`) arms NCCL's watchdog, which aborts the
+communicator and raises on the host; HCCL takes the same code path through `torch_npu`.
+"""
+
+import datetime
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from collectives.backend import backend_for
+from collectives.errors import CollectiveError, CollectiveTimeoutError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Communicator:
+    """One rank's handle on an expert-parallel group.
+
+    Attributes:
+        rank: this process's rank in `group` (0 <= rank < world_size).
+        world_size: W, ranks in the group.
+        device: where this rank's tensors live (cuda, npu or cpu); collectives take and return tensors there.
+        timeout_s: seconds any single operation may take before it raises `CollectiveTimeoutError`.
+        group: the torch process group (None: the default, world group).
+    """
+
+    rank: int
+    world_size: int
+    device: torch.device
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    group: dist.ProcessGroup | None = field(default=None, repr=False)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """[W, *tensor.shape]: `tensor` of every rank, in rank order (same shape and dtype on every rank)."""
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        self._wait(dist.all_gather(parts, tensor.contiguous(), group=self.group, async_op=True), "all_gather")
+        return torch.stack(parts)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of `tensor` over ranks (a new tensor; the input is left as it was)."""
+        total = tensor.clone()
+        self._wait(dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group, async_op=True), "all_reduce")
+        return total
+
+    def agree(self, ok: bool) -> bool:
+        """True on every rank iff `ok` is True on every rank: a collective decision no rank can take alone."""
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
+        self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True), "agree")
+        return bool(flag.item())
+
+    def all_to_all(self, rows_NX: torch.Tensor, send_counts_W: list[int], recv_counts_W: list[int]) -> torch.Tensor:
+        """Send rows_NX[sum(send_counts_W[:j]) : ...] to rank j; return the rows received, in rank order [R, *X].
+
+        `send_counts_W` [W] must sum to N; `recv_counts_W` [W] is what each rank sends here (its send_counts[rank]).
+        """
+        if len(send_counts_W) != self.world_size or len(recv_counts_W) != self.world_size:
+            raise ValueError(
+                f"send_counts_W and recv_counts_W need one entry per rank ({self.world_size}); got "
+                f"{len(send_counts_W)} and {len(recv_counts_W)}"
+            )
+        if sum(send_counts_W) != rows_NX.shape[0]:
+            raise ValueError(f"send_counts_W sums to {sum(send_counts_W)} but rows_NX has {rows_NX.shape[0]} rows")
+        received = rows_NX.new_empty((sum(recv_counts_W), *rows_NX.shape[1:]))
+        work = dist.all_to_all_single(received, rows_NX.contiguous(), output_split_sizes=list(recv_counts_W),
+                                      input_split_sizes=list(send_counts_W), group=self.group, async_op=True)
+        self._wait(work, "all_to_all")
+        return received
+
+    def exchange(
+        self,
+        sends: list[tuple[int, torch.Tensor]],
+        recvs: list[tuple[int, torch.Tensor]],
+        max_chunk_bytes: int = 64 << 20,
+    ) -> None:
+        """Point-to-point transfers in chunks of at most `max_chunk_bytes`: send each (peer, tensor) of `sends`,
+        receive into each (peer, tensor) of `recvs` (contiguous, filled in place).
+
+        A rank's k-th send to a peer pairs with that peer's k-th receive from this rank: same shape and dtype.
+        Chunk i of every transfer moves in round i, and a round ends before the next starts, so at most one chunk
+        per transfer is in flight.
+        """
+        for _, tensor in recvs:
+            if not tensor.is_contiguous():
+                raise ValueError("each tensor of recvs must be contiguous: it is filled in place")
+        transfers = [(dist.isend, peer, tensor.contiguous().view(-1)) for peer, tensor in sends]
+        transfers += [(dist.irecv, peer, tensor.view(-1)) for peer, tensor in recvs]
+        tag_of = _pair_tags(transfers)
+        rounds = max((_num_chunks(flat, max_chunk_bytes) for _, _, flat in transfers), default=0)
+        for chunk in range(rounds):
+            ops = []
+            for index, (op, peer, flat) in enumerate(transfers):
+                step = max(1, max_chunk_bytes // flat.element_size())
+                part = flat[chunk * step : (chunk + 1) * step]
+                if part.numel():
+                    ops.append(dist.P2POp(op, part, self._global(peer), group=self.group, tag=tag_of[index]))
+            for work in dist.batch_isend_irecv(ops) if ops else []:
+                self._wait(work, f"exchange (chunk {chunk + 1} of {rounds})")
+
+    def barrier(self) -> None:
+        """Every rank reaches this point (an all-reduce, so the timeout applies as for any collective)."""
+        self.agree(True)
+
+    def _global(self, group_rank: int) -> int:
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    def _wait(self, work: dist.Work, what: str) -> None:
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+        except Exception as exc:  # the backends raise RuntimeError or DistBackendError subclasses
+            text = " ".join(str(exc).split())
+            where = f"rank {self.rank} of {self.world_size}: {what}"
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                raise CollectiveTimeoutError(
+                    f"{where} did not complete within timeout_s={self.timeout_s:g}: a peer hangs, died or never "
+                    f"called it"
+                ) from exc
+            raise CollectiveError(f"{where} failed: a peer died or left the group ({text[:160]})") from exc
+
+
+def init_communicator(
+    rank: int,
+    world_size: int,
+    *,
+    device: torch.device | str = "cpu",
+    init_method: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Communicator:
+    """Join (or create) the default process group with the backend of `device` and return this rank's communicator.
+
+    `init_method` is torch's rendezvous address (for example "tcp://127.0.0.1:29500"; None reads MASTER_ADDR and
+    MASTER_PORT from the environment). The group's own timeout is `timeout_s` too, which arms NCCL's watchdog.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}); got {rank}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0; got {timeout_s}")
+    backend = backend_for(device)
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if dist.is_initialized():
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+            raise ValueError(
+                f"torch.distributed is already initialised as rank {dist.get_rank()} of {dist.get_world_size()}, "
+                f"not rank {rank} of {world_size}"
+            )
+    else:
+        try:
+            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        except Exception as exc:  # rendezvous failures surface as RuntimeError, DistNetworkError, DistStoreError
+            raise CollectiveTimeoutError(
+                f"rank {rank} of {world_size} could not join the {backend} group at {init_method or 'env://'} "
+                f"within timeout_s={timeout_s:g}: {' '.join(str(exc).split())[:160]}"
+            ) from exc
+    logger.info("rank %d of %d joined the %s group on %s", rank, world_size, backend, device)
+    return Communicator(rank, world_size, device, timeout_s)
+
+
+def _num_chunks(flat: torch.Tensor, max_chunk_bytes: int) -> int:
+    step = max(1, max_chunk_bytes // flat.element_size())
+    return -(-flat.numel() // step)
+
+
+def _pair_tags(transfers: list) -> list[int]:
+    """Tag of each transfer: its position among this rank's transfers of the same direction with the same peer."""
+    seen: dict[tuple, int] = {}
+    tags = []
+    for op, peer, _ in transfers:
+        key = (op is dist.isend, peer)
+        tags.append(seen.get(key, 0))
+        seen[key] = tags[-1] + 1
+    return tags

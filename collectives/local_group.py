@@ -1,0 +1,111 @@
+"""Run a function on W local processes that form one Gloo group: for tests, demos and benchmarks on one machine.
+
+Each process joins the group on a free loopback port, runs `fn(comm, *args)` and sends back its result or its
+error. The whole run has a deadline: a process still running then is killed, and the run raises, so a bug fails
+instead of hanging.
+"""
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from collectives.communicator import Communicator, init_communicator
+from collectives.errors import CollectiveError
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_local_group(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 20.0,
+    deadline_s: float = 120.0,
+    allow_failures: bool = False,
+) -> list[Any]:
+    """Run `fn(comm, *args)` on `world_size` Gloo processes; return each rank's result, in rank order.
+
+    Args:
+        fn: a module-level function (it is pickled to the spawned processes).
+        timeout_s: the communicator's timeout for each collective.
+        deadline_s: the whole run's limit; processes still alive then are killed.
+        allow_failures: if True, a rank that raised, died or was killed at the deadline yields its exception (a
+            `CollectiveError` if it died, a `TimeoutError` if it was killed) as its result instead of making the
+            run raise.
+    """
+    ctx = mp.get_context("spawn")
+    results: mp.Queue = ctx.Queue()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, address, timeout_s, results, args),
+                         daemon=True) for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    outcome: dict[int, tuple[bool, Any]] = {}
+    end = time.monotonic() + deadline_s
+    try:
+        while len(outcome) < world_size and time.monotonic() < end:
+            try:
+                rank, ok, payload = results.get(timeout=0.2)
+                outcome[rank] = (ok, pickle.loads(payload))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in outcome and p.exitcode is not None]
+                for rank in dead:
+                    outcome[rank] = (False, CollectiveError(f"rank {rank} died (exit code {procs[rank].exitcode})"))
+    finally:
+        for proc in procs:
+            proc.join(timeout=max(0.0, min(5.0, end - time.monotonic())))
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    missing = [rank for rank in range(world_size) if rank not in outcome]
+    if missing and not allow_failures:
+        raise TimeoutError(f"ranks {missing} of {world_size} did not finish within deadline_s={deadline_s:g}")
+    for rank in missing:
+        outcome[rank] = (False, TimeoutError(f"rank {rank} did not finish within deadline_s={deadline_s:g}; killed"))
+    failed = {rank: value for rank, (ok, value) in outcome.items() if not ok}
+    if failed and not allow_failures:
+        # The root cause is a rank's own error; the others' collectives failed because of it.
+        rank, error = min(failed.items(), key=lambda item: (isinstance(item[1], CollectiveError), item[0]))
+        raise RuntimeError(f"rank {rank} of {world_size} failed: {error}") from error
+    return [outcome[rank][1] for rank in range(world_size)]
+
+
+def _rank_main(fn, rank: int, world_size: int, address: str, timeout_s: float, results, args) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        comm: Communicator = init_communicator(rank, world_size, init_method=address, timeout_s=timeout_s)
+        # Plain pickle, by value: the queue's own pickler would pass tensors as shared-memory handles, which die
+        # with this process.
+        payload = pickle.dumps(fn(comm, *args))
+        results.put((rank, True, payload))
+    except BaseException as exc:  # report every failure, including a rank's own bug, to the parent
+        results.put((rank, False, pickle.dumps(_picklable(exc, traceback.format_exc()))))
+    finally:
+        results.close()
+        results.join_thread()
+        # Leave at once: a clean shutdown of the group would wait for peers that may be dead.
+        os._exit(0)
+
+
+def _picklable(exc: BaseException, trace: str) -> BaseException:
+    """`exc` with its traceback as a note if it survives pickling, else a RuntimeError that says what it was."""
+    exc.add_note(trace)
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n{trace}")

@@ -1,0 +1,36 @@
+"""The MoE gate: router logits -> each token's top-k experts and their weights (DeepSeek-V3's rules, optional).
+
+Legend: N tokens, D hidden size, E experts, K top-k, Gr expert groups.
+"""
+
+import torch
+
+from eplb.live.moe_config import MoELayerConfig
+
+
+def gate_topk(
+    logits_NE: torch.Tensor, config: MoELayerConfig, correction_bias_E: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's K experts and weights.
+
+    Steps: scores from the logits (softmax or sigmoid); with `n_group` > 1, keep only the `topk_group` groups of
+    experts whose best two biased scores sum highest (a group's score is its top score when a group holds one
+    expert); take the top K by biased score (the bias, if any, only chooses); weights are the unbiased scores of
+    the chosen experts, renormalised if `norm_topk_prob`, times `routed_scaling_factor`.
+
+    Returns:
+        topk_ids_NK: [N, K] int64 expert ids.
+        topk_weights_NK: [N, K] float32 weights.
+    """
+    scores = logits_NE.float().softmax(-1) if config.scoring == "softmax" else logits_NE.float().sigmoid()
+    choice = scores if correction_bias_E is None else scores + correction_bias_E.float()
+    if config.n_group > 1:
+        grouped = choice.view(choice.shape[0], config.n_group, config.num_experts // config.n_group)
+        best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
+        keep = torch.zeros_like(best).scatter_(1, best.topk(config.topk_group, dim=-1).indices, 1.0)
+        choice = grouped.masked_fill(keep[..., None] == 0, float("-inf")).view_as(choice)
+    topk_ids = choice.topk(config.top_k, dim=-1).indices
+    weights = scores.gather(1, topk_ids)
+    if config.norm_topk_prob:
+        weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-20)
+    return topk_ids, weights * config.routed_scaling_factor

@@ -1,0 +1,78 @@
+"""The load recorder: tokens per logical expert per decode step and layer, in a ring buffer on the tokens' device.
+
+Legend: W window (steps kept), L MoE layers, E logical experts, N tokens of this rank in a step, K top-k.
+
+Each MoE layer counts its own tokens' top-k picks into the current step's row of the buffer; `next_step()` moves to
+the next row at the end of a decode step. Nothing synchronises with the host on this path: the current row is a
+0-d device tensor, updates are fixed-shape `index_add_`s, so the per-step functions compile with
+`torch.compile(fullgraph=True)` and CUDA graphs can capture them. The rebalancer all-reduces `window_load_LE()`
+over the EP group; `save_sglang_dump` writes what `eplb place` reads.
+"""
+
+import os
+
+import torch
+
+from traces.atomic_file import write_atomically
+
+
+def count_picks_E(topk_ids_NK: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[E] int64: how many of the N x K picks went to each expert; ids < 0 (padding) are not counted.
+
+    Fixed shape and no host synchronisation (unlike `torch.bincount`, whose length depends on the data).
+    """
+    ids = topk_ids_NK.reshape(-1).to(torch.int64)
+    valid = (ids >= 0).to(torch.int64)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    return counts.index_add_(0, ids.clamp_min(0), valid)
+
+
+def add_to_row_(buffer_WE: torch.Tensor, row: torch.Tensor, counts_E: torch.Tensor) -> None:
+    """buffer_WE[row] += counts_E, with `row` a 0-d or [1] int64 device tensor (no host synchronisation)."""
+    buffer_WE.index_add_(0, row.reshape(1), counts_E.reshape(1, -1))
+
+
+class LoadRecorder:
+    """Per-step expert loads of one rank, the last `window` steps.
+
+    Attributes:
+        buffer_WLE: [W + 1, L, E] int64 on `device`: the W finished steps and the current one, in ring order.
+        position: 0-d int64 device tensor, the row the current step writes.
+        steps_recorded: decode steps finished so far (host-side counter, advanced by `next_step`).
+    """
+
+    def __init__(self, window: int, num_layers: int, num_experts: int, device: torch.device | str = "cpu") -> None:
+        for name, value in (("window", window), ("num_layers", num_layers), ("num_experts", num_experts)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        self.window, self.num_layers, self.num_experts = window, num_layers, num_experts
+        self.buffer_WLE = torch.zeros(window + 1, num_layers, num_experts, dtype=torch.int64, device=device)
+        self.position = torch.zeros((), dtype=torch.int64, device=device)
+        self.steps_recorded = 0
+
+    def record(self, layer: int, topk_ids_NK: torch.Tensor) -> None:
+        """Add this step's picks of one layer ([N, K] expert ids, -1 for padding) to the current row."""
+        add_to_row_(self.buffer_WLE[:, layer], self.position, count_picks_E(topk_ids_NK, self.num_experts))
+
+    def next_step(self) -> None:
+        """End the current decode step: the next row is cleared and becomes current."""
+        self.position.add_(1).remainder_(self.window + 1)
+        self.buffer_WLE.index_fill_(0, self.position.reshape(1), 0)
+        self.steps_recorded += 1
+
+    def window_load_LE(self) -> torch.Tensor:
+        """[L, E] int64: tokens per expert summed over the finished steps still in the window."""
+        return self.counts_TLE().sum(0)
+
+    def counts_TLE(self) -> torch.Tensor:
+        """[T, L, E] int64: the finished steps still in the window, oldest first (T = min(steps, window))."""
+        kept = min(self.steps_recorded, self.window)
+        rows = self.window + 1
+        start = (int(self.position) - kept) % rows  # one host read, off the per-step path
+        order = (torch.arange(kept, device=self.buffer_WLE.device) + start) % rows
+        return self.buffer_WLE.index_select(0, order)
+
+    def save_sglang_dump(self, path: str | os.PathLike) -> None:
+        """Write `{"logical_count": [T, L, E]}` as a torch file, the SGLang expert-distribution dump `eplb` reads."""
+        counts = self.counts_TLE().cpu()
+        write_atomically(path, lambda tmp: torch.save({"logical_count": counts}, tmp))

@@ -1,0 +1,148 @@
+"""The expert-parallel MoE decode layer: gate, replica choice inside the EP group, dispatch, expert compute, combine.
+
+Legend: W ranks (one per GPU of the placement), N tokens of this rank, D hidden size, E experts, K top-k,
+S slots on this rank, P = W x S slots, R rows received by this rank.
+
+One forward, on every rank of the group at the same step:
+1. gate: each token's top-k experts and weights (`gate_topk`); the picks are recorded if a recorder is given;
+2. all-gather the per-rank counts [W, E] (the one collective besides the two all-to-alls);
+3. quotas per replica from the global counts, identical on every rank (`slot_quotas_EX`: router, static or
+   equal split), and each pick's slot so that the quotas are met exactly (`assign_slots_NK`);
+4. dispatch: picks sorted by slot, rows sent to the rank holding the slot (variable all-to-all);
+5. compute: received rows grouped by local slot, each group through its slot's SwiGLU expert;
+6. combine: outputs sent back (the reverse all-to-all), weighted by the gate and summed per token, plus shared
+   experts. The result equals the dense single-process layer with the same weights.
+"""
+
+import os
+
+import torch
+from torch import nn
+
+from collectives import Communicator
+from eplb.live.experts import ExpertWeights, grouped_swiglu, swiglu
+from eplb.live.gate import gate_topk
+from eplb.live.load_recorder import LoadRecorder, count_picks_E
+from eplb.live.moe_config import MoELayerConfig
+from eplb.live.replica_assignment import (
+    ROUTING_MODES,
+    ReplicaTables,
+    assign_slots_NK,
+    rows_sent_WP,
+    slot_quotas_EX,
+)
+from placement import Placement, PlacementFormatError, load_placement
+
+
+class MoEDecodeLayer(nn.Module):
+    """One MoE layer of a decode worker, sharded over an EP group by a placement.
+
+    Attributes:
+        last_step: what the last forward planned and did: `quota_P` [P] tokens the quotas gave each slot (the
+            same on every rank), `rows_sent_WP` [W, P] rows each rank sent to each slot, `computed_S` [S] rows
+            this rank's slots computed.
+    """
+
+    def __init__(
+        self,
+        config: MoELayerConfig,
+        placement: Placement | str | os.PathLike,
+        layer: int,
+        comm: Communicator,
+        gate_weight_ED: torch.Tensor,
+        slot_experts: ExpertWeights,
+        *,
+        shared_experts: ExpertWeights | None = None,
+        correction_bias_E: torch.Tensor | None = None,
+        routing: str = "dynamic",
+        recorder: LoadRecorder | None = None,
+    ) -> None:
+        super().__init__()
+        placement = placement if isinstance(placement, Placement) else load_placement(placement)
+        check_placement_fits(placement, layer, config, comm.world_size)
+        if routing not in ROUTING_MODES:
+            raise ValueError(f"routing must be one of {ROUTING_MODES}; got {routing!r}")
+        slots = placement.cluster.slots_per_gpu
+        if slot_experts.gate_ADF.shape != (slots, config.hidden_size, config.intermediate_size):
+            raise ValueError(
+                f"slot_experts must stack this rank's {slots} slots as [{slots}, {config.hidden_size}, "
+                f"{config.intermediate_size}]; got {tuple(slot_experts.gate_ADF.shape)}"
+            )
+        shared_count = 0 if shared_experts is None else shared_experts.gate_ADF.shape[0]
+        if shared_count != config.num_shared_experts:
+            raise ValueError(f"shared_experts holds {shared_count} experts; config.num_shared_experts is "
+                             f"{config.num_shared_experts}")
+        if gate_weight_ED.shape != (config.num_experts, config.hidden_size):
+            raise ValueError(f"gate_weight_ED must be [{config.num_experts}, {config.hidden_size}]; got "
+                             f"{tuple(gate_weight_ED.shape)}")
+        self.config, self.layer, self.comm, self.routing, self.recorder = config, layer, comm, routing, recorder
+        self.gate_weight_ED = gate_weight_ED.to(comm.device)
+        self.correction_bias_E = None if correction_bias_E is None else correction_bias_E.to(comm.device)
+        self.slot_experts = slot_experts.to(comm.device)
+        self.shared_experts = None if shared_experts is None else shared_experts.to(comm.device)
+        self.tables = ReplicaTables.build(placement, layer, comm.device)
+        self.slots_per_gpu = slots
+        self.last_step: dict[str, torch.Tensor] = {}
+
+    @staticmethod
+    def slots_of_rank(placement: Placement, layer: int, rank: int) -> torch.Tensor:
+        """[S] int64: the logical experts this rank's slots hold at `layer` (to select its expert weights)."""
+        slots = placement.cluster.slots_per_gpu
+        return torch.as_tensor(placement.phy2log_LP[layer, rank * slots : (rank + 1) * slots], dtype=torch.int64)
+
+    def forward(self, x_ND: torch.Tensor) -> torch.Tensor:
+        config, comm, tables = self.config, self.comm, self.tables
+        num_tokens, top_k = x_ND.shape[0], config.top_k
+        # Step 1: gate and record.
+        topk_ids, topk_weights = gate_topk(x_ND @ self.gate_weight_ED.T, config, self.correction_bias_E)
+        if self.recorder is not None:
+            self.recorder.record(self.layer, topk_ids)
+        # Step 2-3: global counts, quotas, and each pick's slot (identical arithmetic on every rank).
+        counts_WE = comm.all_gather(count_picks_E(topk_ids, config.num_experts))
+        quota_EX = slot_quotas_EX(counts_WE.sum(0), tables, self.routing)
+        slot_NK = assign_slots_NK(topk_ids, counts_WE, comm.rank, quota_EX, tables)
+        sent_WP = rows_sent_WP(counts_WE, quota_EX, tables).cpu()  # split sizes of the all-to-alls: host side
+        sent_WGS = sent_WP.view(comm.world_size, comm.world_size, self.slots_per_gpu)
+        send_counts = sent_WGS[comm.rank].sum(1).tolist()
+        recv_WS = sent_WGS[:, comm.rank]
+        recv_counts = recv_WS.sum(1).tolist()
+        # Step 4: dispatch the picks, sorted by slot (hence by destination rank).
+        order = torch.sort(slot_NK.reshape(-1), stable=True).indices
+        rows = x_ND[order // top_k]
+        received = comm.all_to_all(rows, send_counts, recv_counts)
+        # Step 5: group the received rows by local slot (from each source they arrive sorted by slot).
+        local_slot_R = torch.repeat_interleave(torch.arange(self.slots_per_gpu).repeat(comm.world_size),
+                                               recv_WS.reshape(-1)).to(x_ND.device)
+        by_slot = torch.sort(local_slot_R, stable=True).indices
+        computed_S = recv_WS.sum(0)
+        outputs = torch.empty_like(received)
+        outputs[by_slot] = grouped_swiglu(received[by_slot], computed_S.tolist(), self.slot_experts)
+        # Step 6: combine.
+        returned = comm.all_to_all(outputs, recv_counts, send_counts)
+        per_pick = torch.empty_like(returned)
+        per_pick[order] = returned
+        out = (per_pick.view(num_tokens, top_k, x_ND.shape[1]) * topk_weights[..., None].to(x_ND.dtype)).sum(1)
+        if self.shared_experts is not None:
+            for index in range(config.num_shared_experts):
+                shared = self.shared_experts
+                out = out + swiglu(x_ND, shared.gate_ADF[index], shared.up_ADF[index], shared.down_AFD[index])
+        quota_P = torch.zeros(tables.num_slots + 1, dtype=torch.int64, device=quota_EX.device)
+        quota_P.scatter_add_(0, tables.log2phy_EX.reshape(-1), quota_EX.reshape(-1))
+        self.last_step = {"quota_P": quota_P[: tables.num_slots], "rows_sent_WP": sent_WP, "computed_S": computed_S}
+        return out
+
+
+def check_placement_fits(placement: Placement, layer: int, config: MoELayerConfig, world_size: int) -> None:
+    """Raise `PlacementFormatError` unless `placement` can serve `layer` of this model on a group of `world_size`."""
+    problems = []
+    if placement.num_experts != config.num_experts:
+        problems.append(f"{placement.num_experts} experts, the model has {config.num_experts}")
+    if not 0 <= layer < placement.num_layers:
+        problems.append(f"{placement.num_layers} layers, no layer {layer}")
+    if placement.cluster.num_gpus != world_size:
+        problems.append(f"{placement.cluster.num_gpus} GPUs, the EP group has {world_size} ranks")
+    if problems:
+        raise PlacementFormatError(
+            f"the placement does not fit this layer: it has {'; '.join(problems)}; place again for this model and "
+            f"group"
+        )

@@ -1,0 +1,39 @@
+"""Routing: the per-step split of each expert's tokens over its replicas, one home for everyone who splits.
+
+- `dynamic_split` (numpy): the best split of each step, by damped water-filling with momentum, with a certified
+  lower bound; the `ReplicaGraph` of a layer. Used by the `cpsat` policy's fits (`ROUTER_ROUNDS` rounds, as the
+  live router runs) and by scoring under dynamic routing.
+- `live_router` (torch): the same rounds on the device the counts live on, rounded to whole tokens per slot
+  (`LayerRoutingTable`, `route_step`, `fractional_split`). What the coming live decode layer runs every step, and
+  what scoring under live routing replays (the simulator too, never a copy of it). Import it by its module path,
+  `placement.routing.live_router`: it needs torch, which this package leaves unimported so numpy users of routing
+  do not pay for it.
+- `static_weights` (numpy): static replica weights fitted to an expected load, from the best split of that load
+  (the `cpsat` policy's weights).
+- `exact_split` (scipy): the exact optimum of one step by a linear program, the oracle tests and benchmarks check
+  the routers against.
+"""
+
+from placement.routing.dynamic_split import (
+    CERTIFY_MOMENTUM,
+    MOMENTUM,
+    ROUTER_ROUNDS,
+    ReplicaGraph,
+    certified_lower_bound,
+    optimal_split,
+    optimal_split_loads,
+)
+from placement.routing.exact_split import exact_max_load
+from placement.routing.static_weights import fitted_weights
+
+__all__ = [
+    "CERTIFY_MOMENTUM",
+    "MOMENTUM",
+    "ROUTER_ROUNDS",
+    "ReplicaGraph",
+    "certified_lower_bound",
+    "exact_max_load",
+    "fitted_weights",
+    "optimal_split",
+    "optimal_split_loads",
+]

@@ -1,0 +1,107 @@
+"""No `eplb` command destroys an input or leaves a partial output: outputs that name an input or each other, and
+outputs that are not regular files, are refused before any work; links are written through; a command that fails
+leaves no file behind.
+"""
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+SMALL_CLUSTER = ("--gpus", "8", "--slots-per-gpu", "5")
+SMALL_SYNTH = ("--steps", "60", "--layers", "3", "--experts", "32", "--top-k", "4", "--tokens-per-step", "256")
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture()
+def inputs(tmp_path, small_trace, small_placement) -> dict:
+    """Copies of the small trace and placement in a fresh folder, so each test may see them destroyed."""
+    trace = Path(shutil.copy(small_trace, tmp_path / "t.npz"))
+    placement = Path(shutil.copy(small_placement, tmp_path / "p.json"))
+    os.symlink(trace, tmp_path / "link_to_trace.npz")
+    os.link(placement, tmp_path / "hardlink_to_placement.json")
+    return {"dir": tmp_path, "trace": trace, "placement": placement}
+
+
+CONFLICTS = [
+    ("place-out-is-trace", "place --trace {trace} {cluster} --out {trace}", "--out {trace} is the input --trace"),
+    ("place-plot-is-trace", "place --trace {trace} {cluster} --out {dir}/o.json --plot {trace}",
+     "--plot {trace} is the input --trace"),
+    ("place-sglang-out-is-trace", "place --trace {trace} {cluster} --out {dir}/o.json --sglang-out {trace}",
+     "--sglang-out {trace} is the input --trace"),
+    ("place-out-is-current", "place --trace {trace} {cluster} --current {placement} --out {placement}",
+     "is the input --current"),
+    ("score-plot-is-placement", "score --placement {placement} --trace {trace} --plot {placement}",
+     "is the input --placement"),
+    ("replay-plot-is-trace", "replay --trace {trace} {cluster} --every 10 --window 10 --plot {trace}",
+     "is the input --trace"),
+    ("synth-out-and-plot-coincide", "synth --out {dir}/s.npz --plot {dir}/s.npz --steps 5",
+     "--out {dir}/s.npz and --plot {dir}/s.npz name the same file"),
+    ("place-out-and-plot-coincide", "place --trace {trace} {cluster} --out {dir}/o.json --plot {dir}/o.json",
+     "name the same file"),
+    ("out-through-a-symlink-to-the-trace", "place --trace {trace} {cluster} --out {dir}/link_to_trace.npz",
+     "is the input --trace"),
+    ("plot-is-a-hard-link-to-the-placement", "score --placement {placement} --trace {trace} "
+     "--plot {dir}/hardlink_to_placement.json", "is the input --placement"),
+    ("plot-out-dir-holds-the-trace", "plot --trace {dir}/load_heatmap.png --out-dir {dir}",
+     "is the input --trace"),
+    ("out-is-a-directory", "place --trace {trace} {cluster} --out {dir}", "is a directory"),
+    ("out-is-a-fifo", "place --trace {trace} {cluster} --out {dir}/fifo", "not a regular file"),
+]
+
+
+@pytest.mark.parametrize(("template", "expected"), [c[1:] for c in CONFLICTS], ids=[c[0] for c in CONFLICTS])
+def test_output_naming_an_input_or_another_output_is_refused_and_every_file_kept(run_eplb_here, one_line_error,
+                                                                                  inputs, template, expected):
+    folder = inputs["dir"]
+    os.mkfifo(folder / "fifo")
+    (folder / "load_heatmap.png").write_bytes((folder / "t.npz").read_bytes())
+    names = {k: str(v) for k, v in inputs.items()}
+    before = {p.name: digest(p) for p in folder.iterdir() if p.is_file() and not p.is_fifo()}
+    args = template.format(cluster=" ".join(SMALL_CLUSTER), **names).split()
+    one_line_error(run_eplb_here(*args), expected.format(**names))
+    after = {p.name: digest(p) for p in folder.iterdir() if p.is_file() and not p.is_fifo()}
+    assert after == before
+    assert (folder / "fifo").is_fifo() and (folder / "link_to_trace.npz").is_symlink()
+
+
+def test_output_through_a_symlink_writes_its_target_and_keeps_the_link(run_eplb, inputs):
+    folder = inputs["dir"]
+    real = folder / "real.json"
+    real.write_text("old\n")
+    os.symlink(real, folder / "link.json")
+    result = run_eplb("place", "--trace", inputs["trace"], *SMALL_CLUSTER, "--out", folder / "link.json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert (folder / "link.json").is_symlink()
+    assert '"physical_to_logical_map"' in real.read_text()
+
+
+def test_output_keeps_the_mode_of_the_file_it_replaces(run_eplb, inputs):
+    out = inputs["dir"] / "o.json"
+    out.write_text("old\n")
+    os.chmod(out, 0o640)
+    result = run_eplb("place", "--trace", inputs["trace"], *SMALL_CLUSTER, "--out", out, "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert out.stat().st_mode & 0o777 == 0o640
+
+
+def test_plot_with_a_placement_for_another_model_writes_no_figure(run_eplb, one_line_error, tmp_path, small_placement):
+    other = tmp_path / "other.npz"
+    assert run_eplb("synth", "--out", other, "--steps", "5", "--layers", "2", "--experts", "16", "--top-k", "2",
+                    "--quiet").returncode == 0
+    result = run_eplb("plot", "--trace", other, "--placement", small_placement, "--out-dir", tmp_path / "figs")
+    one_line_error(result, "the placement is for 3 layers x 32 experts")
+    assert not (tmp_path / "figs").exists() or list((tmp_path / "figs").iterdir()) == []
+
+
+def test_synth_whose_plot_cannot_be_written_leaves_no_trace(run_eplb, one_line_error, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = run_eplb("synth", "--out", tmp_path / "t.npz", *SMALL_SYNTH, "--plot", blocker / "heat.png")
+    one_line_error(result, "is a file, not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
