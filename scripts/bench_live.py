@@ -2,7 +2,8 @@
 
 1. Per-step cost of the layer with load recording and dynamic routing, against the same layer with static routing
    and no recorder (the cheapest way to run it), measured in the same processes, variants interleaved, several
-   repeats; the median seconds per decode step (all layers) of the slowest rank.
+   repeats after a warm-up; the median seconds per decode step (all layers) of the slowest rank. The replica choice
+   runs compiled, as a decode worker runs it (`--eager` to compare).
 2. Imbalance measured in the loop (max / mean of the rows each rank computed) for each routing mode, on the same
    traffic and placement.
 The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `scripts/bench_router.py`.
@@ -32,7 +33,10 @@ VARIANTS = {  # name -> (routing, record)
 
 
 def run_variants(comm, setups: dict, steps: int, repeats: int) -> dict:
-    """Each variant's reports, `repeats` times, variants interleaved so machine noise hits them alike."""
+    """Each variant's reports, `repeats` times, variants interleaved so machine noise hits them alike, after a
+    warm-up run of each (the routing compiles on its first steps)."""
+    for setup in setups.values():
+        run_decode_loop(comm, setup, 3)
     runs = {name: [] for name in setups}
     for _ in range(repeats):
         for name, setup in setups.items():
@@ -50,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--tokens-per-step", type=int, default=256)
     parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--eager", action="store_true", help="run the replica choice eagerly (default: compiled)")
     parser.add_argument("--quick", action="store_true", help="tiny run, for a smoke test")
     args = parser.parse_args(argv)
     if args.quick:
@@ -63,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                             num_experts=args.experts, top_k=args.top_k)
     share = trace.counts_TLE[30:] / (args.tokens_per_step * args.top_k)
     setups = {name: DecodeSetup(config, placement, share, args.tokens_per_step, routing, record=record,
-                                check_dense=False) for name, (routing, record) in VARIANTS.items()}
+                                check_dense=False, compile_routing=not args.eager)
+              for name, (routing, record) in VARIANTS.items()}
     by_rank = run_local_group(run_variants, args.world_size, setups, args.steps, args.repeats,
                               deadline_s=120 + 5 * args.steps * args.repeats * len(VARIANTS))
     print(f"{args.world_size} Gloo ranks x {slots} slots, {args.layers} layers x {args.experts} experts, "

@@ -24,18 +24,15 @@ from eplb.live.experts import ExpertWeights, grouped_swiglu, swiglu
 from eplb.live.gate import gate_topk
 from eplb.live.load_recorder import LoadRecorder, count_picks_E
 from eplb.live.moe_config import MoELayerConfig
-from eplb.live.replica_assignment import (
-    ROUTING_MODES,
-    ReplicaTables,
-    assign_slots_NK,
-    rows_sent_WP,
-    slot_quotas_EX,
-)
+from eplb.live.replica_assignment import ROUTING_MODES, ReplicaTables, compiled_plan_step, plan_step
 from placement import Placement, PlacementFormatError, load_placement
 
 
 class MoEDecodeLayer(nn.Module):
     """One MoE layer of a decode worker, sharded over an EP group by a placement.
+
+    `compile_routing` runs the per-step replica choice (router, quotas, assignment) compiled as one graph, which a
+    decode worker wants (the first step of each new shape pays the compile).
 
     Attributes:
         last_step: what the last forward planned and did: `quota_P` [P] tokens the quotas gave each slot (the
@@ -56,6 +53,7 @@ class MoEDecodeLayer(nn.Module):
         correction_bias_E: torch.Tensor | None = None,
         routing: str = "dynamic",
         recorder: LoadRecorder | None = None,
+        compile_routing: bool = False,
     ) -> None:
         super().__init__()
         placement = placement if isinstance(placement, Placement) else load_placement(placement)
@@ -82,6 +80,7 @@ class MoEDecodeLayer(nn.Module):
         self.shared_experts = None if shared_experts is None else shared_experts.to(comm.device)
         self.tables = ReplicaTables.build(placement, layer, comm.device)
         self.slots_per_gpu = slots
+        self.plan_step = compiled_plan_step() if compile_routing else plan_step
         self.last_step: dict[str, torch.Tensor] = {}
 
     @staticmethod
@@ -99,9 +98,8 @@ class MoEDecodeLayer(nn.Module):
             self.recorder.record(self.layer, topk_ids)
         # Step 2-3: global counts, quotas, and each pick's slot (identical arithmetic on every rank).
         counts_WE = comm.all_gather(count_picks_E(topk_ids, config.num_experts))
-        quota_EX = slot_quotas_EX(counts_WE.sum(0), tables, self.routing)
-        slot_NK = assign_slots_NK(topk_ids, counts_WE, comm.rank, quota_EX, tables)
-        sent_WP = rows_sent_WP(counts_WE, quota_EX, tables).cpu()  # split sizes of the all-to-alls: host side
+        quota_EX, slot_NK, sent_WP = self.plan_step(topk_ids, counts_WE, comm.rank, tables, self.routing)
+        sent_WP = sent_WP.cpu()  # the all-to-alls' split sizes, on the host
         sent_WGS = sent_WP.view(comm.world_size, comm.world_size, self.slots_per_gpu)
         send_counts = sent_WGS[comm.rank].sum(1).tolist()
         recv_WS = sent_WGS[:, comm.rank]

@@ -14,6 +14,7 @@ overlap of the two ranges). All functions here keep fixed shapes and never read 
 compile with `torch.compile(fullgraph=True)`.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -119,3 +120,19 @@ def assign_slots_NK(topk_ids_NK: torch.Tensor, counts_WE: torch.Tensor, rank: in
     replica = (position[:, None] >= replica_end[flat]).sum(1)
     replica = replica.clamp_max(quota_EX.shape[1] - 1)
     return tables.log2phy_EX[flat, replica].reshape(topk_ids_NK.shape)
+
+
+def plan_step(topk_ids_NK: torch.Tensor, counts_WE: torch.Tensor, rank: int, tables: ReplicaTables,
+              mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step's replica choice on one rank: quota_EX [E, X] (the same on every rank), slot_NK [N, K] (this
+    rank's picks' slots) and rows_sent_WP [W, P] (every rank's rows to every slot: the all-to-all split sizes)."""
+    quota_EX = slot_quotas_EX(counts_WE.sum(0), tables, mode)
+    slot_NK = assign_slots_NK(topk_ids_NK, counts_WE, rank, quota_EX, tables)
+    return quota_EX, slot_NK, rows_sent_WP(counts_WE, quota_EX, tables)
+
+
+@functools.cache
+def compiled_plan_step():
+    """`plan_step` compiled as one graph (`torch.compile(fullgraph=True)`), built on first use and shared by all
+    layers: the eager router runs dozens of small kernels a step, the compiled one a few fused ones."""
+    return torch.compile(plan_step, fullgraph=True)

@@ -36,6 +36,7 @@ class DecodeSetup:
     seed: int = 0
     record: bool = True
     check_dense: bool = True
+    compile_routing: bool = False
 
 
 @dataclass
@@ -89,7 +90,8 @@ def run_decode_loop(comm: Communicator, setup: DecodeSetup, steps: int) -> RankR
     recorder = LoadRecorder(steps, num_layers, setup.config.num_experts) if setup.record else None
     layers = [MoEDecodeLayer(setup.config, setup.placement, layer, comm, gate,
                              experts[layer].select(MoEDecodeLayer.slots_of_rank(setup.placement, layer, comm.rank)),
-                             routing=setup.routing, recorder=recorder) for layer in range(num_layers)]
+                             routing=setup.routing, recorder=recorder, compile_routing=setup.compile_routing)
+              for layer in range(num_layers)]
     report = RankReport()
     slots = setup.placement.cluster.slots_per_gpu
     for step in range(steps):
