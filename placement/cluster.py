@@ -6,9 +6,9 @@ from placement.errors import PlacementInfeasibleError
 
 # Sizes beyond any EP group in service (DeepSeek's largest decode unit has 320 GPUs): refused at once, since the
 # policies' work grows with GPUs x slots and an absurd size would run until killed rather than fail.
-MAX_GPUS = 4096
-MAX_SLOTS_PER_GPU = 1024
-MAX_SLOTS = 65536
+MAX_GPUS = 1024
+MAX_SLOTS_PER_GPU = 256
+MAX_SLOTS = 16384
 
 
 class ClusterSpec(BaseModel):

@@ -3,11 +3,12 @@
 - `dynamic_split` (numpy): the best split of each step, by damped water-filling with momentum, with a certified
   lower bound; the `ReplicaGraph` of a layer. Used by the `cpsat` policy's fits (`ROUTER_ROUNDS` rounds, as the
   live router runs) and by scoring under dynamic routing.
-- `live_router` (torch): the same rounds on the device the counts live on, rounded to whole tokens per slot
-  (`LayerRoutingTable`, `route_step`, `fractional_split`). What the coming live decode layer runs every step, and
-  what scoring under live routing replays (the simulator too, never a copy of it). Import it by its module path,
+- `live_router` (torch): the split a decode worker runs every step on the device the counts live on, in whole
+  tokens per slot (`LayerRoutingTable`, `route_step`): exact on chain layouts (`chain_split`), else the same
+  water-filling rounds as `dynamic_split` (`fractional_split`). The live decode layer (`eplb.live`) runs it, and
+  scoring under live routing replays it (the simulator too, never a copy of it). Import it by its module path,
   `placement.routing.live_router`: it needs torch, which this package leaves unimported so numpy users of routing
-  do not pay for it.
+  do not pay for it. `chain_split` and `index_tables` are its torch helpers.
 - `static_weights` (numpy): static replica weights fitted to an expected load, from the best split of that load
   (the `cpsat` policy's weights).
 - `exact_split` (scipy): the exact optimum of one step by a linear program, the oracle tests and benchmarks check
