@@ -25,8 +25,10 @@ from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  
 from placement import ClusterSpec, fit_placement  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
 
-VARIANTS = {  # name -> (routing, record)
+VARIANTS = {  # name -> (routing, record); the first is the baseline
     "static, no recorder": ("static", False),
+    "static + recorder": ("static", True),
+    "dynamic, no recorder": ("dynamic", False),
     "dynamic + recorder": ("dynamic", True),
     "oblivious, no recorder": ("oblivious", False),
 }
