@@ -119,13 +119,11 @@ def plot_before_after(placement: Placement, counts_TLE: np.ndarray, path) -> Non
 
 def synthetic_config(args: argparse.Namespace) -> SyntheticConfig:
     """The generator's config from `eplb synth`'s flags; a shape flag of the other popularity is refused."""
-    shape = {"skew": args.skew} if args.popularity == "lognormal" else {"zipf_exponent": args.zipf_exponent}
-    stray = ("--zipf-exponent", args.zipf_exponent) if args.popularity == "lognormal" else ("--skew", args.skew)
-    if stray[1] is not None:
-        raise TraceFormatError(
-            f"{stray[0]} does not apply to --popularity {args.popularity}; use "
-            f"{'--skew' if args.popularity == 'lognormal' else '--zipf-exponent'} to shape it"
-        )
+    lognormal = args.popularity == "lognormal"
+    own, other = ("--skew", "--zipf-exponent") if lognormal else ("--zipf-exponent", "--skew")
+    if (args.zipf_exponent if lognormal else args.skew) is not None:
+        raise TraceFormatError(f"{other} does not apply to --popularity {args.popularity}; use {own} to shape it")
+    shape = {"skew": args.skew} if lognormal else {"zipf_exponent": args.zipf_exponent}
     return SyntheticConfig(
         num_steps=args.steps,
         num_layers=args.layers,

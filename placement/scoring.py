@@ -6,7 +6,8 @@ Legend: T steps, L layers, E logical experts, G GPUs, P slots.
 - dynamic routing: each step's tokens split over replicas to minimise that step's busiest GPU
   (`placement.routing.dynamic_split`: provably within `DYNAMIC_TOLERANCE` of the optimum, gap reported);
 - live routing: each step split by the live router a decode worker runs (`placement.routing.live_router`, whole
-  tokens, a fixed number of rounds), so the score is what serving would see.
+  tokens: exact on chain layouts, else a fixed number of water-filling rounds), so the score is what serving would
+  see.
 Imbalance is max over GPUs / mean over GPUs of tokens processed; a step with no tokens scores 1.0.
 """
 

@@ -120,10 +120,9 @@ class MoEDecodeLayer(nn.Module):
         per_pick = torch.empty_like(returned)
         per_pick[order] = returned
         out = (per_pick.view(num_tokens, top_k, x_ND.shape[1]) * topk_weights[..., None].to(x_ND.dtype)).sum(1)
-        if self.shared_experts is not None:
-            for index in range(config.num_shared_experts):
-                shared = self.shared_experts
-                out = out + swiglu(x_ND, shared.gate_ADF[index], shared.up_ADF[index], shared.down_AFD[index])
+        shared = self.shared_experts
+        for index in range(config.num_shared_experts):
+            out = out + swiglu(x_ND, shared.gate_ADF[index], shared.up_ADF[index], shared.down_AFD[index])
         quota_P = torch.zeros(tables.num_slots + 1, dtype=torch.int64, device=quota_EX.device)
         quota_P.scatter_add_(0, tables.log2phy_EX.reshape(-1), quota_EX.reshape(-1))
         self.last_step = {"quota_P": quota_P[: tables.num_slots], "rows_sent_WP": sent_WP, "computed_S": computed_S}

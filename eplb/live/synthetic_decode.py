@@ -10,6 +10,7 @@ reproduces the trace's traffic. Every rank builds the same weights and inputs fr
 (an uneven share of each step), and checks its outputs against the dense single-process layer.
 """
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,8 +84,6 @@ def model_weights(setup: DecodeSetup) -> tuple[torch.Tensor, list[ExpertWeights]
 
 def run_decode_loop(comm: Communicator, setup: DecodeSetup, steps: int) -> RankReport:
     """Run `steps` decode steps of every layer on this rank; return what it measured."""
-    import time
-
     num_layers = setup.placement.num_layers
     gate, experts = model_weights(setup)
     recorder = LoadRecorder(steps, num_layers, setup.config.num_experts) if setup.record else None

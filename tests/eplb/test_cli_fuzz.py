@@ -2,12 +2,11 @@
 
 Random malformed traces (every supported format, broken shapes, dtypes and values, truncated and garbage files),
 random malformed placement files (any key replaced by any JSON value) and random flag values: every run of
-`eplb.cli.main` ends with status 0 or 2 (an uncaught exception, which would print a traceback, fails the test),
-prints one line on stderr when it fails, and leaves every input file byte-for-byte unchanged.
+`eplb.cli.main` (in this process, `run_eplb_here`) ends with status 0 or 2 (an uncaught exception, which would
+print a traceback, fails the test), prints one line on stderr when it fails, and leaves every input file
+byte-for-byte unchanged.
 """
 
-import contextlib
-import io
 import json
 import os
 import tempfile
@@ -17,8 +16,6 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from eplb.cli import main
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -175,19 +172,10 @@ def command_lines(draw, trace: str, placement: str, out: str) -> list[str]:
     return args + ["--json"]
 
 
-def _run(argv: list[str]) -> tuple[int, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            status = main(argv)
-        except SystemExit as exc:  # argparse's usage errors and --help
-            status = exc.code
-    return status, stderr.getvalue()
-
-
-def _check_run(argv: list[str], inputs: list[Path]) -> None:
+def _check_run(run_eplb_here, argv: list[str], inputs: list[Path]) -> None:
     before = {path: path.read_bytes() for path in inputs}
-    status, stderr = _run(argv)
+    result = run_eplb_here(*argv)
+    status, stderr = result.returncode, result.stderr
     assert status in (0, 2), f"exit {status} for {argv}: {stderr}"
     if status == 2:
         assert len(stderr.strip().splitlines()) == 1, f"{argv}: stderr {stderr!r}"
@@ -197,7 +185,8 @@ def _check_run(argv: list[str], inputs: list[Path]) -> None:
 
 @FUZZ
 @given(trace=trace_files(), placement=placement_texts(), data=st.data())
-def test_random_traces_placements_and_flags_exit_0_or_2_and_keep_every_input(trace, placement, data):
+def test_random_traces_placements_and_flags_exit_0_or_2_and_keep_every_input(run_eplb_here, trace, placement,
+                                                                             data):
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         trace_path = _write_trace(folder, *trace)
@@ -205,19 +194,19 @@ def test_random_traces_placements_and_flags_exit_0_or_2_and_keep_every_input(tra
         placement_path.write_text(placement)
         out = folder / "out" / "placement.json"
         argv = data.draw(command_lines(str(trace_path), str(placement_path), str(out)))
-        _check_run(argv, [trace_path, placement_path])
+        _check_run(run_eplb_here, argv, [trace_path, placement_path])
 
 
 @FUZZ
 @given(trace=trace_files(), routing=st.sampled_from(["static", "dynamic", "live"]))
-def test_random_traces_scored_against_a_good_placement_exit_0_or_2(trace, routing):
+def test_random_traces_scored_against_a_good_placement_exit_0_or_2(run_eplb_here, trace, routing):
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         trace_path = _write_trace(folder, *trace)
         (folder / "good").mkdir()
         good = _write_trace(folder / "good", ".npy", None, _good_counts(0))
         placement_path = folder / "placement.json"
-        assert _run(["place", "--trace", str(good), "--gpus", "4", "--slots-per-gpu", "4",
-                     "--out", str(placement_path), "--quiet"])[0] == 0
-        _check_run(["score", "--placement", str(placement_path), "--trace", str(trace_path), "--routing", routing,
+        assert run_eplb_here("place", "--trace", good, "--gpus", "4", "--slots-per-gpu", "4",
+                             "--out", placement_path, "--quiet").returncode == 0
+        _check_run(run_eplb_here, ["score", "--placement", str(placement_path), "--trace", str(trace_path), "--routing", routing,
                     "--json"], [trace_path, placement_path, good])
