@@ -8,7 +8,10 @@ Operations:
 - `all_to_all(rows_NX, send_counts_W)`: variable-size exchange of rows (MoE dispatch and combine);
 - `exchange(sends, recvs, max_chunk_bytes)`: point-to-point transfers in chunks of at most `max_chunk_bytes`
   (expert weights when a placement changes);
-- `agree(ok)`: True on every rank iff it is True on every rank, so that all ranks take the same branch.
+- `agree(ok)`: True on every rank iff it is True on every rank, so that all ranks take the same branch;
+- `broadcast(tensor, src)`, `min_over_ranks(value)`: small decisions one rank makes or all ranks share;
+- `regroup(members)`: leave the group and form a new one with the surviving members (after a rank died or was
+  drained), through the rendezvous store, which lives outside the ranks (`store_address`).
 
 Invariants: every rank of the group must call the same operations in the same order with matching shapes (the
 send counts of one rank are the receive counts of its peers), or the group hangs until the timeout. A peer that
@@ -21,6 +24,7 @@ communicator and raises on the host; HCCL takes the same code path through `torc
 
 import datetime
 import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +48,9 @@ class Communicator:
         device: where this rank's tensors live (cuda, npu or cpu); collectives take and return tensors there.
         timeout_s: seconds any single operation may take before it raises `CollectiveTimeoutError`.
         group: the torch process group (None: the default, world group).
+        store: the rendezvous store (a client of a store that outlives any rank), needed by `regroup`.
+        members: [world_size] the original rank of each rank of the group now (identity until a regroup).
+        generation: how many times the group was re-formed.
     """
 
     rank: int
@@ -51,6 +58,17 @@ class Communicator:
     device: torch.device
     timeout_s: float = DEFAULT_TIMEOUT_S
     group: dist.ProcessGroup | None = field(default=None, repr=False)
+    store: dist.Store | None = field(default=None, repr=False)
+    members: list[int] = field(default_factory=list)
+    generation: int = 0
+
+    def __post_init__(self) -> None:
+        self.members = self.members or list(range(self.world_size))
+
+    @property
+    def original_rank(self) -> int:
+        """This process's rank in the group as first formed."""
+        return self.members[self.rank]
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """[W, *tensor.shape]: `tensor` of every rank, in rank order (same shape and dtype on every rank)."""
@@ -69,6 +87,18 @@ class Communicator:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
         self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True), "agree")
         return bool(flag.item())
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """`tensor` of rank `src`, on every rank (in place: pass a tensor of the same shape and dtype everywhere)."""
+        tensor = tensor.contiguous()
+        self._wait(dist.broadcast(tensor, self._global(src), group=self.group, async_op=True), "broadcast")
+        return tensor
+
+    def min_over_ranks(self, value: int) -> int:
+        """The least `value` over ranks, on every rank."""
+        flag = torch.tensor([value], dtype=torch.int64, device=self.device)
+        self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True), "min_over_ranks")
+        return int(flag.item())
 
     def all_to_all(self, rows_NX: torch.Tensor, send_counts_W: list[int], recv_counts_W: list[int]) -> torch.Tensor:
         """Send rows_NX[sum(send_counts_W[:j]) : ...] to rank j; return the rows received, in rank order [R, *X].
@@ -93,13 +123,17 @@ class Communicator:
         sends: list[tuple[int, torch.Tensor]],
         recvs: list[tuple[int, torch.Tensor]],
         max_chunk_bytes: int = 64 << 20,
+        *,
+        tag_base: int = 0,
+        timeout_s: float | None = None,
     ) -> None:
         """Point-to-point transfers in chunks of at most `max_chunk_bytes`: send each (peer, tensor) of `sends`,
         receive into each (peer, tensor) of `recvs` (contiguous, filled in place).
 
         A rank's k-th send to a peer pairs with that peer's k-th receive from this rank: same shape and dtype.
         Chunk i of every transfer moves in round i, and a round ends before the next starts, so at most one chunk
-        per transfer is in flight.
+        per transfer is in flight. `tag_base` offsets the message tags (a new value per attempt keeps a transfer
+        that was abandoned from matching a later one); `timeout_s` overrides the communicator's for each round.
         """
         for _, tensor in recvs:
             if not tensor.is_contiguous():
@@ -114,26 +148,65 @@ class Communicator:
                 step = max(1, max_chunk_bytes // flat.element_size())
                 part = flat[chunk * step : (chunk + 1) * step]
                 if part.numel():
-                    ops.append(dist.P2POp(op, part, self._global(peer), group=self.group, tag=tag_of[index]))
+                    ops.append(dist.P2POp(op, part, self._global(peer), group=self.group,
+                                          tag=tag_base + tag_of[index]))
             for work in dist.batch_isend_irecv(ops) if ops else []:
-                self._wait(work, f"exchange (chunk {chunk + 1} of {rounds})")
+                self._wait(work, f"exchange (chunk {chunk + 1} of {rounds})", timeout_s)
 
     def barrier(self) -> None:
         """Every rank reaches this point (an all-reduce, so the timeout applies as for any collective)."""
         self.agree(True)
 
+    def regroup(self, members: list[int], timeout_s: float | None = None) -> None:
+        """Leave the current group and form a new one of `members` (original ranks, this one among them), in that
+        order: rank i of the new group is members[i]. Every member must call it with the same list; the new group
+        waits up to `timeout_s` (default: twice the communicator's) for all of them, since survivors notice a
+        failure up to one timeout apart.
+        """
+        if self.store is None:
+            raise CollectiveError("regroup needs the rendezvous store: join with init_communicator(store_address=...)")
+        if self.original_rank not in members or len(set(members)) != len(members):
+            raise ValueError(f"members must list distinct original ranks including this one "
+                             f"({self.original_rank}); got {members}")
+        backend = backend_for(self.device)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        original_rank = self.original_rank
+        generation = self.generation + 1
+        rank = members.index(original_rank)
+        wait = timeout_s if timeout_s is not None else 2 * self.timeout_s
+        # From here the communicator names the group it tries to form, so that if forming it fails (another member
+        # died meanwhile) the next agreement on survivors starts from these members in a fresh key space.
+        self.members, self.generation, self.rank, self.world_size = list(members), generation, rank, len(members)
+        try:
+            dist.init_process_group(backend, store=dist.PrefixStore(f"eplb/gen{generation}", self.store), rank=rank,
+                                    world_size=len(members), timeout=datetime.timedelta(seconds=wait))
+        except Exception as exc:
+            raise CollectiveTimeoutError(
+                f"rank {original_rank} could not form the group of {members} (generation {generation}) within "
+                f"{wait:g} s: {' '.join(str(exc).split())[:160]}"
+            ) from exc
+        logger.info("rank %d re-formed the group as rank %d of %s (generation %d)", members[rank], rank, members,
+                    generation)
+
+    def leave(self) -> None:
+        """Leave the group without waiting for peers (a drained rank, or at the end)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def _global(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
-    def _wait(self, work: dist.Work, what: str) -> None:
+    def _wait(self, work: dist.Work, what: str, timeout_s: float | None = None) -> None:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
-            work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+            work.wait(timeout=datetime.timedelta(seconds=timeout_s))
         except Exception as exc:  # the backends raise RuntimeError or DistBackendError subclasses
             text = " ".join(str(exc).split())
             where = f"rank {self.rank} of {self.world_size}: {what}"
             if "timed out" in text.lower() or "timeout" in text.lower():
                 raise CollectiveTimeoutError(
-                    f"{where} did not complete within timeout_s={self.timeout_s:g}: a peer hangs, died or never "
+                    f"{where} did not complete within timeout_s={timeout_s:g}: a peer hangs, died or never "
                     f"called it"
                 ) from exc
             raise CollectiveError(f"{where} failed: a peer died or left the group ({text[:160]})") from exc
@@ -145,12 +218,17 @@ def init_communicator(
     *,
     device: torch.device | str = "cpu",
     init_method: str | None = None,
+    store_address: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Communicator:
     """Join (or create) the default process group with the backend of `device` and return this rank's communicator.
 
     `init_method` is torch's rendezvous address (for example "tcp://127.0.0.1:29500"; None reads MASTER_ADDR and
-    MASTER_PORT from the environment). The group's own timeout is `timeout_s` too, which arms NCCL's watchdog.
+    MASTER_PORT from the environment); there rank 0 hosts the store, so a group that must survive a dead rank joins
+    instead through `store_address` ("host:port" of a TCPStore served by a process that outlives the ranks, such as
+    the launcher or torchrun's agent), which `regroup` needs. The group's own timeout is `timeout_s` too, which
+    arms NCCL's watchdog; with a store address, NCCL's error handling is set to abort the communicator without
+    ending the process (TORCH_NCCL_ASYNC_ERROR_HANDLING=2, unless set), so that survivors can regroup.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}); got {rank}")
@@ -160,6 +238,20 @@ def init_communicator(
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    store = None
+    if store_address is not None:
+        if init_method is not None:
+            raise ValueError("give init_method or store_address, not both")
+        host, _, port = store_address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"store_address must be 'host:port'; got {store_address!r}")
+        if device.type == "cuda":
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+        try:
+            store = dist.TCPStore(host, int(port), None, False, timeout=datetime.timedelta(seconds=timeout_s))
+        except Exception as exc:
+            raise CollectiveTimeoutError(f"rank {rank} could not reach the store at {store_address} within "
+                                         f"timeout_s={timeout_s:g}: {' '.join(str(exc).split())[:160]}") from exc
     if dist.is_initialized():
         if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
             raise ValueError(
@@ -168,15 +260,18 @@ def init_communicator(
             )
     else:
         try:
-            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                    timeout=datetime.timedelta(seconds=timeout_s))
+            where = {"init_method": init_method} if store is None else {
+                "store": dist.PrefixStore("eplb/gen0", store)}
+            dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=timeout_s), **where)
         except Exception as exc:  # rendezvous failures surface as RuntimeError, DistNetworkError, DistStoreError
             raise CollectiveTimeoutError(
-                f"rank {rank} of {world_size} could not join the {backend} group at {init_method or 'env://'} "
+                f"rank {rank} of {world_size} could not join the {backend} group at "
+                f"{store_address or init_method or 'env://'} "
                 f"within timeout_s={timeout_s:g}: {' '.join(str(exc).split())[:160]}"
             ) from exc
     logger.info("rank %d of %d joined the %s group on %s", rank, world_size, backend, device)
-    return Communicator(rank, world_size, device, timeout_s)
+    return Communicator(rank, world_size, device, timeout_s, store=store)
 
 
 def _num_chunks(flat: torch.Tensor, max_chunk_bytes: int) -> int:

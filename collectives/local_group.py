@@ -1,8 +1,9 @@
 """Run a function on W local processes that form one Gloo group: for tests, demos and benchmarks on one machine.
 
-Each process joins the group on a free loopback port, runs `fn(comm, *args)` and sends back its result or its
-error. The whole run has a deadline: a process still running then is killed, and the run raises, so a bug fails
-instead of hanging.
+Each process joins the group through a rendezvous store this (launcher) process serves on a free loopback port, so
+that the store outlives any rank and survivors can regroup through it; each runs `fn(comm, *args)` and sends back
+its result or its error. The whole run has a deadline: a process still running then is killed, and the run raises,
+so a bug fails instead of hanging.
 """
 
 import multiprocessing as mp
@@ -13,7 +14,10 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
+
+import torch.distributed as dist
 
 from collectives.communicator import Communicator, init_communicator
 from collectives.errors import CollectiveError
@@ -33,11 +37,14 @@ def run_local_group(
     timeout_s: float = 20.0,
     deadline_s: float = 120.0,
     allow_failures: bool = False,
+    device: str = "cpu",
 ) -> list[Any]:
-    """Run `fn(comm, *args)` on `world_size` Gloo processes; return each rank's result, in rank order.
+    """Run `fn(comm, *args)` on `world_size` local processes of one group; return each rank's result, in rank order.
 
     Args:
         fn: a module-level function (it is pickled to the spawned processes).
+        device: "cpu" (a Gloo group) or "cuda" (an NCCL group, rank r on GPU r modulo the GPUs there are; NCCL
+            wants one GPU per rank).
         timeout_s: the communicator's timeout for each collective.
         deadline_s: the whole run's limit; processes still alive then are killed.
         allow_failures: if True, a rank that raised, died or was killed at the deadline yields its exception (a
@@ -46,8 +53,10 @@ def run_local_group(
     """
     ctx = mp.get_context("spawn")
     results: mp.Queue = ctx.Queue()
-    address = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, address, timeout_s, results, args),
+    # The rendezvous store lives here, in the launcher, so that it outlives any rank (ranks regroup through it).
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    address = f"127.0.0.1:{store.port}"
+    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, address, timeout_s, results, args, device),
                          daemon=True) for rank in range(world_size)]
     for proc in procs:
         proc.start()
@@ -81,13 +90,16 @@ def run_local_group(
     return [outcome[rank][1] for rank in range(world_size)]
 
 
-def _rank_main(fn, rank: int, world_size: int, address: str, timeout_s: float, results, args) -> None:
+def _rank_main(fn, rank: int, world_size: int, address: str, timeout_s: float, results, args, device: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
     try:
-        comm: Communicator = init_communicator(rank, world_size, init_method=address, timeout_s=timeout_s)
+        if device == "cuda":
+            device = f"cuda:{rank % max(1, torch.cuda.device_count())}"
+        comm: Communicator = init_communicator(rank, world_size, device=device, store_address=address,
+                                               timeout_s=timeout_s)
         # Plain pickle, by value: the queue's own pickler would pass tensors as shared-memory handles, which die
         # with this process.
         payload = pickle.dumps(fn(comm, *args))

@@ -2,8 +2,8 @@
 
 Offline: `load_trace`, `fit_placement`, `score_placement`, `load_placement`, `save_placement`.
 Live (torch; imported on first use, so the command line starts without torch): `MoEDecodeLayer`,
-`MoELayerConfig`, `LoadRecorder`, `init_communicator`, and the drop-in policies `rebalance_experts` (DeepSeek's
-interface) and `CpsatEplbPolicy` (vLLM's policy interface).
+`MoELayerConfig`, `LoadRecorder`, `Rebalancer` and `RebalanceConfig`, `init_communicator` and `CollectiveError`, and
+the drop-in policies `rebalance_experts` (DeepSeek's interface) and `CpsatEplbPolicy` (vLLM's policy interface).
 """
 
 import importlib
@@ -17,10 +17,13 @@ _LAZY = {
     "MoELayerConfig": "eplb.live",
     "LoadRecorder": "eplb.live",
     "ExpertWeights": "eplb.live",
+    "Rebalancer": "eplb.live",
+    "RebalanceConfig": "eplb.live",
     "rebalance_experts": "eplb.live.policy_adapters",
     "CpsatEplbPolicy": "eplb.live.policy_adapters",
     "init_communicator": "collectives",
     "Communicator": "collectives",
+    "CollectiveError": "collectives",
 }
 
 __all__ = [

@@ -6,9 +6,16 @@
    runs compiled, as a decode worker runs it (`--eager` to compare).
 2. Imbalance measured in the loop (max / mean of the rows each rank computed) for each routing mode, on the same
    traffic and placement.
+3. Rebalancing while decoding (`--section rebalance`): a W-rank loop whose traffic shifts a third of the way in,
+   rebalanced every `--rebalance-every` steps by `cpsat` in the background: decode step time (slowest rank) while a
+   rebalance is in progress against steps without one (p50, p99), experts moved per rebalance against a
+   placement-oblivious (slot-by-slot) remap of the same target, the lag from the end of the fit window to the
+   switch (steps and seconds: what `eplb replay --lag` should be given), and, in a second run, the time from a
+   rank's SIGKILL to the first step the survivors complete, against the collective timeout.
 The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `scripts/bench_router.py`.
 
-Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5] [--quick]
+Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5] [--section all|overhead|rebalance]
+       [--quick]
 """
 
 import argparse
@@ -20,7 +27,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectives import run_local_group  # noqa: E402
-from eplb.live import MoELayerConfig  # noqa: E402
+from eplb.live import MoELayerConfig, RebalanceConfig  # noqa: E402
+from eplb.live.rebalancing_loop import (  # noqa: E402
+    Faults, run_rebalancing_loop, shifting_traffic_setup, summarize_rebalancing)
 from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
 from placement import ClusterSpec, fit_placement  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
@@ -56,12 +65,85 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--tokens-per-step", type=int, default=256)
     parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--slots-per-gpu", type=int, default=None, help="S (default E / W + 2)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cpu: a Gloo group; cuda: an NCCL group, one GPU per rank (default cpu)")
     parser.add_argument("--eager", action="store_true", help="run the replica choice eagerly (default: compiled)")
+    parser.add_argument("--section", default="all", choices=("all", "overhead", "rebalance"))
+    parser.add_argument("--rebalance-steps", type=int, default=150, help="steps of the rebalancing run")
+    parser.add_argument("--rebalance-every", type=int, default=30)
+    parser.add_argument("--timeout", type=float, default=5.0, help="collective timeout of the kill run, seconds")
     parser.add_argument("--quick", action="store_true", help="tiny run, for a smoke test")
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.repeats = 3, 1
-    slots = args.experts // args.world_size + 2
+        args.steps, args.repeats, args.rebalance_steps, args.rebalance_every = 3, 1, 24, 6
+    if args.section in ("all", "overhead"):
+        overhead_section(args)
+    if args.section in ("all", "rebalance"):
+        rebalance_section(args)
+    return 0
+
+
+def rebalance_section(args) -> None:
+    """Step time while rebalancing, moves against an oblivious remap, lag, and recovery from a kill."""
+    steps = args.rebalance_steps
+    setup = shifting_traffic_setup(args.world_size, steps, experts=args.experts, top_k=args.top_k,
+                                   tokens=args.tokens_per_step, hidden=args.hidden_size, layers=args.layers,
+                                   slots=args.slots_per_gpu)
+    config = RebalanceConfig(window=min(args.rebalance_every, 50), interval=args.rebalance_every, policy="cpsat",
+                             time_limit_s=0.5, max_bytes_per_step=256 << 10, transfer_timeout_s=args.timeout / 2)
+    reports = run_local_group(run_rebalancing_loop, args.world_size, setup, steps, config, Faults(),
+                              timeout_s=args.timeout, deadline_s=120 + 5 * steps, device=args.device)
+    summary = summarize_rebalancing(reports, setup)
+    stats = reports[0].stats
+    expert_bytes = 3 * setup.config.hidden_size * setup.config.intermediate_size * 4  # fp32
+    times = summary["step_time_ms"]
+    backend = "NCCL" if args.device == "cuda" else "Gloo"
+    print(f"\nRebalancing while decoding: {args.world_size} {backend} ranks, {steps} steps, traffic shift at step "
+          f"{steps // 3}, cpsat 0.5 s in the background every {args.rebalance_every} steps, "
+          f"{config.max_bytes_per_step >> 10} KiB per rank per step\n")
+    print("| steps | p50 ms | p99 ms |")
+    print("|---|---|---|")
+    print(f"| no rebalance in progress ({len(reports[0].steps) - times['steps_rebalancing']}) | "
+          f"{times['p50_quiet']} | {times['p99_quiet']} |")
+    print(f"| rebalance in progress ({times['steps_rebalancing']}) | {times['p50_rebalancing']} | "
+          f"{times['p99_rebalancing']} |")
+    print(f"\nstep_time_p99_ratio {_figure(summary['step_time_p99_ratio'])}; decode steps waiting on a rebalance: "
+          f"{summary['decode_steps_waiting_on_rebalance']}; rebalances {summary['rebalances']}; imbalance "
+          f"{_figure(summary['imbalance_before'])} (start placement) -> {_figure(summary['imbalance_after'])}")
+    moves, oblivious = stats["expert_moves"], stats["oblivious_moves"]
+    if moves:
+        print(f"experts moved per rebalance: {np.mean(moves):.1f} ({np.mean(moves) * expert_bytes / 1e6:.2f} MB) "
+              f"against {np.mean(oblivious):.1f} for a slot-by-slot remap of the same target "
+              f"({np.sum(moves) / max(np.sum(oblivious), 1):.2f}x); bytes received by all ranks "
+              f"{summary['bytes_moved'] / 1e6:.2f} MB (moves and new host copies)")
+    if stats["lag_steps"]:
+        print(f"lag from the end of the fit window to the switch: {np.mean(stats['lag_steps']):.1f} steps, "
+              f"{np.mean(stats['lag_seconds']):.2f} s (mean of {len(stats['lag_steps'])})")
+    if args.world_size < 2:
+        return
+    kill_steps = max(20, steps // 3)
+    setup = shifting_traffic_setup(args.world_size, kill_steps, experts=args.experts, top_k=args.top_k,
+                                   tokens=args.tokens_per_step, hidden=args.hidden_size, layers=args.layers,
+                                   slots=args.slots_per_gpu)
+    victim = args.world_size // 2
+    reports = run_local_group(run_rebalancing_loop, args.world_size, setup, kill_steps,
+                              config.model_copy(update={"interval": 10 * kill_steps}),
+                              Faults(kills=((victim, kill_steps // 2),)), timeout_s=args.timeout,
+                              deadline_s=120 + 5 * kill_steps, allow_failures=True, device=args.device)
+    killed = summarize_rebalancing(reports, setup, victim)
+    print(f"rank {victim} killed (SIGKILL) at step {kill_steps // 2}: first step completed by the survivors "
+          f"{killed['seconds_from_kill_to_first_step']:.2f} s later (collective timeout {args.timeout:g} s, goal "
+          f"< {2 * args.timeout:g} s); error vs dense {killed['max_abs_err_vs_dense']:.1e}, tokens lost "
+          f"{killed['tokens_lost']}, requests re-queued {killed['requests_requeued']}")
+
+
+def _figure(value) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def overhead_section(args) -> None:
+    slots = args.slots_per_gpu or args.experts // args.world_size + 2
     trace = generate_trace(SyntheticConfig(num_steps=30 + args.steps, num_layers=args.layers, num_experts=args.experts,
                                            top_k=args.top_k, tokens_per_step=args.tokens_per_step))
     cluster = ClusterSpec(num_gpus=args.world_size, slots_per_gpu=slots, gpus_per_node=args.world_size)
@@ -73,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                                 check_dense=False, compile_routing=not args.eager)
               for name, (routing, record) in VARIANTS.items()}
     by_rank = run_local_group(run_variants, args.world_size, setups, args.steps, args.repeats,
-                              deadline_s=120 + 5 * args.steps * args.repeats * len(VARIANTS))
-    print(f"{args.world_size} Gloo ranks x {slots} slots, {args.layers} layers x {args.experts} experts, "
+                              deadline_s=120 + 5 * args.steps * args.repeats * len(VARIANTS), device=args.device)
+    backend = "NCCL" if args.device == "cuda" else "Gloo"
+    print(f"{args.world_size} {backend} ranks x {slots} slots, {args.layers} layers x {args.experts} experts, "
           f"top-{args.top_k}, {args.tokens_per_step} tokens per step, D={args.hidden_size}; {args.steps} steps x "
           f"{args.repeats} repeats\n")
     print("| variant | ms per step (median of repeats, slowest rank) | vs static, no recorder | imbalance measured |")
@@ -86,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
         base = base or median
         imbalance = summarize([rank[name][0] for rank in by_rank], routing)["imbalance_measured"]
         print(f"| {name} | {median * 1e3:.2f} | {median / base - 1:+.1%} | {imbalance:.4f} |")
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,16 @@ its output against the dense single-process layer. It prints, last, one JSON obj
 world_size, routing, max_abs_err_vs_dense, imbalance_measured (max / mean of the rows each rank computed, mean over
 steps and layers), imbalance_planned (the same from the quotas), tokens_lost, seconds_per_step_mean, placement.
 
+With --rebalance-every R and/or --fail-rank K [--fail-at-step N] it runs the loop with a `Rebalancer`: the
+traffic shifts a third of the way in (a new mix of experts), a rebalance starts every R steps (or when the imbalance
+drifts), moves the weights in chunks between steps and switches every rank at once; rank K's process is killed
+outright (SIGKILL) in the middle of step N and the survivors recover and finish the run. The JSON object then also
+holds imbalance_before, imbalance_after, rebalances, bytes_moved, requests_requeued, failed_rank,
+decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they rest on (see
+`eplb.live.rebalancing_loop.summarize_rebalancing`).
+
 Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dynamic] [--layers 2] [--json]
+       [--rebalance-every R] [--fail-rank K [--fail-at-step N]] [--rebalance-policy cpsat|deepseek]
 """
 
 import argparse
@@ -19,6 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectives import run_local_group  # noqa: E402
 from eplb.live import ROUTING_MODES, MoELayerConfig  # noqa: E402
+from eplb.live.rebalance_config import RebalanceConfig  # noqa: E402
+from eplb.live.rebalancing_loop import (  # noqa: E402
+    Faults, run_rebalancing_loop, shifting_traffic_setup, summarize_rebalancing)
 from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
 from placement import ClusterSpec, fit_placement  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
@@ -38,11 +50,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-steps", type=int, default=30, help="steps the placement is fitted on (default 30)")
     parser.add_argument("--time-limit", type=float, default=2.0, help="cpsat budget, seconds (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of traffic and weights (default 0)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="each collective's timeout, seconds")
+    parser.add_argument("--timeout", type=float, default=10.0, help="each collective's timeout, seconds (default 10)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cpu: a Gloo group; cuda: an NCCL group, one GPU per rank (default cpu)")
+    parser.add_argument("--rebalance-every", type=int, default=None, metavar="R",
+                        help="rebalance the running group every R steps (and on drift)")
+    parser.add_argument("--rebalance-policy", default="cpsat", choices=("cpsat", "deepseek"),
+                        help="policy of the rebalances (default cpsat)")
+    parser.add_argument("--rebalance-time-limit", type=float, default=0.5,
+                        help="cpsat budget of each rebalance, seconds (default 0.5)")
+    parser.add_argument("--max-bytes-per-step", type=int, default=256 << 10,
+                        help="expert bytes a rank sends or receives between two steps (default 256 KiB)")
+    parser.add_argument("--fail-rank", type=int, default=None, metavar="K", help="kill rank K's process (SIGKILL)")
+    parser.add_argument("--fail-at-step", type=int, default=None, metavar="N",
+                        help="the step rank K dies in (default: half way)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last, nothing else")
     args = parser.parse_args(argv)
     if args.hidden_size < args.experts:
         parser.error("--hidden-size must be >= --experts (the gate reads the first E dimensions)")
+    if args.rebalance_every is not None and args.rebalance_every < 1:
+        parser.error(f"--rebalance-every must be >= 1; got {args.rebalance_every}")
+    if args.fail_rank is not None and not 0 <= args.fail_rank < args.world_size:
+        parser.error(f"--fail-rank must be a rank in [0, {args.world_size}); got {args.fail_rank}")
+    if args.fail_rank is not None and args.world_size < 2:
+        parser.error("--fail-rank needs --world-size >= 2 (someone must survive)")
+    if args.fail_at_step is not None and args.fail_rank is None:
+        parser.error("--fail-at-step needs --fail-rank")
+    if args.fail_at_step is not None and not 0 <= args.fail_at_step < args.steps:
+        parser.error(f"--fail-at-step must be in [0, --steps={args.steps}); got {args.fail_at_step}")
+    if args.rebalance_every is not None or args.fail_rank is not None:
+        return rebalancing_demo(args)
     slots = args.slots_per_gpu or args.experts // args.world_size + 2
     trace = generate_trace(SyntheticConfig(num_steps=args.fit_steps + args.steps, num_layers=args.layers,
                                            num_experts=args.experts, top_k=args.top_k,
@@ -56,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     share = counts[args.fit_steps :] / (args.tokens_per_step * args.top_k)
     setup = DecodeSetup(config, placement, share, args.tokens_per_step, args.routing, args.seed)
     reports = run_local_group(run_decode_loop, args.world_size, setup, args.steps, timeout_s=args.timeout,
-                              deadline_s=60 + 10 * args.steps)
-    result = {**summarize(reports, args.routing),
+                              deadline_s=60 + 10 * args.steps, device=args.device)
+    result = {**summarize(reports, args.routing), "device": args.device,
               "placement": {"policy": "cpsat", "gpus": args.world_size, "slots_per_gpu": slots}}
     if not args.json:
         print(f"{args.world_size} ranks x {slots} slots, {args.layers} layers x {args.experts} experts, "
@@ -65,6 +102,42 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("imbalance_measured", "imbalance_planned", "max_abs_err_vs_dense", "tokens_lost",
                     "seconds_per_step_mean"):
             print(f"  {key}: {result[key]:.6g}")
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+def rebalancing_demo(args) -> int:
+    """The loop with a rebalancer, shifting traffic and an optional killed rank; prints the JSON object last."""
+    slots = args.slots_per_gpu or args.experts // args.world_size + 2
+    setup = shifting_traffic_setup(args.world_size, args.steps, experts=args.experts, top_k=args.top_k,
+                                   tokens=args.tokens_per_step, hidden=args.hidden_size, layers=args.layers,
+                                   fit_steps=args.fit_steps, slots=slots, routing=args.routing,
+                                   time_limit_s=args.time_limit, seed=args.seed)
+    interval = args.rebalance_every or 10 * args.steps  # without --rebalance-every only drift and recovery refit
+    rebalance = RebalanceConfig(window=max(4, min(interval, 50)), interval=interval, policy=args.rebalance_policy,
+                                time_limit_s=args.rebalance_time_limit,
+                                routing="static" if args.routing == "static" else "dynamic",
+                                max_bytes_per_step=args.max_bytes_per_step,
+                                transfer_timeout_s=min(5.0, args.timeout / 2))
+    fail_at = args.fail_at_step if args.fail_at_step is not None else args.steps // 2
+    faults = Faults(kills=((args.fail_rank, fail_at),) if args.fail_rank is not None else ())
+    reports = run_local_group(run_rebalancing_loop, args.world_size, setup, args.steps, rebalance, faults,
+                              timeout_s=args.timeout, deadline_s=120 + 10 * args.steps, allow_failures=True,
+                              device=args.device)
+    errors = [r for rank, r in enumerate(reports) if isinstance(r, BaseException) and rank != args.fail_rank]
+    if errors:
+        raise errors[0]
+    result = {**summarize_rebalancing(reports, setup, args.fail_rank), "device": args.device,
+              "placement": {"policy": "cpsat", "gpus": args.world_size, "slots_per_gpu": slots},
+              "rebalance": rebalance.model_dump(), "traffic_shift_step": args.steps // 3}
+    if not args.json:
+        print(f"{args.world_size} ranks x {slots} slots, {args.layers} layers x {args.experts} experts, "
+              f"top-{args.top_k}, {args.tokens_per_step} tokens per step, routing {args.routing}, rebalance every "
+              f"{args.rebalance_every}, rank {args.fail_rank} killed at step {fail_at if args.fail_rank is not None else '-'}:")
+        for key in ("imbalance_before", "imbalance_after", "rebalances", "bytes_moved", "max_abs_err_vs_dense",
+                    "tokens_lost", "requests_requeued", "decode_steps_waiting_on_rebalance", "step_time_p99_ratio",
+                    "seconds_from_kill_to_first_step"):
+            print(f"  {key}: {result[key]}")
     print(json.dumps(result, sort_keys=True))
     return 0
 

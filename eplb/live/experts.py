@@ -34,6 +34,13 @@ class ExpertWeights:
         return cls(draw(count, hidden, inner, fan_in=hidden), draw(count, hidden, inner, fan_in=hidden),
                    draw(count, inner, hidden, fan_in=inner))
 
+    @classmethod
+    def empty(cls, count: int, hidden: int, inner: int, dtype=torch.float32, device="cpu") -> "ExpertWeights":
+        """Uninitialised weights of `count` experts (buffers a transfer fills)."""
+        return cls(torch.empty(count, hidden, inner, dtype=dtype, device=device),
+                   torch.empty(count, hidden, inner, dtype=dtype, device=device),
+                   torch.empty(count, inner, hidden, dtype=dtype, device=device))
+
     def select(self, index_A: torch.Tensor) -> "ExpertWeights":
         """The weights of experts `index_A` [A'] (e.g. the experts a rank's slots hold), as a new stack."""
         return ExpertWeights(self.gate_ADF[index_A], self.up_ADF[index_A], self.down_AFD[index_A])

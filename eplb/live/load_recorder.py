@@ -60,6 +60,10 @@ class LoadRecorder:
         self.buffer_WLE.index_fill_(0, self.position.reshape(1), 0)
         self.steps_recorded += 1
 
+    def discard_current_step(self) -> None:
+        """Clear the current step's row (a step that is recomputed after a failure records once)."""
+        self.buffer_WLE.index_fill_(0, self.position.reshape(1), 0)
+
     def window_load_LE(self) -> torch.Tensor:
         """[L, E] int64: tokens per expert summed over the finished steps still in the window."""
         return self.counts_TLE().sum(0)

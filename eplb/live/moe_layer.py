@@ -37,7 +37,11 @@ class MoEDecodeLayer(nn.Module):
     Attributes:
         last_step: what the last forward planned and did: `quota_P` [P] tokens the quotas gave each slot (the
             same on every rank), `rows_sent_WP` [W, P] rows each rank sent to each slot, `computed_S` [S] rows
-            this rank's slots computed.
+            this rank's slots computed, `counts_E` [E] picks of each expert over the group.
+        placement: the placement this layer serves now (`install` swaps it).
+        piggyback: None, or a small int64 tensor [M] the next forward sends along with its counts (the all-gather
+            it runs anyway), to every rank; it is then cleared and what every rank sent lands in
+            `piggyback_received` [W, M]. The rebalancer's agreements travel this way, so they cost no collective.
     """
 
     def __init__(
@@ -79,9 +83,30 @@ class MoEDecodeLayer(nn.Module):
         self.slot_experts = slot_experts.to(comm.device)
         self.shared_experts = None if shared_experts is None else shared_experts.to(comm.device)
         self.tables = ReplicaTables.build(placement, layer, comm.device)
+        self.placement = placement
         self.slots_per_gpu = slots
         self.plan_step = compiled_plan_step() if compile_routing else plan_step
         self.last_step: dict[str, torch.Tensor] = {}
+        self.piggyback: torch.Tensor | None = None
+        self.piggyback_received: torch.Tensor | None = None
+
+    def install(self, placement: Placement, tables: ReplicaTables, slot_experts: ExpertWeights | None = None) -> None:
+        """Serve `placement` from the next forward: its tables (`ReplicaTables.build`, made beforehand so that the
+        swap itself is instant) and, when given, new slot weights (else the current ones, already updated in
+        place). Called between two forwards, on every rank of the group at the same step.
+
+        Raises:
+            PlacementFormatError: the placement or the slot weights do not fit this layer and group (nothing is
+                changed then).
+        """
+        check_placement_fits(placement, self.layer, self.config, self.comm.world_size)
+        weights = self.slot_experts if slot_experts is None else slot_experts.to(self.comm.device)
+        slots = placement.cluster.slots_per_gpu
+        if weights.gate_ADF.shape[0] != slots or tables.slots_per_gpu != slots:
+            raise PlacementFormatError(f"the placement has {slots} slots per GPU; the slot weights hold "
+                                       f"{weights.gate_ADF.shape[0]} and the tables {tables.slots_per_gpu}")
+        self.placement, self.tables, self.slot_experts, self.slots_per_gpu = placement, tables, weights, slots
+        self.last_step = {}  # figures of the old placement
 
     @staticmethod
     def slots_of_rank(placement: Placement, layer: int, rank: int) -> torch.Tensor:
@@ -97,7 +122,13 @@ class MoEDecodeLayer(nn.Module):
         if self.recorder is not None:
             self.recorder.record(self.layer, topk_ids)
         # Step 2-3: global counts, quotas, and each pick's slot (identical arithmetic on every rank).
-        counts_WE = comm.all_gather(count_picks_E(topk_ids, config.num_experts))
+        counts_E = count_picks_E(topk_ids, config.num_experts)
+        if self.piggyback is None:
+            counts_WE = comm.all_gather(counts_E)
+        else:
+            gathered = comm.all_gather(torch.cat([counts_E, self.piggyback.to(counts_E)]))
+            counts_WE, self.piggyback_received = gathered[:, : config.num_experts], gathered[:, config.num_experts :]
+            self.piggyback = None
         quota_EX, slot_NK, sent_WP = self.plan_step(topk_ids, counts_WE, comm.rank, tables, self.routing)
         sent_WP = sent_WP.cpu()  # the all-to-alls' split sizes, on the host
         sent_WGS = sent_WP.view(comm.world_size, comm.world_size, self.slots_per_gpu)
@@ -125,7 +156,8 @@ class MoEDecodeLayer(nn.Module):
             out = out + swiglu(x_ND, shared.gate_ADF[index], shared.up_ADF[index], shared.down_AFD[index])
         quota_P = torch.zeros(tables.num_slots + 1, dtype=torch.int64, device=quota_EX.device)
         quota_P.scatter_add_(0, tables.log2phy_EX.reshape(-1), quota_EX.reshape(-1))
-        self.last_step = {"quota_P": quota_P[: tables.num_slots], "rows_sent_WP": sent_WP, "computed_S": computed_S}
+        self.last_step = {"quota_P": quota_P[: tables.num_slots], "rows_sent_WP": sent_WP, "computed_S": computed_S,
+                          "counts_E": counts_WE.sum(0)}
         return out
 
 

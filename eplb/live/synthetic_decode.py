@@ -86,7 +86,8 @@ def run_decode_loop(comm: Communicator, setup: DecodeSetup, steps: int) -> RankR
     """Run `steps` decode steps of every layer on this rank; return what it measured."""
     num_layers = setup.placement.num_layers
     gate, experts = model_weights(setup)
-    recorder = LoadRecorder(steps, num_layers, setup.config.num_experts) if setup.record else None
+    gate, experts = gate.to(comm.device), [weights.to(comm.device) for weights in experts]
+    recorder = LoadRecorder(steps, num_layers, setup.config.num_experts, comm.device) if setup.record else None
     layers = [MoEDecodeLayer(setup.config, setup.placement, layer, comm, gate,
                              experts[layer].select(MoEDecodeLayer.slots_of_rank(setup.placement, layer, comm.rank)),
                              routing=setup.routing, recorder=recorder, compile_routing=setup.compile_routing)
@@ -96,12 +97,13 @@ def run_decode_loop(comm: Communicator, setup: DecodeSetup, steps: int) -> RankR
     for step in range(steps):
         split = tokens_per_rank(step, setup.tokens_per_step, comm.world_size, setup.seed)
         start = sum(split[: comm.rank])
-        x_LND = step_inputs_LND(setup, step)
-        mine = x_LND[:, start : start + split[comm.rank]]
+        mine = step_inputs_LND(setup, step)[:, start : start + split[comm.rank]].to(comm.device)
         began = time.perf_counter()
         outputs = [layer(mine[index]) for index, layer in enumerate(layers)]
         if recorder is not None:
             recorder.next_step()
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize(comm.device)
         report.seconds_per_step.append(time.perf_counter() - began)
         report.computed_TL.append([int(layer.last_step["computed_S"].sum()) for layer in layers])
         report.planned_gpu_TLG.append([layer.last_step["quota_P"].view(-1, slots).sum(1).tolist() for layer in layers])
@@ -111,7 +113,7 @@ def run_decode_loop(comm: Communicator, setup: DecodeSetup, steps: int) -> RankR
                 dense = dense_moe(mine[index], gate, experts[index], setup.config)
                 report.max_abs_err = max(report.max_abs_err, float((out - dense).abs().max()) if len(out) else 0.0)
     if recorder is not None:
-        report.window_load_LE = recorder.window_load_LE().numpy()
+        report.window_load_LE = recorder.window_load_LE().cpu().numpy()
     return report
 
 

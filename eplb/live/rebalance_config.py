@@ -1,0 +1,52 @@
+"""How a running EP group rebalances: the settings of `Rebalancer`, one pydantic model (YAML or JSON friendly)."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RebalanceConfig(BaseModel):
+    """When to fit a new placement, how, how fast to move the weights, and how long anything may take.
+
+    Steps are decode steps (one forward of every MoE layer). Every rank must use the same settings.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window: int = Field(100, ge=1, description="Finished decode steps the load recorder keeps and the fit uses.")
+    interval: int = Field(500, ge=1, description="Steps from one rebalance attempt to the next.")
+    policy: Literal["cpsat", "deepseek"] = Field("cpsat", description="Placement policy of the background solve.")
+    time_limit_s: float = Field(1.0, gt=0, description="The cpsat policy's budget for one fit of all layers.")
+    solve_threads: int = Field(1, ge=1, description="Threads of the cpsat solve (layers at once); it runs at the "
+                                                    "lowest CPU priority beside decode.")
+    routing: Literal["static", "dynamic"] = Field(
+        "dynamic", description="The routing the fit optimises for (as the layers route)."
+    )
+    refit_on_drift: float | None = Field(
+        1.4, gt=1, description="Rebalance at once when the mean imbalance of the last `drift_steps` steps exceeds "
+                               "this times the mean of the first `drift_steps` served after the last switch "
+                               "(None: fixed interval only)."
+    )
+    drift_steps: int = Field(8, ge=1, description="Steps averaged on each side of the drift comparison.")
+    drift_check_every: int = Field(4, ge=1, description="Steps between a rank's drift checks (the flag travels with "
+                                                        "the step's counts).")
+    max_bytes_per_step: int = Field(
+        64 << 20, ge=1, description="Bytes of expert weights a rank sends or receives between two decode steps, at "
+                                    "most (per rank; at least one row of one weight matrix)."
+    )
+    solve_timeout_s: float = Field(30.0, gt=0, description="A solve still running after this long is abandoned.")
+    transfer_timeout_s: float = Field(
+        5.0, gt=0, description="Each weight transfer's timeout; must be below the communicator's, so that the "
+                               "agreement after it outlasts a transfer that times out."
+    )
+    heartbeat_interval_s: float = Field(0.2, gt=0, description="Seconds between a rank's heartbeats in the store.")
+    heartbeat_timeout_s: float = Field(
+        2.0, gt=0, description="A rank whose heartbeat has not moved for this long is taken for dead."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "RebalanceConfig":
+        if self.heartbeat_timeout_s < 3 * self.heartbeat_interval_s:
+            raise ValueError(f"heartbeat_timeout_s={self.heartbeat_timeout_s:g} must be at least 3 x "
+                             f"heartbeat_interval_s={self.heartbeat_interval_s:g}")
+        return self

@@ -1,0 +1,190 @@
+"""Moving expert weights inside a running EP group: what each rank must receive, from whom, in bounded chunks.
+
+Legend: G ranks (one GPU each), S slots per rank, D hidden size, F expert inner size.
+
+A rank holds, per layer, the weights of its slots (on its device) and a host copy of the experts that only its
+predecessor on the ring holds (`backup_wanted`: when a rank dies, its successor still has every expert the dead
+rank alone served; the memory is at most one rank's slots per layer, in host memory). A change of placement is a
+list of `Fill`s, each one expert's weights of one layer copied into one slot or one host copy, from a rank that
+holds them now: the destination rank itself when it can (no bytes on the wire), else the holder with the fewest
+sends so far. `schedule_chunks` cuts the fills into row ranges and packs them into rounds so that no rank sends or
+receives more than a byte budget per round (one round between two decode steps); `run_round` moves one round.
+Every rank computes the same fills and rounds from the same inputs, so the k-th send of one rank to a peer meets
+that peer's k-th receive from it.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from collectives import Communicator
+
+MATRICES = ("gate", "up", "down")  # gate [D, F], up [D, F], down [F, D]
+
+
+@dataclass(frozen=True)
+class Fill:
+    """Copy expert `expert` of layer `layer` from (src_rank, src_kind, src_index) to (dst_rank, dst_kind,
+    dst_index); a kind is "slot" (index: the slot on that rank) or "backup" (index: the expert)."""
+
+    layer: int
+    expert: int
+    dst_rank: int
+    dst_kind: str
+    dst_index: int
+    src_rank: int
+    src_kind: str
+    src_index: int
+
+    @property
+    def is_local(self) -> bool:
+        return self.src_rank == self.dst_rank
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows [row_start, row_end) of one weight matrix (`MATRICES[matrix]`) of fill `fill`."""
+
+    fill: int
+    matrix: int
+    row_start: int
+    row_end: int
+    nbytes: int
+
+
+def backup_wanted(experts_GS: np.ndarray) -> list[tuple[int, int]]:
+    """(rank, expert) pairs: rank g keeps a host copy of each expert all of whose replicas are on rank g - 1 (mod G).
+    Empty for one rank (nothing survives its loss)."""
+    num_gpus = experts_GS.shape[0]
+    if num_gpus < 2:
+        return []
+    wanted = []
+    for gpu in range(num_gpus):
+        predecessor = experts_GS[(gpu - 1) % num_gpus]
+        elsewhere = set(np.delete(experts_GS, (gpu - 1) % num_gpus, axis=0).reshape(-1).tolist())
+        wanted += [(gpu, expert) for expert in sorted(set(predecessor.tolist()) - elsewhere)]
+    return wanted
+
+
+def plan_fills(
+    layer: int,
+    wanted: list[tuple[int, str, int, int]],
+    holders: dict[int, dict[int, tuple[str, int]]],
+    sends_so_far: dict[int, int] | None = None,
+) -> list[Fill]:
+    """One layer's fills.
+
+    Args:
+        wanted: (dst_rank, dst_kind, dst_index, expert) for each slot or host copy to fill.
+        holders: rank -> expert -> (kind, index) of a copy that rank holds now (prefer a slot).
+        sends_so_far: rank -> copies it sends in the plan so far (updated), to spread the sends over layers.
+
+    Raises:
+        LookupError: an expert wanted that no rank holds (its every copy was lost).
+    """
+    sends = {} if sends_so_far is None else sends_so_far
+    fills = []
+    for dst_rank, dst_kind, dst_index, expert in wanted:
+        if expert in holders.get(dst_rank, {}):
+            src_rank = dst_rank
+        else:
+            candidates = [rank for rank, held in sorted(holders.items()) if expert in held]
+            if not candidates:
+                raise LookupError(f"expert {expert} of layer {layer} has no copy left on any rank")
+            src_rank = min(candidates, key=lambda rank: (sends.get(rank, 0), rank))
+            sends[src_rank] = sends.get(src_rank, 0) + 1
+        src_kind, src_index = holders[src_rank][expert]
+        fills.append(Fill(layer, expert, dst_rank, dst_kind, dst_index, src_rank, src_kind, src_index))
+    return fills
+
+
+def schedule_chunks(
+    fills: list[Fill], hidden_size: int, intermediate_size: int, element_size: int, max_bytes_per_round: int
+) -> list[list[Chunk]]:
+    """Rounds of chunks: each rank sends at most, and receives at most, `max_bytes_per_round` per round over the
+    wire. Local fills (no wire) all go in the first round. A matrix is cut into row ranges of at most the budget
+    (at least one row), and each chunk goes to the earliest round where its two ranks have room (first fit), so
+    the rounds number about the most bytes one rank sends or receives over the budget. The result depends only on
+    the fills' order, so every rank builds the same rounds.
+
+    Raises:
+        ValueError: the budget is below one row of a weight matrix.
+    """
+    row_bytes = {0: intermediate_size * element_size, 1: intermediate_size * element_size,
+                 2: hidden_size * element_size}
+    rows = {0: hidden_size, 1: hidden_size, 2: intermediate_size}
+    if max_bytes_per_round < max(row_bytes.values()):
+        raise ValueError(f"max_bytes_per_step={max_bytes_per_round} is below one row of an expert's weights "
+                         f"({max(row_bytes.values())} bytes); raise it")
+    local = [Chunk(index, matrix, 0, rows[matrix], 0) for index, fill in enumerate(fills) if fill.is_local
+             for matrix in range(3)]
+    rounds: list[list[Chunk]] = [local]
+    sent: list[dict[int, int]] = [{}]
+    received: list[dict[int, int]] = [{}]
+    for index, fill in enumerate(fills):
+        if fill.is_local:
+            continue
+        for matrix in range(3):
+            per_chunk = max(1, max_bytes_per_round // row_bytes[matrix])
+            for start in range(0, rows[matrix], per_chunk):
+                end = min(rows[matrix], start + per_chunk)
+                nbytes = (end - start) * row_bytes[matrix]
+                # First fit: the earliest round where both ends still have room.
+                slot = next((r for r in range(len(rounds))
+                             if sent[r].get(fill.src_rank, 0) + nbytes <= max_bytes_per_round
+                             and received[r].get(fill.dst_rank, 0) + nbytes <= max_bytes_per_round), None)
+                if slot is None:
+                    rounds.append([])
+                    sent.append({})
+                    received.append({})
+                    slot = len(rounds) - 1
+                rounds[slot].append(Chunk(index, matrix, start, end, nbytes))
+                sent[slot][fill.src_rank] = sent[slot].get(fill.src_rank, 0) + nbytes
+                received[slot][fill.dst_rank] = received[slot].get(fill.dst_rank, 0) + nbytes
+    return [chunks for chunks in rounds if chunks] or [[]]
+
+
+def run_round(
+    comm: Communicator,
+    chunks: list[Chunk],
+    fills: list[Fill],
+    source: Callable[[Fill, int], torch.Tensor],
+    destination: Callable[[Fill, int], torch.Tensor],
+    *,
+    tag_base: int = 0,
+    timeout_s: float | None = None,
+) -> int:
+    """Move one round on this rank: local copies, then one `exchange` of its sends and receives. `source(fill, m)`
+    and `destination(fill, m)` give matrix m of the fill's weights where this rank holds / receives them (on any
+    device: host copies travel through the communicator's device). Returns the bytes this rank received."""
+    me = comm.rank
+    sends, recvs, after = [], [], []
+    received = 0
+    for chunk in chunks:
+        fill = fills[chunk.fill]
+        rows = slice(chunk.row_start, chunk.row_end)
+        if fill.src_rank == me and fill.dst_rank == me:
+            destination(fill, chunk.matrix)[rows].copy_(source(fill, chunk.matrix)[rows])
+        elif fill.src_rank == me:
+            sends.append((fill.dst_rank, source(fill, chunk.matrix)[rows].to(comm.device)))
+        elif fill.dst_rank == me:
+            target = destination(fill, chunk.matrix)[rows]
+            buffer = target if target.device == comm.device else torch.empty_like(target, device=comm.device)
+            recvs.append((fill.src_rank, buffer))
+            after.append((target, buffer))
+            received += chunk.nbytes
+    if sends or recvs:
+        comm.exchange(sends, recvs, max_chunk_bytes=max(1, max((c.nbytes for c in chunks), default=1)),
+                      tag_base=tag_base, timeout_s=timeout_s)
+    for target, buffer in after:
+        if buffer is not target:
+            target.copy_(buffer)
+    return received
+
+
+def matrix_of(weights, matrix: int, index: int) -> torch.Tensor:
+    """Matrix `matrix` of entry `index` of an `ExpertWeights` stack."""
+    stack = (weights.gate_ADF, weights.up_ADF, weights.down_AFD)[matrix]
+    return stack[index]
