@@ -56,8 +56,10 @@ def run_local_group(
     # The rendezvous store lives here, in the launcher, so that it outlives any rank (ranks regroup through it).
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     address = f"127.0.0.1:{store.port}"
-    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, address, timeout_s, results, args, device),
-                         daemon=True) for rank in range(world_size)]
+    # Not daemonic: a rank may start helper processes of its own (the rebalancer's solver); every rank is killed
+    # below if it outlives the deadline.
+    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, address, timeout_s, results, args, device))
+             for rank in range(world_size)]
     for proc in procs:
         proc.start()
     outcome: dict[int, tuple[bool, Any]] = {}

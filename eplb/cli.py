@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
-from eplb import commands, demo
+from eplb import commands, demo, sim_command
 from eplb.output_paths import check_paths
 from placement import POLICIES, ROUTINGS
 from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
@@ -207,6 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 
+    p = sub.add_parser("sim", help="simulate the serving cluster: vision, prefill with KV cache tiers, decode EP units",
+                       description=sim_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None,
+                   help="simulator config, YAML or JSON (default: the embedded one: a minute of synthetic traffic "
+                        "through one 128-card decode unit, 16 prefill nodes and 4 vision cards)")
+    p.add_argument("--out-dir", default=None, help="also write report.json and sim_timeline.png here")
+    _add_common(p)
+
     p = sub.add_parser("plot", help="write figures for a trace (and a placement)")
     _add_trace(p)
     p.add_argument("--placement", default=None, help="placement file: adds per-GPU loads before/after")
@@ -222,6 +230,7 @@ HANDLERS = {
     "score": commands.cmd_score,
     "replay": commands.cmd_replay,
     "plot": commands.cmd_plot,
+    "sim": sim_command.cmd_sim,
 }
 
 

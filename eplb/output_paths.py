@@ -13,7 +13,7 @@ from traces import EplbError
 from traces.atomic_file import resolve_target
 
 # Flags naming files a subcommand reads, by argparse destination.
-INPUT_FLAGS = {"trace": "--trace", "placement": "--placement", "current": "--current"}
+INPUT_FLAGS = {"trace": "--trace", "placement": "--placement", "current": "--current", "config": "--config"}
 # Flags naming files a subcommand writes, by argparse destination.
 OUTPUT_FLAGS = {"out": "--out", "sglang_out": "--sglang-out", "plot": "--plot"}
 # Files written into --out-dir, per subcommand: the name and whether another flag must be set for it.
@@ -21,6 +21,7 @@ OUT_DIR_FILES = {
     "plot": (("load_heatmap.png", None), ("gpu_loads.png", "placement")),
     "demo": (("trace.npz", None), ("placement.json", None), ("load_heatmap.png", None), ("gpu_loads.png", None),
              ("replay.png", None)),
+    "sim": (("report.json", None), ("sim_timeline.png", None)),
 }
 
 
@@ -32,7 +33,7 @@ def inputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
 def outputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
     """(flag, path) of every file the command writes."""
     found = [(flag, Path(getattr(args, dest))) for dest, flag in OUTPUT_FLAGS.items() if getattr(args, dest, None)]
-    for name, needs in OUT_DIR_FILES.get(args.command, ()):
+    for name, needs in OUT_DIR_FILES.get(args.command, ()) if getattr(args, "out_dir", None) else ():
         if needs is None or getattr(args, needs, None):
             found.append((f"--out-dir ({name})", Path(args.out_dir) / name))
     return found

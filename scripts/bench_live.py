@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--section", default="all", choices=("all", "overhead", "rebalance"))
     parser.add_argument("--rebalance-steps", type=int, default=150, help="steps of the rebalancing run")
     parser.add_argument("--rebalance-every", type=int, default=30)
+    parser.add_argument("--rebalance-policy", default="cpsat", choices=("cpsat", "deepseek"))
+    parser.add_argument("--solve-in", default="process", choices=("process", "thread"))
     parser.add_argument("--timeout", type=float, default=5.0, help="collective timeout of the kill run, seconds")
     parser.add_argument("--quick", action="store_true", help="tiny run, for a smoke test")
     args = parser.parse_args(argv)
@@ -90,7 +92,8 @@ def rebalance_section(args) -> None:
     setup = shifting_traffic_setup(args.world_size, steps, experts=args.experts, top_k=args.top_k,
                                    tokens=args.tokens_per_step, hidden=args.hidden_size, layers=args.layers,
                                    slots=args.slots_per_gpu)
-    config = RebalanceConfig(window=min(args.rebalance_every, 50), interval=args.rebalance_every, policy="cpsat",
+    config = RebalanceConfig(window=min(args.rebalance_every, 50), interval=args.rebalance_every,
+                             policy=args.rebalance_policy, solve_in=args.solve_in,
                              time_limit_s=0.5, max_bytes_per_step=256 << 10, transfer_timeout_s=args.timeout / 2)
     reports = run_local_group(run_rebalancing_loop, args.world_size, setup, steps, config, Faults(),
                               timeout_s=args.timeout, deadline_s=120 + 5 * steps, device=args.device)
@@ -100,7 +103,8 @@ def rebalance_section(args) -> None:
     times = summary["step_time_ms"]
     backend = "NCCL" if args.device == "cuda" else "Gloo"
     print(f"\nRebalancing while decoding: {args.world_size} {backend} ranks, {steps} steps, traffic shift at step "
-          f"{steps // 3}, cpsat 0.5 s in the background every {args.rebalance_every} steps, "
+          f"{steps // 3}, {args.rebalance_policy} (0.5 s budget) in a background {args.solve_in} every "
+          f"{args.rebalance_every} steps, "
           f"{config.max_bytes_per_step >> 10} KiB per rank per step\n")
     print("| steps | p50 ms | p99 ms |")
     print("|---|---|---|")

@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="policy of the rebalances (default cpsat)")
     parser.add_argument("--rebalance-time-limit", type=float, default=0.5,
                         help="cpsat budget of each rebalance, seconds (default 0.5)")
+    parser.add_argument("--solve-in", default="process", choices=("process", "thread"),
+                        help="where rank 0 solves: a helper process (default) or a thread")
     parser.add_argument("--max-bytes-per-step", type=int, default=256 << 10,
                         help="expert bytes a rank sends or receives between two steps (default 256 KiB)")
     parser.add_argument("--fail-rank", type=int, default=None, metavar="K", help="kill rank K's process (SIGKILL)")
@@ -115,7 +117,7 @@ def rebalancing_demo(args) -> int:
                                    time_limit_s=args.time_limit, seed=args.seed)
     interval = args.rebalance_every or 10 * args.steps  # without --rebalance-every only drift and recovery refit
     rebalance = RebalanceConfig(window=max(4, min(interval, 50)), interval=interval, policy=args.rebalance_policy,
-                                time_limit_s=args.rebalance_time_limit,
+                                time_limit_s=args.rebalance_time_limit, solve_in=args.solve_in,
                                 routing="static" if args.routing == "static" else "dynamic",
                                 max_bytes_per_step=args.max_bytes_per_step,
                                 transfer_timeout_s=min(5.0, args.timeout / 2))

@@ -17,8 +17,11 @@ class RebalanceConfig(BaseModel):
     interval: int = Field(500, ge=1, description="Steps from one rebalance attempt to the next.")
     policy: Literal["cpsat", "deepseek"] = Field("cpsat", description="Placement policy of the background solve.")
     time_limit_s: float = Field(1.0, gt=0, description="The cpsat policy's budget for one fit of all layers.")
-    solve_threads: int = Field(1, ge=1, description="Threads of the cpsat solve (layers at once); it runs at the "
-                                                    "lowest CPU priority beside decode.")
+    solve_threads: int = Field(1, ge=1, description="Threads of the cpsat solve (layers at once).")
+    solve_in: Literal["process", "thread"] = Field(
+        "process", description="Where rank 0 solves: a helper process (no lock shared with decode) or a thread; "
+                               "either at the lowest CPU priority."
+    )
     routing: Literal["static", "dynamic"] = Field(
         "dynamic", description="The routing the fit optimises for (as the layers route)."
     )

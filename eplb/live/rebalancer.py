@@ -8,8 +8,9 @@ counts in the first layer's all-gather (which the layer runs anyway), and at the
 same messages and takes the same decision. Over the steps:
 
 1. idle: every `interval` steps (or at once when some rank saw the imbalance drift), all-reduce the recorder's
-   window [T, L, E] and start the policy on rank 0 in a background thread (no collective runs there: every
-   collective stays on the worker's thread, in step order);
+   window [T, L, E] and start the policy on rank 0 in the background (`BackgroundSolver`: a helper process at the
+   lowest CPU priority, or a thread; no collective runs there: every collective stays on the worker's thread, in
+   step order);
 2. solving: rank 0's message says whether the solve is running, failed or done; when done, rank 0 broadcasts the
    placement, relabelled to move the fewest experts (`plan_migration`), and every rank plans the same fills
    (`weight_moves`): moved slots into staging buffers, and the host copies the new placement needs;
@@ -31,10 +32,7 @@ the worker (`RecoveryReport.resume_step`), and the next rebalance, at once, fits
 """
 
 import logging
-import os
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +40,7 @@ import torch
 
 from collectives import CollectiveError, Communicator
 from collectives.membership import Heartbeat, agree_on_survivors
+from eplb.live.background_solver import BackgroundSolver, PolicyFn
 from eplb.live.experts import ExpertWeights
 from eplb.live.load_recorder import LoadRecorder
 from eplb.live.moe_layer import MoEDecodeLayer, check_placement_fits
@@ -49,13 +48,9 @@ from eplb.live.rebalance_config import RebalanceConfig
 from eplb.live.replica_assignment import ReplicaTables
 from eplb.live.survivor_placement import placement_without
 from eplb.live.weight_moves import Fill, backup_wanted, matrix_of, plan_fills, run_round, schedule_chunks
-from placement import (ClusterSpec, Placement, PlacementFormatError, fit_placement, load_placement, oblivious_moves,
-                       plan_migration)
+from placement import Placement, PlacementFormatError, load_placement, oblivious_moves, plan_migration
 
 logger = logging.getLogger(__name__)
-
-PolicyFn = Callable[[np.ndarray, ClusterSpec], Placement]  # (counts_TLE, cluster) -> placement
-
 
 @dataclass
 class RebalanceStats:
@@ -122,6 +117,9 @@ class Rebalancer:
         self._due_now = False
         self._imbalance: list[float] = []  # planned imbalance of each step served since the last switch
         self._solve: dict = {}
+        self._solver: BackgroundSolver | None = None
+        if comm.rank == 0:
+            self._solver_here()  # start the helper process now: its imports take a moment
         self._heartbeat = None
         if comm.store is not None and comm.world_size > 1:
             self._heartbeat = Heartbeat(f"{comm.store.host}:{comm.store.port}", comm.original_rank,
@@ -170,17 +168,25 @@ class Rebalancer:
 
     def _solve_status(self) -> int:
         """Rank 0's view of the background solve: 0 running (or none), 1 done, 2 failed."""
-        box = self._solve
         if self._state != "solving" or self.comm.rank != 0:
             return 0
-        if "error" in box:
+        job = self._solver_here().poll()
+        if "error" in job:
             return 2
-        if "result" in box:
+        if "result" in job:
             return 1
-        if time.monotonic() - box["started"] > self.config.solve_timeout_s:
-            box["error"] = f"the solve ran past solve_timeout_s={self.config.solve_timeout_s:g}"
+        if time.monotonic() - job["started"] > self.config.solve_timeout_s:
+            job["error"] = f"the solve ran past solve_timeout_s={self.config.solve_timeout_s:g}"
             return 2
         return 0
+
+    def _solver_here(self) -> BackgroundSolver:
+        """This rank's background solver (rank 0 solves; after a regroup rank 0 may be another process)."""
+        if self._solver is None:
+            options = {"time_limit_s": self.config.time_limit_s, "routing": self.config.routing,
+                       "workers": self.config.solve_threads}
+            self._solver = BackgroundSolver(self.config.solve_in, self.config.policy, options, self.policy_fn)
+        return self._solver
 
     def load(self, placement: Placement | str, step: int) -> None:
         """Swap in a placement from a file (or object) the same way as a solved one: planned, moved in chunks over
@@ -224,33 +230,14 @@ class Rebalancer:
             self._due_now, self._steps_since_attempt = False, 0
             self.stats.attempts += 1
             counts = self.comm.all_reduce_sum(self.recorder.counts_TLE()).cpu().numpy()
-            box: dict = {"fit_step": step, "fit_time": time.perf_counter(), "started": time.monotonic()}
             if self.comm.rank == 0:
-                thread = threading.Thread(target=self._solve_in_background, args=(box, counts, self.placement),
-                                          name="eplb-solve", daemon=True)
-                box["thread"] = thread
-                thread.start()
-            self._solve = box
+                self._solver_here().submit(counts, self.placement)
+            self._solve = {"fit_step": step, "fit_time": time.perf_counter()}
             self._state = "solving"
             return 0
         checks = (config.refit_on_drift is not None and self._steps_since_attempt % config.drift_check_every == 0
                   and len(self._imbalance) >= 2 * config.drift_steps)
         return int(checks and self._drifted())
-
-    def _solve_in_background(self, box: dict, counts_TLE: np.ndarray, current: Placement) -> None:
-        _lowest_priority()  # decode keeps the cores it needs; the solve takes what is left
-        try:
-            if self.policy_fn is not None:
-                target = self.policy_fn(counts_TLE, current.cluster)
-            else:
-                options = {"time_limit_s": self.config.time_limit_s, "routing": self.config.routing,
-                           "workers": self.config.solve_threads}
-                target = fit_placement(self.config.policy, counts_TLE, current.cluster,
-                                       **(options if self.config.policy == "cpsat" else {}))
-            plan = plan_migration(current, target)
-            box["result"], box["moves"] = plan.realised, (plan.num_moves, oblivious_moves(current, target))
-        except Exception as exc:  # reported to every rank by the next poll
-            box["error"] = f"{type(exc).__name__}: {exc}"
 
     # ----- 2. solving -----
 
@@ -261,12 +248,13 @@ class Rebalancer:
         status = int(received[0, 1])
         if status == 0:
             return
+        job = self._solver_here().poll() if comm.rank == 0 else {}
         if status == 2:
-            self._fail(f"the solve failed on rank 0: {box.get('error', 'see rank 0 log')}" if comm.rank == 0
+            self._fail(f"the solve failed on rank 0: {job.get('error', 'see rank 0 log')}" if comm.rank == 0
                        else "the solve failed on rank 0")
             return
         shape = self.placement.phy2log_LP.shape
-        result = box.get("result")
+        result, box["moves"] = job.get("result", (None, None))
         phy2log = torch.as_tensor(result.phy2log_LP if result is not None else np.zeros(shape, np.int64),
                                   dtype=torch.int64, device=comm.device)
         weights = torch.as_tensor(result.weights_LP if result is not None else np.zeros(shape),
@@ -370,7 +358,7 @@ class Rebalancer:
         self.stats.switch_steps.append(step)
         self.stats.lag_steps.append(step - box["fit_step"])
         self.stats.lag_seconds.append(time.perf_counter() - box["fit_time"])
-        if "moves" in box:  # known on rank 0 (and on every rank for a loaded placement)
+        if box.get("moves"):  # known on rank 0 (and on every rank for a loaded placement)
             self.stats.expert_moves.append(box["moves"][0])
             self.stats.oblivious_moves.append(box["moves"][1])
         self._imbalance.clear()
@@ -549,18 +537,11 @@ class Rebalancer:
         return report
 
     def close(self) -> None:
-        """Stop the heartbeat (at the end of serving)."""
+        """Stop the heartbeat and the solver (at the end of serving)."""
         if self._heartbeat is not None:
             self._heartbeat.stop()
-
-
-def _lowest_priority() -> None:
-    """Give this thread (and the threads it starts) the lowest CPU priority, where the OS allows it (Linux: nice
-    is per thread)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
+        if self._solver is not None:
+            self._solver.close()
 
 
 def _stacks(weights: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

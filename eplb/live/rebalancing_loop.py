@@ -209,9 +209,9 @@ def _stall_transfers(comm: Communicator, timeout_s: float) -> None:
 def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | None = None) -> dict:
     """The demo's figures over every rank that finished (`reports` in original rank order; a killed rank's entry
     is its error). Imbalance is max / mean over the group's ranks of the rows each computed, mean over layers,
-    then over steps; tokens lost = picks the quotas left out plus rows a reporting rank did not compute; before = the start placement routed on the steps served after the last switch when the
-    group kept its size (else as it served the steps before the first change); after = as measured after the
-    last switch."""
+    then over steps; tokens lost = picks the quotas left out plus rows a reporting rank did not compute; before =
+    the start placement routed on the traffic of the steps after the last switch (on its own group size, also
+    when the group has shrunk since); after = as measured after the last switch."""
     finished = [r for r in reports if isinstance(r, LoopReport) and not r.drained]
     served = [r for r in reports if isinstance(r, LoopReport)]
     steps = sorted(set().union(*(r.steps for r in finished)))
@@ -236,9 +236,8 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         waited += any(r.steps[step]["pause_seconds"] > median_quiet for r in served_by[step])
     stats = finished[0].stats
     switches = stats["switch_steps"]
-    changes = sorted(switches + [rec["resume_step"] for rec in finished[0].recoveries])
     after_steps = [s for s in steps if switches and s >= switches[-1]]
-    before, basis = _imbalance_before(setup, finished[0], after_steps, steps, changes, measured)
+    before, basis = _imbalance_before(setup, finished[0], after_steps, steps)
     recoveries = finished[0].recoveries
     kill_to_step = None
     if recoveries and recoveries[0].get("killed_at"):
@@ -273,26 +272,24 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
     }
 
 
-def _imbalance_before(setup: DecodeSetup, report: LoopReport, after_steps: list[int], steps: list[int],
-                      changes: list[int], measured: dict) -> tuple[float | None, str]:
+def _imbalance_before(setup: DecodeSetup, report: LoopReport, after_steps: list[int],
+                      steps: list[int]) -> tuple[float | None, str]:
+    """The start placement routed (as the layers route) on the expert counts of the steps after the last switch
+    (all steps when there was none): what serving would have seen without rebalancing, on the same traffic."""
     start = setup.placement
-    same_size = after_steps and all(report.steps[s]["world_size"] == start.cluster.num_gpus for s in after_steps)
-    if same_size:
-        values = []
-        for step in after_steps:
-            per_layer = []
-            for layer, counts in enumerate(report.steps[step]["counts_LE"]):
-                tables = ReplicaTables.build(start, layer)
-                quota_EX = slot_quotas_EX(torch.as_tensor(counts), tables, setup.routing)
-                quota_P = torch.zeros(tables.num_slots + 1, dtype=torch.int64)
-                quota_P.scatter_add_(0, tables.log2phy_EX.reshape(-1), quota_EX.reshape(-1))
-                gpu = quota_P[:-1].view(start.cluster.num_gpus, -1).sum(1).double()
-                per_layer.append(float(gpu.max() / gpu.mean().clamp_min(1e-9)))
-            values.append(float(np.mean(per_layer)))
-        return float(np.mean(values)), "start placement routed on the steps after the last switch"
-    first_change = changes[0] if changes else len(steps)
-    served = [measured[s] for s in steps if s < first_change]
-    return (float(np.mean(served)) if served else None), "measured before the first change"
+    tables = [ReplicaTables.build(start, layer) for layer in range(start.num_layers)]
+    values = []
+    for step in after_steps or steps:
+        per_layer = []
+        for layer, counts in enumerate(report.steps[step]["counts_LE"]):
+            quota_EX = slot_quotas_EX(torch.as_tensor(counts), tables[layer], setup.routing)
+            quota_P = torch.zeros(tables[layer].num_slots + 1, dtype=torch.int64)
+            quota_P.scatter_add_(0, tables[layer].log2phy_EX.reshape(-1), quota_EX.reshape(-1))
+            gpu = quota_P[:-1].view(start.cluster.num_gpus, -1).sum(1).double()
+            per_layer.append(float(gpu.max() / gpu.mean().clamp_min(1e-9)))
+        values.append(float(np.mean(per_layer)))
+    basis = "after the last switch" if after_steps else "every step (no switch)"
+    return (float(np.mean(values)) if values else None), f"start placement routed on the steps {basis}"
 
 
 def _ms(values: list[float], q: float) -> float | None:

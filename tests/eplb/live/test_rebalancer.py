@@ -17,7 +17,9 @@ from traces.synthetic import SyntheticConfig, generate_trace
 
 EXPERTS, TOP_K, TOKENS, FIT = 16, 4, 128, 20
 TIMEOUT_S = 3.0
-CONFIG = RebalanceConfig(window=8, interval=8, policy="deepseek", max_bytes_per_step=16 << 10,
+# Solves in a thread here: a helper process (the default) takes a few seconds to start on 2 busy cores, longer
+# than these runs; `test_background_solver.py` tests the process.
+CONFIG = RebalanceConfig(window=8, interval=8, policy="deepseek", max_bytes_per_step=16 << 10, solve_in="thread",
                          transfer_timeout_s=1.0, heartbeat_interval_s=0.1, heartbeat_timeout_s=0.5)
 
 

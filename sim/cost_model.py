@@ -1,0 +1,232 @@
+"""Roofline cost of prefill batches, decode steps, KV reads and vision encoding, in seconds.
+
+The serving layout is DeepSeek's: attention and the dense parts data-parallel (every card holds their weights and
+works on its own sequences), routed experts spread over the `cards` of the group (expert parallelism), tokens sent
+to their experts and back by an all-to-all (dispatch, combine). Every pass is costed on one card:
+
+  attention_s = max(compute, reads)  MLA projections (FP8/INT8) + attention core (BF16) | MLA weights + KV cache
+  moe_s       = max(compute, reads)  routed experts of the BUSIEST card: mean tokens x moe_imbalance | its experts
+  dense_s     = max(compute, reads)  dense FFNs, shared experts, gates, output head | their weights
+  comm_s      = dispatch + combine bytes of the busiest card over scale-up and scale-out, the slower of the two
+  total_s     = max(attention_s + moe_s + dense_s, comm_s) with two-micro-batch overlap (DeepSeek, CloudMatrix),
+                or their sum without.
+
+with compute at `Efficiency.compute` x peak, reads at `.memory` x HBM bandwidth and the all-to-all at `.network` x
+line rate (`sim.hardware.CALIBRATED` unless given). Tokens are assumed spread evenly over the cards' attention.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sim.hardware import CALIBRATED, Efficiency, HardwareProfile
+from sim.model_profile import ZERO_FLOPS, FlopCount, ModelProfile
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one pass (a prefill batch or a decode step) on the busiest card, by part.
+
+    `float(cost)` is `total_s`. `moe_share` is moe_s / total_s: the part that removing expert imbalance shrinks
+    (call again with moe_imbalance=1.0 for the exact gain; comm_s also scales with imbalance).
+    """
+
+    attention_s: float
+    moe_s: float
+    dense_s: float
+    comm_s: float
+    total_s: float
+
+    @property
+    def compute_s(self) -> float:
+        """Local (non-communication) seconds: attention, routed experts and dense parts back to back."""
+        return self.attention_s + self.moe_s + self.dense_s
+
+    @property
+    def moe_share(self) -> float:
+        """Share of the pass spent in the routed experts, in [0, 1]."""
+        return self.moe_s / self.total_s if self.total_s > 0 else 0.0
+
+    def __float__(self) -> float:
+        return self.total_s
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name}={value} must be > 0")
+
+
+def _part_seconds(linear_flops: float, core_flops: float, read_bytes: float, hardware: HardwareProfile,
+                  efficiency: Efficiency) -> float:
+    """max(compute, reads) of one part on one card: linear FLOPs at FP8/INT8, core FLOPs at BF16, bytes from HBM."""
+    compute = (linear_flops / (hardware.lowp_tflops * 1e12) + core_flops / (hardware.bf16_tflops * 1e12)) \
+        / efficiency.compute
+    reads = read_bytes / (hardware.hbm_tb_s * 1e12 * efficiency.memory)
+    return max(compute, reads)
+
+
+def _expert_slots_per_card(model: ModelProfile, cards: int, redundant_experts: int) -> int:
+    """Expert slots on the fullest card: ceil((E + redundant) / cards)."""
+    return math.ceil((model.num_routed_experts + redundant_experts) / cards)
+
+
+def _all_to_all_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, tokens_per_card: float,
+                        moe_imbalance: float, efficiency: Efficiency) -> float:
+    """Dispatch + combine seconds of the busiest card over all MoE layers.
+
+    Each token sends top_k copies of its hidden state (dispatch_bytes per value) and gets top_k back
+    (combine_bytes), to experts spread evenly over the cards: 1/cards stay on the card, the rest of the scale-up
+    domain goes over scale-up and the remainder over scale-out, without de-duplication: right for DeepEP's
+    low-latency (decode) kernels; its normal (prefill) kernels send a token once per node, so a multi-node prefill
+    instance's scale-out bytes are overstated about 2x (at EP32; still hidden under compute with CALIBRATED).
+    The busiest card moves moe_imbalance times the mean.
+    """
+    if cards <= 1:
+        return 0.0
+    per_token = model.top_k * model.hidden_size * (model.dispatch_bytes + model.combine_bytes) * model.num_moe_layers
+    card_bytes = tokens_per_card * per_token * moe_imbalance
+    domain = min(cards, hardware.scale_up_domain_cards)
+    up_bytes = card_bytes * (domain - 1) / cards
+    out_bytes = card_bytes * (cards - domain) / cards
+    return max(up_bytes / (hardware.scale_up_gb_s * 1e9), out_bytes / (hardware.scale_out_gb_s * 1e9)) \
+        / efficiency.network
+
+
+def _pass_cost(model: ModelProfile, hardware: HardwareProfile, cards: int, tokens: float, flops: FlopCount,
+               kv_bytes: float, moe_imbalance: float, redundant_experts: int, efficiency: Efficiency,
+               overlap: bool) -> StepCost:
+    """Cost of one forward pass of `tokens` tokens over all `cards`, doing `flops` and reading or writing
+    `kv_bytes` of KV cache (both totals over the cards, split evenly)."""
+    per_card = flops.scaled(1.0 / cards)
+    attention_weights = model.num_layers * model.attention_params_per_layer * model.weight_bytes
+    attention_s = _part_seconds(per_card.attention_linear, per_card.attention_core,
+                                attention_weights + kv_bytes / cards, hardware, efficiency)
+    # an expert slot's weights are read when a token reaches it: a share 1 - (1 - K/E)^tokens of slots, per layer
+    touched = 1.0 - (1.0 - model.top_k / model.num_routed_experts) ** tokens
+    expert_reads = _expert_slots_per_card(model, cards, redundant_experts) * model.expert_weight_bytes() * touched
+    moe_s = _part_seconds(per_card.routed_linear * moe_imbalance, 0.0, expert_reads, hardware, efficiency)
+    dense_weights = model.replicated_weight_bytes() - attention_weights - model.embedding_params * model.embedding_bytes
+    dense_s = _part_seconds(per_card.dense_linear, 0.0, dense_weights, hardware, efficiency)
+    comm_s = _all_to_all_seconds(model, hardware, cards, tokens / cards, moe_imbalance, efficiency)
+    local = attention_s + moe_s + dense_s
+    total = max(local, comm_s) if overlap else local + comm_s
+    return StepCost(attention_s=attention_s, moe_s=moe_s, dense_s=dense_s, comm_s=comm_s, total_s=total)
+
+
+def prefill_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, new_tokens: int | Sequence[int],
+                    cached_tokens: int | Sequence[int] = 0, efficiency: Efficiency = CALIBRATED, *,
+                    moe_imbalance: float = 1.0, redundant_experts: int = 0, overlap: bool = True) -> StepCost:
+    """Cost of one prefill batch on an instance of `cards` cards (an 8-card node; DeepSeek used 32).
+
+    Args:
+        new_tokens: tokens to compute, one int per prompt (or one int for a single prompt).
+        cached_tokens: tokens of each prompt already cached (read from the KV cache, not recomputed); same
+            length as `new_tokens`, or one int for all prompts.
+        moe_imbalance: busiest card's routed tokens over the mean (1.0: perfect balance).
+        redundant_experts: extra expert replicas in the instance (DeepSeek prefill: 32 over 32 cards).
+        overlap: communication hidden under computation (two micro-batches), else added.
+
+    Returns:
+        StepCost of the batch; float(result) is its seconds. Prompts are spread evenly over the cards' attention;
+        each prompt's last token also goes through the output head.
+    """
+    news = [int(n) for n in new_tokens] if hasattr(new_tokens, "__iter__") else [int(new_tokens)]
+    cached = [int(c) for c in cached_tokens] if hasattr(cached_tokens, "__iter__") else [int(cached_tokens)] * len(news)
+    if len(cached) != len(news):
+        raise ValueError(f"cached_tokens has {len(cached)} entries but new_tokens has {len(news)}; give one per "
+                         f"prompt, or a single int for all")
+    if any(n < 0 for n in news) or any(c < 0 for c in cached):
+        raise ValueError("new_tokens and cached_tokens must be >= 0")
+    _check_positive(cards=cards, moe_imbalance=moe_imbalance)
+    if sum(news) == 0:
+        return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+    flops = ZERO_FLOPS
+    kv_bytes = 0.0
+    for n, c in zip(news, cached):
+        if n == 0:
+            continue
+        flops = flops + model.prefill_flops(n, c)
+        flops = flops + FlopCount(0.0, 0.0, 0.0, 2.0 * model.embedding_params)  # head on the last token
+        kv_bytes += model.kv_bytes(c + n)  # read the cached part, write the new part
+    return _pass_cost(model, hardware, cards, float(sum(news)), flops, kv_bytes, moe_imbalance,
+                      redundant_experts, efficiency, overlap)
+
+
+def decode_step_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, batch_size: int,
+                        kv_tokens: int, moe_imbalance: float = 1.0, efficiency: Efficiency = CALIBRATED, *,
+                        tokens_per_sequence: int = 1, redundant_experts: int = 0,
+                        overlap: bool = True) -> StepCost:
+    """Cost of one decode step of an EP unit of `cards` cards serving `batch_size` sequences.
+
+    Args:
+        kv_tokens: sum of the sequences' context lengths (tokens in their caches).
+        moe_imbalance: busiest card's routed tokens over the mean, this step (1.0: perfect balance).
+        tokens_per_sequence: tokens each sequence runs this step (1 + draft tokens under speculative decoding);
+            they share one read of the cache and the weights.
+        redundant_experts: extra expert replicas in the unit (DeepSeek decode: 32 over 144 cards).
+        overlap: communication hidden under computation (two micro-batches), else added.
+
+    Returns:
+        StepCost; float(result) is the step's seconds, result.moe_share the routed experts' share of it.
+        Sliding layers are costed at the mean context, which overstates them slightly when some sequences are
+        shorter than the window (exact for full and compressed layers).
+    """
+    _check_positive(cards=cards, moe_imbalance=moe_imbalance, tokens_per_sequence=tokens_per_sequence)
+    if batch_size < 0 or kv_tokens < 0:
+        raise ValueError(f"batch_size={batch_size} and kv_tokens={kv_tokens} must be >= 0")
+    if batch_size == 0:
+        return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+    mean_context = kv_tokens / batch_size
+    tokens = batch_size * tokens_per_sequence
+    flops = model.flops_per_token(mean_context).scaled(tokens)
+    kv_bytes = batch_size * model.kv_bytes(mean_context)
+    return _pass_cost(model, hardware, cards, float(tokens), flops, kv_bytes, moe_imbalance, redundant_experts,
+                      efficiency, overlap)
+
+
+def kv_cache_read_seconds(num_bytes: float, read_gb_s: float) -> float:
+    """Seconds to read `num_bytes` of KV cache at `read_gb_s` GB/s (e.g. from the SSD tier, per prefill node)."""
+    _check_positive(read_gb_s=read_gb_s)
+    if num_bytes < 0:
+        raise ValueError(f"num_bytes={num_bytes} must be >= 0")
+    return num_bytes / (read_gb_s * 1e9)
+
+
+def vision_encode_seconds(hardware: HardwareProfile, images: int, tokens_per_image: int = 1024,
+                          encoder_params: float = 0.67e9, efficiency: Efficiency = CALIBRATED, *,
+                          encoder_layers: int = 32, encoder_width: int = 1280) -> float:
+    """Seconds for one card to encode `images` images with a ViT-style encoder, in BF16.
+
+    Defaults follow Qwen2.5-VL's vision tower (~0.67B parameters, 32 layers, width 1280, 14-pixel patches), with a
+    448 x 448 image = 1,024 patch tokens (256 after its 2 x 2 merge). FLOPs: 2 x params per patch token, plus full
+    attention within each image (4 x tokens^2 x width per layer); weights (2 bytes each) read once per batch.
+    """
+    if images < 0:
+        raise ValueError(f"images={images} must be >= 0")
+    _check_positive(tokens_per_image=tokens_per_image, encoder_params=encoder_params)
+    if images == 0:
+        return 0.0
+    flops = images * (2.0 * encoder_params * tokens_per_image
+                      + 4.0 * encoder_layers * tokens_per_image ** 2 * encoder_width)
+    compute = flops / (hardware.bf16_tflops * 1e12 * efficiency.compute)
+    reads = 2.0 * encoder_params / (hardware.hbm_tb_s * 1e12 * efficiency.memory)
+    return max(compute, reads)
+
+
+def max_decode_batch(model: ModelProfile, hardware: HardwareProfile, cards: int, mean_context: int, *,
+                     redundant_experts: int = 0, reserved_fraction: float = 0.1) -> int:
+    """Sequences of `mean_context` tokens whose caches fit in the unit's HBM after the weights (KV bound).
+
+    Each card keeps `reserved_fraction` of its HBM for activations and buffers, a full copy of the replicated
+    weights (attention, dense part, embedding, head) and its expert slots; the rest holds caches. Returns 0 when
+    the weights alone do not fit (use more cards, or smaller weights).
+    """
+    _check_positive(cards=cards, mean_context=mean_context)
+    if not 0 <= reserved_fraction < 1:
+        raise ValueError(f"reserved_fraction={reserved_fraction} must be in [0, 1)")
+    free = (hardware.hbm_gb * 1e9 * (1.0 - reserved_fraction) - model.replicated_weight_bytes()
+            - _expert_slots_per_card(model, cards, redundant_experts) * model.expert_weight_bytes())
+    if free <= 0:
+        return 0
+    return int(free // model.kv_bytes(mean_context)) * cards

@@ -1,0 +1,88 @@
+"""What the engine asks the cost model, in the engine's terms: seconds of a prefill batch (disk reads included), of
+a decode step, of a vision encode; bytes of a prefix block on disk under each sliding-window design; and decoder
+FLOPs of a prompt under each design, for the side-by-side report.
+
+Sliding-window designs, for a prompt whose first `cached` tokens hit the persistent tier:
+- "disk": the sliding-window state is stored on disk with every block: nothing is recomputed, and each block
+  carries one snapshot of the sliding layers' window besides the other layers' KV;
+- "memory": the state lives in server memory for its lifetime; on a miss the last `window_recompute_tokens` cached
+  tokens are recomputed through every layer (they rebuild the window when it is no longer than that);
+- "recompute": no state is kept: the sliding layers recompute every cached token (approximated, for timing, as that
+  many tokens through a share of the layers equal to the sliding layers' share).
+"""
+
+from sim.config import SimConfig
+from sim.cost_model import (decode_step_seconds, kv_cache_read_seconds, max_decode_batch, prefill_seconds,
+                            vision_encode_seconds)
+from sim.hardware import PROFILES
+
+MEAN_CONTEXT_FOR_CAPACITY = 4096  # context the HBM budget is sized at (tokens)
+
+
+def disk_bytes_per_block(config: SimConfig, design: str | None = None) -> float:
+    """Bytes one prefix block takes on the persistent tier under `design` (default: the configured one)."""
+    model, block = config.model, config.cache.block_tokens
+    design = design or config.cache.window_design
+    growth = model.kv_bytes_per_token()  # full and compressed layers: what grows with the context
+    bytes_per_block = growth * block
+    if design == "disk":
+        window = model.sliding_window
+        bytes_per_block += model.kv_bytes(window) - growth * window  # the sliding layers' window, once per block
+    return max(bytes_per_block, 1.0)
+
+
+def vision_seconds(config: SimConfig, images: int) -> float:
+    return vision_encode_seconds(PROFILES[config.hardware.vision], images)
+
+
+def recompute_equivalent_tokens(config: SimConfig, cached_tokens: int) -> int:
+    """Tokens through every layer that cost what recomputing `cached_tokens` in the sliding layers costs."""
+    counts = config.model.layer_counts()
+    return round(cached_tokens * counts.get("sliding", 0) / config.model.num_layers)
+
+
+def prefill_batch_seconds(config: SimConfig, records: list) -> float:
+    """One prefill node's batch: the cost model's time for the new (and recomputed) tokens, plus reading the cached
+    prefixes from the persistent tier."""
+    new = [r.request.input_tokens - r.cached_tokens + r.recomputed_tokens for r in records]
+    cached = [max(0, r.cached_tokens - r.recomputed_tokens) for r in records]
+    compute = prefill_seconds(config.model, PROFILES[config.hardware.prefill], config.cluster.cards_per_node, new,
+                              cached).total_s
+    read_bytes = sum(r.cached_tokens for r in records) / config.cache.block_tokens * disk_bytes_per_block(config)
+    return compute + kv_cache_read_seconds(read_bytes, config.cache.disk_read_gb_s)
+
+
+def decoder_flops_by_design(config: SimConfig, input_tokens: int, cached_tokens: int,
+                            window_hit: bool) -> dict[str, float]:
+    """Prefill FLOPs in decoder layers of one prompt under each design, and "none" (no cache: all recomputed)."""
+    model = config.model
+    fresh = model.prefill_flops(input_tokens - cached_tokens, cached_tokens).total
+    tail = min(config.cache.window_recompute_tokens, cached_tokens)
+    memory_extra = 0.0 if window_hit or not tail else model.prefill_flops(tail, cached_tokens - tail).total
+    sliding_share = model.layer_counts().get("sliding", 0) / model.num_layers
+    recompute_extra = sliding_share * model.prefill_flops(cached_tokens, 0).total if cached_tokens else 0.0
+    return {"none": model.prefill_flops(input_tokens, 0).total, "disk": fresh, "memory": fresh + memory_extra,
+            "recompute": fresh + recompute_extra}
+
+
+def decode_kv_capacity_tokens(config: SimConfig) -> int:
+    """KV tokens one decode unit's HBM holds after the weights."""
+    sequences = max_decode_batch(config.model, PROFILES[config.hardware.decode], config.cluster.decode_cards,
+                                 MEAN_CONTEXT_FOR_CAPACITY, redundant_experts=_redundant_experts(config))
+    return max(1, sequences * MEAN_CONTEXT_FOR_CAPACITY)
+
+
+def decode_step(config: SimConfig, batch_size: int, kv_tokens: int, imbalance: float) -> tuple[float, float]:
+    """(seconds, MoE share of the step) of one decode step of a unit."""
+    cost = decode_step_seconds(config.model, PROFILES[config.hardware.decode], config.cluster.decode_cards,
+                               batch_size, kv_tokens, moe_imbalance=imbalance,
+                               redundant_experts=_redundant_experts(config))
+    return cost.total_s, cost.moe_share
+
+
+def _redundant_experts(config: SimConfig) -> int:
+    cards, experts = config.cluster.decode_cards, config.model.num_routed_experts
+    if config.balance.policy == "none":
+        return 0
+    slots = config.balance.slots_per_card or -(-experts // cards) + 1
+    return max(0, cards * slots - experts)

@@ -1,0 +1,236 @@
+"""The simulator's cost model: calibration on DeepSeek's H800 fleet, the CloudMatrix384 check, and its shape.
+
+Published figures (what the model must reproduce or is checked against):
+- DeepSeek open-infra-index Day-6 post (Mar 2025), H800: prefill EP32 on 4 nodes, decode EP144 on 18 nodes, 32
+  redundant experts each; 56.3% of input tokens hit the KV cache; average KV length 4,989 per output token;
+  20-22 output tok/s per user; 73.7k input tok/s per prefill node (cache hits included), 14.8k output tok/s per
+  decode node.
+- Zuo et al., "Serving Large Language Models on Huawei CloudMatrix384" (arXiv 2506.12708), DeepSeek-R1 in INT8 on
+  Ascend 910C: 6,688 prefill tok/s per NPU (4K-token prompts, perfect EPLB; 5,655 with its default EPLB) and
+  1,943 decode tok/s per NPU at TPOT under 50 ms (96 sequences per NPU, 4K KV: 96 / 49.4 ms), decode EP320 over
+  160 NPUs. The prompt and KV lengths are as we read the paper's evaluation section.
+"""
+
+import pytest
+
+from sim.cost_model import (StepCost, decode_step_seconds, kv_cache_read_seconds, max_decode_batch,
+                            prefill_seconds, vision_encode_seconds)
+from sim.hardware import CALIBRATED, PROFILES, Efficiency
+from sim.model_profile import ModelProfile
+
+V3 = ModelProfile()
+H800 = PROFILES["H800"]
+ASCEND = PROFILES["Ascend910C"]
+
+# DeepSeek's fleet (Day-6 post)
+DS_CACHE_HIT = 0.563
+DS_KV_LENGTH = 4989
+DS_PREFILL_TOK_S_PER_NODE = 73_700
+DS_DECODE_TOK_S_PER_NODE = 14_800
+DS_TOK_S_PER_USER = 21.0  # middle of 20-22
+DS_DECODE_NODES = 18
+
+# CloudMatrix384 (Ascend 910C)
+CM_PREFILL_TOK_S_PER_NPU = 6688
+CM_DECODE_TOK_S_PER_NPU = 1943
+CM_DECODE_NPUS = 160
+CM_DECODE_BATCH_PER_NPU = 96
+CM_CONTEXT = 4096
+
+# What the model predicts for CloudMatrix384 with CALIBRATED (documented in hardware.CALIBRATED and the README);
+# both fall short of the paper because CALIBRATED carries DeepSeek's fleet-average idle time, see below.
+CM_PREFILL_PREDICTED = 3765
+CM_DECODE_PREDICTED = 1628
+
+
+def _deepseek_prefill_node_rate(efficiency: Efficiency = CALIBRATED) -> float:
+    """Input tok/s per node (cache hits included) of one EP32 prefill instance, one average prompt per GPU."""
+    cached = round(DS_KV_LENGTH * DS_CACHE_HIT)
+    cards = 32
+    cost = prefill_seconds(V3, H800, cards, [DS_KV_LENGTH - cached] * cards, [cached] * cards, efficiency,
+                           redundant_experts=32)
+    return DS_KV_LENGTH * cards / cost.total_s / (cards / 8)
+
+
+def _deepseek_decode_unit() -> tuple[int, StepCost]:
+    """Sequences and step cost of one EP144 decode unit at DeepSeek's per-node rate and per-user speed."""
+    sequences = round(DS_DECODE_TOK_S_PER_NODE / DS_TOK_S_PER_USER * DS_DECODE_NODES)
+    cost = decode_step_seconds(V3, H800, 8 * DS_DECODE_NODES, sequences, sequences * DS_KV_LENGTH,
+                               redundant_experts=32)
+    return sequences, cost
+
+
+def _cloudmatrix_prefill_rate() -> float:
+    """Prefill tok/s per NPU for 4K-token prompts without cache hits, 4 prompts per NPU on 16 NPUs."""
+    npus = 16
+    cost = prefill_seconds(V3, ASCEND, npus, [CM_CONTEXT] * (4 * npus), 0)
+    return CM_CONTEXT * 4 * npus / cost.total_s / npus
+
+
+def _cloudmatrix_decode_rate() -> float:
+    """Decode tok/s per NPU with 96 sequences per NPU at 4K KV on an EP320 unit (160 NPUs, 2 dies each)."""
+    sequences = CM_DECODE_BATCH_PER_NPU * CM_DECODE_NPUS
+    cost = decode_step_seconds(V3, ASCEND, CM_DECODE_NPUS, sequences, sequences * CM_CONTEXT, redundant_experts=32)
+    return CM_DECODE_BATCH_PER_NPU / cost.total_s
+
+
+# ---- the model profile -----------------------------------------------------------------------------------------
+
+
+def test_deepseek_v3_profile_has_671b_total_and_37b_active_parameters():
+    assert V3.total_params() / 1e9 == pytest.approx(671.0, abs=0.5)
+    assert V3.active_params_per_token() / 1e9 == pytest.approx(37.5, abs=0.6)
+
+
+@pytest.mark.parametrize("dtype, expected", [("bf16", 61 * 576 * 2), ("fp8", 61 * 576)], ids=["bf16", "fp8"])
+def test_kv_cache_holds_576_mla_values_per_token_and_layer(dtype, expected):
+    model = ModelProfile(kv_cache_dtype=dtype)
+    assert model.kv_bytes_per_token() == expected
+    assert model.kv_bytes(1000) == 1000 * expected
+
+
+def test_sliding_window_layers_cache_at_most_the_window():
+    model = ModelProfile(sliding_window_share=0.5, sliding_window=128)
+    counts = model.layer_counts()
+    assert counts == {"full": 31, "sliding": 30, "compressed": 0}
+    per_layer = V3.kv_bytes_per_token_per_layer
+    assert model.kv_bytes(10_000) == (31 * 10_000 + 30 * 128) * per_layer
+    assert model.kv_bytes(100) == 61 * 100 * per_layer  # shorter than the window: every layer holds it all
+
+
+def test_sliding_window_layers_shrink_the_kv_cache_and_prefill_decoder_flops():
+    sliding = ModelProfile(sliding_window_share=0.5)
+    assert sliding.kv_bytes(5000) < 0.55 * V3.kv_bytes(5000)
+    assert sliding.prefill_flops(2000, 3000).total < V3.prefill_flops(2000, 3000).total
+    assert sliding.flops_per_token(5000).attention_core < 0.55 * V3.flops_per_token(5000).attention_core
+
+
+def test_compressed_layers_cache_one_entry_per_ratio_tokens():
+    model = ModelProfile(compressed_layers=(10, 20), compression_ratio=4)
+    per_layer = V3.kv_bytes_per_token_per_layer
+    assert model.kv_bytes(4000) == (59 * 4000 + 2 * 1000) * per_layer
+
+
+def test_a_layer_cannot_be_both_sliding_and_compressed():
+    with pytest.raises(ValueError, match="both sliding and compressed"):
+        ModelProfile(sliding_window_layers=(3, 4), compressed_layers=(4,))
+
+
+# ---- calibration on DeepSeek's H800 fleet ----------------------------------------------------------------------
+
+
+def test_calibrated_factors_reproduce_deepseek_h800_prefill_rate_within_2_percent():
+    assert _deepseek_prefill_node_rate() == pytest.approx(DS_PREFILL_TOK_S_PER_NODE, rel=0.02)
+
+
+def test_calibrated_factors_reproduce_deepseek_h800_decode_rate_within_2_percent():
+    sequences, cost = _deepseek_decode_unit()
+    assert cost.total_s == pytest.approx(1 / DS_TOK_S_PER_USER, rel=0.02)
+    assert sequences / DS_DECODE_NODES / cost.total_s == pytest.approx(DS_DECODE_TOK_S_PER_NODE, rel=0.02)
+
+
+def test_calibrated_network_factor_is_deepep_39_of_50_gb_s():
+    assert CALIBRATED.network == pytest.approx(39 / 50)
+
+
+def test_deepseek_decode_fits_in_h800_memory():
+    sequences, _ = _deepseek_decode_unit()
+    assert max_decode_batch(V3, H800, 144, DS_KV_LENGTH, redundant_experts=32) >= sequences
+
+
+# ---- the check on Ascend 910C, without refitting ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("predict, documented, published", [
+    (_cloudmatrix_prefill_rate, CM_PREFILL_PREDICTED, CM_PREFILL_TOK_S_PER_NPU),
+    (_cloudmatrix_decode_rate, CM_DECODE_PREDICTED, CM_DECODE_TOK_S_PER_NPU),
+], ids=["prefill", "decode"])
+def test_ascend_910c_prediction_is_the_documented_shortfall_against_cloudmatrix384(predict, documented, published):
+    """Not a pass within 15%: CALIBRATED reproduces DeepSeek's day averages (idle time included), CloudMatrix384
+    reports saturated benchmarks, and prefill there ran with perfect expert balance. The model misses by -44%
+    (prefill) and -16% (decode), about the gap between DeepSeek's fleet and H800 benchmarks of the same model
+    (NOTES: InferSim's measured 7,839 prefill and 2,324 decode tok/s per H800 against the fleet's 4,026 new and
+    1,850). This test pins the documented prediction so a change to the model shows up here."""
+    predicted = predict()
+    assert predicted == pytest.approx(documented, rel=0.01)
+    error = predicted / published - 1
+    assert -0.50 < error < 0
+
+
+# ---- the cost model's shape ------------------------------------------------------------------------------------
+
+
+def test_more_expert_imbalance_makes_a_decode_step_longer():
+    steps = [decode_step_seconds(V3, H800, 144, 12_000, 12_000 * 5000, imbalance).total_s
+             for imbalance in (1.0, 1.1, 1.3, 2.0)]
+    assert steps == sorted(steps) and steps[0] < steps[-1]
+
+
+def test_decode_step_reports_the_moe_share_and_it_grows_with_imbalance():
+    balanced = decode_step_seconds(V3, H800, 144, 12_000, 12_000 * 5000, 1.0)
+    skewed = decode_step_seconds(V3, H800, 144, 12_000, 12_000 * 5000, 1.5)
+    assert 0 < balanced.moe_share < skewed.moe_share < 1
+    assert balanced.moe_share == pytest.approx(balanced.moe_s / balanced.total_s)
+    assert float(skewed) == skewed.total_s
+
+
+def test_more_cached_tokens_make_the_same_prompt_prefill_faster():
+    seconds = [prefill_seconds(V3, H800, 8, [8000 - cached] * 8, [cached] * 8).total_s
+               for cached in (0, 2000, 4000, 6000)]
+    assert seconds == sorted(seconds, reverse=True) and seconds[-1] < seconds[0]
+
+
+def test_prefill_costs_a_batch_of_prompts_more_than_any_one_of_them():
+    batch = prefill_seconds(V3, H800, 8, [1000, 3000], [500, 0]).total_s
+    assert batch > prefill_seconds(V3, H800, 8, 3000, 0).total_s
+    assert batch > prefill_seconds(V3, H800, 8, 1000, 500).total_s
+
+
+def test_prefill_refuses_cached_counts_that_do_not_match_the_prompts():
+    with pytest.raises(ValueError, match="one per prompt"):
+        prefill_seconds(V3, H800, 8, [1000, 2000], [0, 0, 0])
+
+
+def test_speculative_tokens_share_one_read_of_cache_and_weights():
+    one = decode_step_seconds(V3, H800, 144, 1440, 1440 * 5000).total_s
+    two = decode_step_seconds(V3, H800, 144, 1440, 1440 * 5000, tokens_per_sequence=2).total_s
+    assert one < two < 2 * one
+
+
+def test_an_empty_decode_step_or_prefill_batch_costs_nothing():
+    assert decode_step_seconds(V3, H800, 144, 0, 0).total_s == 0.0
+    assert prefill_seconds(V3, H800, 8, [0, 0], [100, 0]).total_s == 0.0
+
+
+def test_the_ub_supernode_keeps_the_all_to_all_off_the_slower_nic():
+    on_h800 = decode_step_seconds(V3, H800, 160, 15_360, 15_360 * 4096).comm_s
+    on_ascend = decode_step_seconds(V3, ASCEND, 160, 15_360, 15_360 * 4096).comm_s
+    assert on_ascend < on_h800 / 5
+
+
+def test_max_decode_batch_is_zero_when_the_weights_alone_overflow_hbm():
+    assert max_decode_batch(V3, H800, 8, 4000) == 0  # 32 expert slots x 2.55 GB per card
+    assert max_decode_batch(V3, ASCEND, 160, 4000) > max_decode_batch(V3, H800, 160, 4000)
+
+
+def test_kv_cache_read_takes_bytes_over_bandwidth():
+    assert kv_cache_read_seconds(40e9, 40.0) == pytest.approx(1.0)
+
+
+def test_vision_encoding_grows_with_images_and_is_tens_of_ms_per_image_on_l20():
+    one = vision_encode_seconds(PROFILES["L20"], 1)
+    assert 0.01 < one < 0.2
+    assert vision_encode_seconds(PROFILES["L20"], 8) > 4 * one
+    assert vision_encode_seconds(PROFILES["L20"], 0) == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES), ids=sorted(PROFILES))
+def test_every_profile_lists_dense_peaks_with_low_precision_at_twice_bf16(name):
+    profile = PROFILES[name]
+    assert profile.name == name
+    assert profile.lowp_tflops == pytest.approx(2 * profile.bf16_tflops, rel=0.01)
+
+
+def test_efficiency_factors_above_one_are_refused():
+    with pytest.raises(ValueError):
+        Efficiency(compute=1.2, memory=0.5, network=0.5)
