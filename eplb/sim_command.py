@@ -19,12 +19,14 @@ import sys
 from pathlib import Path
 
 from eplb.commands import emit
-from sim import load_sim_config, run_simulation
-from sim.report import text_report, write_plots
 from traces.atomic_file import write_text_atomically
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
+    # Imported here: the other subcommands start without SimPy and the simulator's modules.
+    from sim import load_sim_config, run_simulation
+    from sim.report import text_report, write_plots
+
     config = load_sim_config(args.config)
     progress = None
     if not (args.json or args.quiet) and sys.stderr.isatty():

@@ -3,10 +3,11 @@
 1. Speed: the 1-hour Mooncake conversation trace (12,031 requests) through one 128-card decode unit and its
    prefill nodes: simulated seconds per wall second (goal: the hour in under 30 s on 2 cores). Skipped when the
    data is absent.
-2. Decode balance: the same saturated traffic through one decode unit whose experts are placed by no policy
+2. Decode balance: the same traffic (single turns with long replies, so the batch grows to tens of sequences per
+   card) through one decode unit whose experts are placed by no policy
    (one replica per expert), DeepSeek's greedy and `cpsat`: MoE imbalance, the MoE share of a step, decode tokens
-   per second per card and TPOT; the gain against "none" beside what the cost model predicts from the MoE share
-   (1 - share x (1 - imbalance / imbalance_none)).
+   per second per card and TPOT; the gain against "none" beside what the cost model predicts for a step at the
+   run's mean batch and KV with each policy's imbalance and redundant experts (`sim.costs.decode_step`).
 3. The three sliding-window designs on multi-turn traffic: prefill decoder FLOPs against full recompute and the disk
    each needs.
 
@@ -21,14 +22,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sim import SimConfig, load_sim_config, run_simulation  # noqa: E402
+from sim.costs import decode_step  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT / "sim" / "configs" / "mooncake-conversation.yaml"
-SATURATED = {  # enough traffic that the decode unit's batches reach a few hundred sequences per node
-    "duration_s": 40.0,
-    "workload": {"synthetic": {"sessions_per_s": 150.0, "agent_share": 0.5, "images_per_request": 0.0,
-                               "output_tokens": {"chat": 300.0, "agent": 300.0}}},
-    "cluster": {"prefill_nodes": 48, "decode_cards": 128},
+SATURATED = {  # single turns with long replies: the decode unit's batch grows to ~80 sequences per card
+    "duration_s": 150.0,
+    "workload": {"synthetic": {"sessions_per_s": 300.0, "agent_share": 0.0, "images_per_request": 0.0,
+                               "turns_mean": {"chat": 1.0, "agent": 1.0},
+                               "first_input_tokens": {"chat": 1000.0, "agent": 1000.0},
+                               "output_tokens": {"chat": 2000.0, "agent": 2000.0}}},
+    "cluster": {"prefill_nodes": 8, "decode_cards": 128},
+}
+WINDOWS = {  # multi-turn traffic over long enough that some turns come back after the window state's 180 s
+    "duration_s": 900.0,
+    "workload": {"synthetic": {"sessions_per_s": 2.0, "images_per_request": 0.0,
+                               "think_time_s": {"chat": 120.0, "agent": 60.0}}},
+    "cluster": {"prefill_nodes": 4, "decode_cards": 64},
 }
 
 
@@ -46,29 +56,32 @@ def speed() -> None:
 
 
 def balance(quick: bool) -> None:
-    print("\n| policy | decode imbalance | MoE share of a step | decode tok/s per card | TPOT p50 ms | gain vs none |"
-          " predicted from the MoE share |")
-    print("|---|---|---|---|---|---|---|")
-    reports = {}
+    print("\n| policy | decode imbalance | MoE share of a step | mean batch per card | decode tok/s per card | "
+          "TPOT p50 ms | gain vs none | cost model at the mean batch |")
+    print("|---|---|---|---|---|---|---|---|")
+    reports, configs = {}, {}
     for policy in ("none", "deepseek", "cpsat"):
         data = SimConfig.model_validate(SATURATED).model_dump()
         data["balance"].update(policy=policy, time_limit_s=1.0 if quick else 2.0)
         if quick:
-            data["duration_s"] = 10.0
-        reports[policy] = report = run_simulation(SimConfig.model_validate(data))[1]
+            data["duration_s"] = 20.0
+        configs[policy] = config = SimConfig.model_validate(data)
+        reports[policy] = report = run_simulation(config)[1]
         none = reports["none"]
         gain = report["decode_tokens_per_s_per_card"] / none["decode_tokens_per_s_per_card"] - 1
-        predicted = 1 / (1 - none["decode_moe_share_mean"]
-                         * (1 - report["decode_imbalance_mean"] / none["decode_imbalance_mean"])) - 1
+        batch, kv = round(none["decode_batch_mean"]), round(none["decode_kv_tokens_mean"])
+        predicted = (decode_step(configs["none"], batch, kv, none["decode_imbalance_mean"])[0]
+                     / decode_step(config, batch, kv, report["decode_imbalance_mean"])[0] - 1)
+        cards = config.cluster.decode_cards
         print(f"| {policy} | {report['decode_imbalance_mean']:.3f} | {report['decode_moe_share_mean']:.1%} | "
-              f"{report['decode_tokens_per_s_per_card']:,.0f} | {report['tpot_p50_s'] * 1e3:.1f} | {gain:+.1%} | "
-              f"{predicted:+.1%} |")
+              f"{report['decode_batch_mean'] / cards:.1f} | {report['decode_tokens_per_s_per_card']:,.0f} | "
+              f"{report['tpot_p50_s'] * 1e3:.1f} | {gain:+.1%} | {predicted:+.1%} |")
 
 
 def windows(quick: bool) -> None:
-    data = SimConfig().model_dump()
-    data["duration_s"] = 20.0 if quick else 60.0
-    data["workload"]["synthetic"]["think_time_s"] = {"chat": 120.0, "agent": 30.0}
+    data = SimConfig.model_validate(WINDOWS).model_dump()
+    if quick:
+        data["duration_s"] = 200.0
     report = run_simulation(SimConfig.model_validate(data))[1]
     print(f"\nwindows: {report['requests']:,} requests, disk hits {report['disk_cache_hit_rate']:.1%}, window state "
           f"found in memory for {report['window_cache_hit_rate'] / max(report['disk_cache_hit_rate'], 1e-9):.0%} of "

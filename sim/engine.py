@@ -65,6 +65,8 @@ class SimResult:
     decode_steps: int
     decode_imbalance_sum: float
     decode_moe_share_sum: float
+    decode_batch_sum: int
+    decode_kv_tokens_sum: int
     prefix_cache: PrefixCache
     window_cache: WindowCache
     timeline: dict[str, np.ndarray]  # per simulated second: output_tokens, input_tokens, disk_hit_tokens
@@ -109,7 +111,8 @@ class Simulation:
         decode_steps = sum(unit.steps for unit in self.units)
         return SimResult(config, self.records, env.now, self.use["vision"], self.use["prefill"], self.use["decode"],
                          decode_steps, sum(u.imbalance_sum for u in self.units),
-                         sum(u.moe_share_sum for u in self.units), self.prefix_cache, self.window_cache,
+                         sum(u.moe_share_sum for u in self.units), sum(u.batch_sum for u in self.units),
+                         sum(u.kv_tokens_sum for u in self.units), self.prefix_cache, self.window_cache,
                          self.timeline)
 
     # ----- arrivals and vision -----
@@ -213,6 +216,8 @@ class _DecodeUnit:
         self.steps = 0
         self.imbalance_sum = 0.0
         self.moe_share_sum = 0.0
+        self.batch_sum = 0
+        self.kv_tokens_sum = 0
         self.wake = sim.env.event()
         self.sequence = itertools.count()
 
@@ -252,6 +257,8 @@ class _DecodeUnit:
             self.steps += 1
             self.imbalance_sum += imbalance
             self.moe_share_sum += moe_share
+            self.batch_sum += len(self.active)
+            self.kv_tokens_sum += self.kv_tokens
             timeline[min(int(env.now), len(timeline) - 1)] += len(self.active)
             self.kv_tokens += len(self.active)
             while self.active and self.active[0][0] <= self.steps:

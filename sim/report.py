@@ -45,6 +45,8 @@ def build_report(result: SimResult, wall_seconds: float) -> dict:
         "prefill_decoder_flops_saved": 1.0 - flops[config.cache.window_design] / max(flops["none"], 1e-30),
         "decode_imbalance_mean": result.decode_imbalance_sum / max(result.decode_steps, 1),
         "decode_moe_share_mean": result.decode_moe_share_sum / max(result.decode_steps, 1),
+        "decode_batch_mean": result.decode_batch_sum / max(result.decode_steps, 1),
+        "decode_kv_tokens_mean": result.decode_kv_tokens_sum / max(result.decode_steps, 1),
         "cards": cards,
         "utilisation": {
             "vision": result.vision.busy_s / max(result.end_s * cluster.vision_cards, 1e-9),
