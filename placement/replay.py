@@ -86,6 +86,13 @@ class ReplayResult:
         return result
 
 
+def drifted_steps(served_imbalance_T: np.ndarray, fitted_imbalance: float, drift_ratio: float) -> np.ndarray:
+    """[T] bool: the served steps whose imbalance (mean over layers) exceeds `drift_ratio` times the placement's
+    fitted imbalance (mean over its fit window): the refit-on-drift trigger, shared by the replay and the live
+    rebalancer."""
+    return np.asarray(served_imbalance_T, dtype=float) > drift_ratio * float(fitted_imbalance)
+
+
 def rolling_replay(
     counts_TLE: np.ndarray,
     cluster: ClusterSpec,
@@ -150,8 +157,8 @@ def rolling_replay(
         next_fit, regime_start = upcoming.pop(0) if upcoming else (fit_step + every, regime_start)
         served = score_placement(placement, counts_TLE[serve_from : next_fit + lag], routing)
         if check_drift:
-            threshold = drift_ratio * float(fitted[-1].imbalance_TL.mean())
-            over = np.flatnonzero(served.imbalance_TL.mean(axis=1) > threshold)
+            over = np.flatnonzero(drifted_steps(served.imbalance_TL.mean(axis=1), fitted[-1].imbalance_TL.mean(),
+                                                drift_ratio))
             drifted = serve_from + int(over[0]) if over.size else num_steps
             if drifted + 1 + lag < num_steps:
                 drifts.append(drifted)

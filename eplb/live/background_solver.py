@@ -18,21 +18,28 @@ from collections.abc import Callable
 import numpy as np
 
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
+from placement.scoring import score_placement
 
 LOW_PRIORITY_NICE = 10  # CPU share about 1/10 of a decode process when they compete (19 starves it)
 PolicyFn = Callable[[np.ndarray, ClusterSpec], Placement]  # (counts_TLE, cluster) -> placement
 
 
+SCORED_STEPS = 32  # the last steps of the window the fitted imbalance is measured on (the drift trigger's level)
+
+
 def solve(counts_TLE: np.ndarray, current: Placement, policy: str, options: dict,
-          policy_fn: PolicyFn | None) -> tuple[Placement, tuple[int, int]]:
-    """The new placement for the window, relabelled to move the fewest experts from `current`, and (experts moved,
-    experts a slot-by-slot remap would move)."""
+          policy_fn: PolicyFn | None) -> tuple[Placement, tuple[int, int], float]:
+    """The new placement for the window, relabelled to move the fewest experts from `current`; (experts moved,
+    experts a slot-by-slot remap would move); and its fitted imbalance (mean over the window's last steps and its
+    layers, under the routing the layers run), the level the refit-on-drift trigger compares served steps with."""
     if policy_fn is not None:
         target = policy_fn(counts_TLE, current.cluster)
     else:
         target = fit_placement(policy, counts_TLE, current.cluster, **(options if policy == "cpsat" else {}))
     plan = plan_migration(current, target)
-    return plan.realised, (plan.num_moves, oblivious_moves(current, target))
+    routing = "static" if options.get("routing") == "static" else "live"
+    fitted = float(score_placement(plan.realised, counts_TLE[-SCORED_STEPS:], routing).imbalance_TL.mean())
+    return plan.realised, (plan.num_moves, oblivious_moves(current, target)), fitted
 
 
 class BackgroundSolver:
@@ -75,8 +82,8 @@ class BackgroundSolver:
                              name="eplb-solve", daemon=True).start()
 
     def poll(self) -> dict:
-        """The current job's state: {} before any, else with "result" (placement, moves) or "error" (text) once
-        done, and "started" (monotonic seconds)."""
+        """The current job's state: {} before any, else with "result" (placement, moves, fitted imbalance) or
+        "error" (text) once done, and "started" (monotonic seconds)."""
         while self._conn is not None and self._conn.poll():
             try:
                 job, ok, payload = self._conn.recv()

@@ -26,11 +26,11 @@ class RebalanceConfig(BaseModel):
         "dynamic", description="The routing the fit optimises for (as the layers route)."
     )
     refit_on_drift: float | None = Field(
-        1.4, gt=1, description="Rebalance at once when the mean imbalance of the last `drift_steps` steps exceeds "
-                               "this times the mean of the first `drift_steps` served after the last switch "
-                               "(None: fixed interval only)."
+        1.4, gt=1, description="Rebalance at once when a served step's imbalance exceeds this times the placement's "
+                               "fitted imbalance (the replay's trigger; None: fixed interval only)."
     )
-    drift_steps: int = Field(8, ge=1, description="Steps averaged on each side of the drift comparison.")
+    drift_steps: int = Field(8, ge=1, description="Served steps that set the level of a placement with no fitted "
+                                                  "imbalance (the one at start, or one loaded from a file).")
     drift_check_every: int = Field(4, ge=1, description="Steps between a rank's drift checks (the flag travels with "
                                                         "the step's counts).")
     max_bytes_per_step: int = Field(

@@ -49,6 +49,7 @@ from eplb.live.replica_assignment import ReplicaTables
 from eplb.live.survivor_placement import placement_without
 from eplb.live.weight_moves import Fill, backup_wanted, matrix_of, plan_fills, run_round, schedule_chunks
 from placement import Placement, PlacementFormatError, load_placement, oblivious_moves, plan_migration
+from placement.replay import drifted_steps
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ class Rebalancer:
         self._steps_since_attempt = 0
         self._due_now = False
         self._imbalance: list[float] = []  # planned imbalance of each step served since the last switch
+        self._fitted_imbalance: float | None = None  # the serving placement's fitted level, when known
         self._solve: dict = {}
         self._solver: BackgroundSolver | None = None
         if comm.rank == 0:
@@ -236,7 +238,7 @@ class Rebalancer:
             self._state = "solving"
             return 0
         checks = (config.refit_on_drift is not None and self._steps_since_attempt % config.drift_check_every == 0
-                  and len(self._imbalance) >= 2 * config.drift_steps)
+                  and (self._fitted_imbalance is not None or len(self._imbalance) >= 2 * config.drift_steps))
         return int(checks and self._drifted())
 
     # ----- 2. solving -----
@@ -254,12 +256,14 @@ class Rebalancer:
                        else "the solve failed on rank 0")
             return
         shape = self.placement.phy2log_LP.shape
-        result, box["moves"] = job.get("result", (None, None))
+        result, box["moves"], fitted = job.get("result", (None, None, 0.0))
         phy2log = torch.as_tensor(result.phy2log_LP if result is not None else np.zeros(shape, np.int64),
                                   dtype=torch.int64, device=comm.device)
-        weights = torch.as_tensor(result.weights_LP if result is not None else np.zeros(shape),
-                                  dtype=torch.float64, device=comm.device)
+        # The static weights and, last, the fitted imbalance (the drift trigger's level), in one broadcast.
+        weights = torch.as_tensor(np.append(result.weights_LP.reshape(-1), fitted) if result is not None
+                                  else np.zeros(phy2log.numel() + 1), dtype=torch.float64, device=comm.device)
         phy2log, weights = comm.broadcast(phy2log, 0).cpu().numpy(), comm.broadcast(weights, 0).cpu().numpy()
+        box["fitted_imbalance"], weights = float(weights[-1]), weights[:-1].reshape(shape)
         try:
             target = Placement(phy2log, weights, self.placement.cluster, self.placement.num_experts,
                                policy=self.config.policy)
@@ -354,6 +358,7 @@ class Rebalancer:
                     new_backup[expert] = box["staging"].get(("backup", index, expert)) or self.backup[index][expert]
             self.backup[index] = new_backup
         self.placement = target
+        self._fitted_imbalance = box.get("fitted_imbalance")
         self.stats.rebalances += 1
         self.stats.switch_steps.append(step)
         self.stats.lag_steps.append(step - box["fit_step"])
@@ -383,14 +388,20 @@ class Rebalancer:
             gpu_tokens = layer.last_step["quota_P"].view(-1, layer.slots_per_gpu).sum(1).double()
             per_layer.append(gpu_tokens.max() / gpu_tokens.mean().clamp_min(1e-9))
         self._imbalance.append(float(torch.stack(per_layer).mean()))
-        span = self.config.drift_steps
-        if len(self._imbalance) > 4 * span:
-            del self._imbalance[span:-span]
+        span, keep = self.config.drift_steps, max(self.config.drift_steps, self.config.drift_check_every)
+        if len(self._imbalance) > span + 2 * keep:
+            del self._imbalance[span:-keep]
 
     def _drifted(self) -> bool:
-        span = self.config.drift_steps
-        baseline, recent = np.mean(self._imbalance[:span]), np.mean(self._imbalance[-span:])
-        return bool(recent > self.config.refit_on_drift * baseline)
+        """The replay's refit-on-drift rule (`placement.replay.drifted_steps`) on the steps served since the last
+        check: a step more imbalanced than `refit_on_drift` x the placement's fitted imbalance. A placement with no
+        fitted level (the one at start, or one loaded from a file) is measured against its first `drift_steps`
+        served steps instead."""
+        level = self._fitted_imbalance
+        if level is None:
+            level = float(np.mean(self._imbalance[: self.config.drift_steps]))
+        recent = self._imbalance[-self.config.drift_check_every:]
+        return bool(drifted_steps(np.array(recent), level, self.config.refit_on_drift).any())
 
     # ----- host copies -----
 
@@ -524,6 +535,7 @@ class Rebalancer:
                 for rank, expert in backup_wanted(target.phy2log_LP[index].reshape(new_shape)) if rank == comm.rank
             }
         self.placement, self.placement_members = target, list(survivors)
+        self._fitted_imbalance = None
         self.layers[0].piggyback = self.layers[0].piggyback_received = None  # messages of the old group
         self._solve = {}
         self.recorder.discard_current_step()

@@ -156,3 +156,10 @@ def test_with_lag_above_every_the_fits_in_flight_land_before_the_refit_on_drift(
 def test_replay_refuses_parameters_that_leave_nothing_to_score(options, match):
     with pytest.raises(PlacementInfeasibleError, match=match):
         rolling_replay(regimes([], 20), CLUSTER, "deepseek", **{"every": 5, "window": 5, **options})
+
+
+def test_the_drift_trigger_fires_on_steps_above_ratio_times_the_fitted_imbalance():
+    from placement.replay import drifted_steps
+
+    assert drifted_steps(np.array([1.0, 1.39, 1.41, 2.0]), 1.0, 1.4).tolist() == [False, False, True, True]
+    assert not drifted_steps(np.array([1.5]), 1.1, 1.4).any()

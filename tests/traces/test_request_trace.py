@@ -1,7 +1,6 @@
 """Reading Mooncake (.jsonl) and Azure (.csv) request traces: values, order, errors naming the line, real files."""
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -153,16 +152,12 @@ def test_request_refuses_impossible_values():
         Request(-1.0, 1, 1)
 
 
-def test_real_mooncake_conversation_trace_loads_fast_with_monotone_arrivals():
-    path = real_file("mooncake_conversation_trace.jsonl")
-    start = time.perf_counter()
-    requests = load_request_trace(path)
-    elapsed = time.perf_counter() - start
+def test_real_mooncake_conversation_trace_loads_with_monotone_arrivals_and_a_block_per_512_tokens():
+    requests = load_request_trace(real_file("mooncake_conversation_trace.jsonl"))
     assert len(requests) == 12_031
     assert requests[0].arrival_s == 0.0
     assert all(a.arrival_s <= b.arrival_s for a, b in zip(requests, requests[1:]))
     assert all(len(r.block_hashes) == -(-r.input_tokens // 512) for r in requests)
-    assert elapsed < 1.0, f"loading took {elapsed:.2f} s; expected well under a second"
 
 
 @pytest.mark.parametrize(

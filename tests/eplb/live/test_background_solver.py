@@ -1,5 +1,5 @@
 """The rebalancer's background solve, in a helper process and in a thread: an answer relabelled to move the
-fewest experts, a policy's error reported as text, an abandoned job's answer ignored, and a policy a process
+fewest experts with its fitted imbalance (the drift trigger's level), a policy's error reported as text, an abandoned job's answer ignored, and a policy a process
 cannot take refused up front."""
 
 import time
@@ -10,6 +10,7 @@ import pytest
 from eplb.live.background_solver import BackgroundSolver
 from eplb.live.rebalancing_loop import failing_policy
 from placement import ClusterSpec, fit_placement, plan_migration
+from placement.scoring import score_placement
 
 
 def wait_for(solver: BackgroundSolver, timeout_s: float = 120.0) -> dict:
@@ -35,10 +36,12 @@ def test_the_answer_is_the_policys_placement_relabelled_to_move_the_fewest_exper
     solver = BackgroundSolver(where, "deepseek", {})
     try:
         solver.submit(counts, current)
-        placement, (moves, oblivious) = wait_for(solver)["result"]
+        placement, (moves, oblivious), fitted = wait_for(solver)["result"]
         expected = plan_migration(current, fit_placement("deepseek", counts, current.cluster))
         assert np.array_equal(placement.phy2log_LP, expected.realised.phy2log_LP)
         assert moves == expected.num_moves <= oblivious
+        # The drift trigger's level: the placement's imbalance on the window under the live router.
+        assert fitted == pytest.approx(score_placement(placement, counts[-32:], "live").imbalance_TL.mean())
         solver.submit(counts, current)  # a new job replaces the old one's state
         assert "result" not in solver.poll()
         assert "result" in wait_for(solver)

@@ -91,7 +91,7 @@ def test_a_failed_rebalance_leaves_the_old_placement_serving_everywhere(fault):
 def test_survivors_of_a_killed_rank_finish_the_run_exactly_and_requeue_its_requests():
     steps = 30
     setup, reports, summary = run(4, steps, faults=Faults(kills=((2, 14),)),
-                                  config=CONFIG.model_copy(update={"interval": 100}))
+                                  config=CONFIG.model_copy(update={"interval": 100, "max_bytes_per_step": 1 << 20}))
     assert_exact_and_complete(summary, steps)
     assert summary["survivors"] == [0, 1, 3] and summary["world_size_at_end"] == 3
     assert [rec["lost_ranks"] for rec in summary["recoveries"]] == [[2]]
