@@ -165,6 +165,8 @@ class Communicator:
         """
         if self.store is None:
             raise CollectiveError("regroup needs the rendezvous store: join with init_communicator(store_address=...)")
+        if self.group is not None:
+            raise CollectiveError("regroup re-forms the default process group; this communicator serves a subgroup")
         if self.original_rank not in members or len(set(members)) != len(members):
             raise ValueError(f"members must list distinct original ranks including this one "
                              f"({self.original_rank}); got {members}")

@@ -91,7 +91,8 @@ def cuda_graph_of(fn, counts_E: torch.Tensor, table, calls: int):
 
 def busiest_over_lp(route, steps_TE: np.ndarray, lp_T: np.ndarray, num_gpus: int, device: torch.device) -> float:
     """Mean over steps of the busiest GPU under `route(counts_E) -> tokens_P`, over the LP optimum."""
-    busiest = [route(torch.as_tensor(counts, device=device)).view(num_gpus, -1).sum(1).max().item() for counts in steps_TE]
+    busiest = [route(torch.as_tensor(counts, device=device)).view(num_gpus, -1).sum(1).max().item()
+               for counts in steps_TE]
     return float(np.mean(np.array(busiest) / lp_T))
 
 

@@ -51,8 +51,9 @@ def speed() -> None:
     _, report = run_simulation(config)
     wall = time.perf_counter() - began
     print(f"speed: Mooncake conversation, {report['requests']:,} requests, {report['simulated_seconds']:.0f} s "
-          f"simulated in {wall:.1f} s ({report['sim_seconds_per_wall_second']:.0f}x), {report['decode_steps']:,} decode "
-          f"steps; disk hits {report['disk_cache_hit_rate']:.1%}, window hits {report['window_cache_hit_rate']:.1%}")
+          f"simulated in {wall:.1f} s ({report['sim_seconds_per_wall_second']:.0f}x), {report['decode_steps']:,} "
+          f"decode steps; disk hits {report['disk_cache_hit_rate']:.1%}, window hits "
+          f"{report['window_cache_hit_rate']:.1%}")
 
 
 def balance(quick: bool) -> None:

@@ -135,7 +135,8 @@ def rebalancing_demo(args) -> int:
     if not args.json:
         print(f"{args.world_size} ranks x {slots} slots, {args.layers} layers x {args.experts} experts, "
               f"top-{args.top_k}, {args.tokens_per_step} tokens per step, routing {args.routing}, rebalance every "
-              f"{args.rebalance_every}, rank {args.fail_rank} killed at step {fail_at if args.fail_rank is not None else '-'}:")
+              f"{args.rebalance_every}, rank {args.fail_rank} killed at step "
+              f"{fail_at if args.fail_rank is not None else '-'}:")
         for key in ("imbalance_before", "imbalance_after", "rebalances", "bytes_moved", "max_abs_err_vs_dense",
                     "tokens_lost", "requests_requeued", "decode_steps_waiting_on_rebalance", "step_time_p99_ratio",
                     "seconds_from_kill_to_first_step"):

@@ -83,14 +83,16 @@ def text_report(report: dict) -> str:
         f"latency: TTFT p50 {report['ttft_p50_s']:.3f} s, p99 {report['ttft_p99_s']:.3f} s; TPOT p50 "
         f"{report['tpot_p50_s'] * 1e3:.1f} ms, p99 {report['tpot_p99_s'] * 1e3:.1f} ms",
         f"cache: disk {report['disk_cache_hit_rate']:.1%} of input tokens, sliding-window state in memory "
-        f"{report['window_cache_hit_rate']:.1%}; prefill decoder FLOPs saved {report['prefill_decoder_flops_saved']:.1%}"
+        f"{report['window_cache_hit_rate']:.1%}; prefill decoder FLOPs saved "
+        f"{report['prefill_decoder_flops_saved']:.1%}"
         f" ({report['window_design']} design)",
         f"decode: MoE imbalance {report['decode_imbalance_mean']:.3f}, MoE share of a step "
         f"{report['decode_moe_share_mean']:.1%}",
         "window designs (prefill decoder FLOPs vs full recompute; disk needed):",
     ]
     for design, figures in report["window_designs"].items():
-        lines.append(f"  {design:9s} {figures['flops_vs_full_recompute']:.1%}  {figures['disk_bytes_needed'] / 1e12:.2f} TB")
+        lines.append(f"  {design:9s} {figures['flops_vs_full_recompute']:.1%}  "
+                     f"{figures['disk_bytes_needed'] / 1e12:.2f} TB")
     return "\n".join(lines)
 
 

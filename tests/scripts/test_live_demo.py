@@ -29,7 +29,8 @@ def test_live_demo_prints_the_contract_keys_last_with_no_token_lost(routing):
 def test_live_demo_rebalances_and_survives_a_killed_rank():
     result = subprocess.run([sys.executable, str(SCRIPT), "--world-size", "3", "--steps", "24", "--experts", "12",
                              "--hidden-size", "16", "--tokens-per-step", "60", "--time-limit", "0.5",
-                             "--rebalance-every", "6", "--rebalance-policy", "deepseek", "--solve-in", "thread", "--fail-rank", "1",
+                             "--rebalance-every", "6", "--rebalance-policy", "deepseek", "--solve-in", "thread",
+                             "--fail-rank", "1",
                              "--fail-at-step", "16", "--timeout", "4", "--json"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

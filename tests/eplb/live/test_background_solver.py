@@ -1,6 +1,6 @@
 """The rebalancer's background solve, in a helper process and in a thread: an answer relabelled to move the
-fewest experts with its fitted imbalance (the drift trigger's level), a policy's error reported as text, an abandoned job's answer ignored, and a policy a process
-cannot take refused up front."""
+fewest experts with its fitted imbalance (the drift trigger's level), a policy's error reported as text, an
+abandoned job's answer ignored, and a policy a process cannot take refused up front."""
 
 import time
 
