@@ -1,4 +1,4 @@
-"""The rebalancer's solve, off the decode process: a helper process at the lowest CPU priority, or a thread.
+"""The rebalancer's solve, off the decode process: a helper process at a low CPU priority, or a thread.
 
 A process shares neither the interpreter lock nor the scheduler's favour with decode: the `cpsat` policy's Python
 parts (building models, scoring candidates) would otherwise hold the lock for milliseconds at a time while the
@@ -101,7 +101,7 @@ class BackgroundSolver:
             self._conn = None
 
     def _solve_in_thread(self, box: dict, counts_TLE: np.ndarray, current: Placement) -> None:
-        lowest_priority()
+        low_priority()
         try:
             box["result"] = solve(counts_TLE, current, self.policy, self.options, self.policy_fn)
         except Exception as exc:  # reported to every rank by the next poll
@@ -111,7 +111,7 @@ class BackgroundSolver:
 def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None) -> None:
     """The helper process: answer jobs until the pipe closes."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    lowest_priority()
+    low_priority()
     while True:
         try:
             job, counts_TLE, current = conn.recv()
@@ -127,7 +127,7 @@ def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None) -> None
             return
 
 
-def lowest_priority() -> None:
+def low_priority() -> None:
     """Give this thread (and the threads it starts) a low CPU priority where the OS allows it (on Linux nice is per
     thread, so this leaves the rest of the process alone)."""
     try:

@@ -20,7 +20,7 @@ class RebalanceConfig(BaseModel):
     solve_threads: int = Field(1, ge=1, description="Threads of the cpsat solve (layers at once).")
     solve_in: Literal["process", "thread"] = Field(
         "process", description="Where rank 0 solves: a helper process (no lock shared with decode) or a thread; "
-                               "either at the lowest CPU priority."
+                               "either at a low CPU priority (nice 10)."
     )
     routing: Literal["static", "dynamic"] = Field(
         "dynamic", description="The routing the fit optimises for (as the layers route)."

@@ -8,8 +8,8 @@ counts in the first layer's all-gather (which the layer runs anyway), and at the
 same messages and takes the same decision. Over the steps:
 
 1. idle: every `interval` steps (or at once when some rank saw the imbalance drift), all-reduce the recorder's
-   window [T, L, E] and start the policy on rank 0 in the background (`BackgroundSolver`: a helper process at the
-   lowest CPU priority, or a thread; no collective runs there: every collective stays on the worker's thread, in
+   window [T, L, E] and start the policy on rank 0 in the background (`BackgroundSolver`: a helper process at a
+   low CPU priority, or a thread; no collective runs there: every collective stays on the worker's thread, in
    step order);
 2. solving: rank 0's message says whether the solve is running, failed or done; when done, rank 0 broadcasts the
    placement, relabelled to move the fewest experts (`plan_migration`), and every rank plans the same fills
