@@ -24,7 +24,8 @@ from eplb.live.experts import ExpertWeights, grouped_swiglu, swiglu
 from eplb.live.gate import gate_topk
 from eplb.live.load_recorder import LoadRecorder, count_picks_E
 from eplb.live.moe_config import MoELayerConfig
-from eplb.live.replica_assignment import ROUTING_MODES, ReplicaTables, compiled_plan_step, plan_step
+from eplb.live.replica_assignment import (ROUTING_MODES, ReplicaTables, compiled_plan_step, plan_step,
+                                         slot_quotas_P)
 from placement import Placement, PlacementFormatError, load_placement
 
 
@@ -154,9 +155,7 @@ class MoEDecodeLayer(nn.Module):
         shared = self.shared_experts
         for index in range(config.num_shared_experts):
             out = out + swiglu(x_ND, shared.gate_ADF[index], shared.up_ADF[index], shared.down_AFD[index])
-        quota_P = torch.zeros(tables.num_slots + 1, dtype=torch.int64, device=quota_EX.device)
-        quota_P.scatter_add_(0, tables.log2phy_EX.reshape(-1), quota_EX.reshape(-1))
-        self.last_step = {"quota_P": quota_P[: tables.num_slots], "rows_sent_WP": sent_WP, "computed_S": computed_S,
+        self.last_step = {"quota_P": slot_quotas_P(quota_EX, tables), "rows_sent_WP": sent_WP, "computed_S": computed_S,
                           "counts_E": counts_WE.sum(0)}
         return out
 

@@ -278,24 +278,18 @@ class Rebalancer:
 
     def _plan(self, target: Placement) -> None:
         """Plan the fills from the placement serving now to `target`, allocate the staging buffers, go to moving."""
-        comm, current = self.comm, self.placement
+        current = self.placement
         shape = (current.cluster.num_gpus, current.cluster.slots_per_gpu)
         fills, sends = [], {}
         for layer in range(current.num_layers):
             old_GS, new_GS = current.phy2log_LP[layer].reshape(shape), target.phy2log_LP[layer].reshape(shape)
             holders = _holders(old_GS)
-            old_backup = {(gpu, expert) for gpu, expert in backup_wanted(old_GS)}
-            for gpu, expert in old_backup:
-                holders[gpu].setdefault(expert, ("backup", expert))
+            old_backup = set(backup_wanted(old_GS))
             wanted = [(gpu, "slot", slot, int(new_GS[gpu, slot])) for gpu, slot in np.argwhere(new_GS != old_GS)]
             wanted += [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(new_GS)
                        if (gpu, expert) not in old_backup]
             fills += plan_fills(layer, wanted, holders, sends)
-        staging: dict[tuple[str, int, int], ExpertWeights] = {}
-        for fill in fills:
-            if fill.dst_rank == comm.rank:
-                device = comm.device if fill.dst_kind == "slot" else "cpu"
-                staging[(fill.dst_kind, fill.layer, fill.dst_index)] = self._empty(fill.layer, 1, device)
+        staging = self._staging_for(fills)
         config = self.layers[0].config
         rounds = schedule_chunks(fills, config.hidden_size, config.intermediate_size,
                                  self.layers[0].slot_experts.gate_ADF.element_size(), self.config.max_bytes_per_step)
@@ -347,16 +341,9 @@ class Rebalancer:
         target: Placement = box["target"]
         shape = (target.cluster.num_gpus, target.cluster.slots_per_gpu)
         for index, layer in enumerate(self.layers):
-            for matrix_index, stack in enumerate(_stacks(layer.slot_experts)):
-                for (kind, staged_layer, slot), staged in box["staging"].items():
-                    if kind == "slot" and staged_layer == index:
-                        stack[slot].copy_(matrix_of(staged, matrix_index, 0))
+            self._copy_staged_slots(index, layer.slot_experts, box["staging"])
             layer.install(target, box["tables"][index])
-            new_backup = {}
-            for gpu, expert in backup_wanted(target.phy2log_LP[index].reshape(shape)):
-                if gpu == comm.rank:
-                    new_backup[expert] = box["staging"].get(("backup", index, expert)) or self.backup[index][expert]
-            self.backup[index] = new_backup
+            self._keep_backups(index, target.phy2log_LP[index].reshape(shape), box["staging"])
         self.placement = target
         self._fitted_imbalance = box.get("fitted_imbalance")
         self.stats.rebalances += 1
@@ -412,9 +399,8 @@ class Rebalancer:
         for layer in range(self.placement.num_layers):
             experts_GS = self.placement.phy2log_LP[layer].reshape(shape)
             wanted = [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(experts_GS)]
-            fills += plan_fills(layer, wanted, _holders(experts_GS), sends)
-        staging = {(f.dst_kind, f.layer, f.dst_index): self._empty(f.layer, 1, "cpu") for f in fills
-                   if f.dst_rank == self.comm.rank}
+            fills += plan_fills(layer, wanted, _holders(experts_GS, with_backups=False), sends)
+        staging = self._staging_for(fills)
         self._solve = {"staging": staging}
         self._run_all(fills, self.config.max_bytes_per_step, tag_base=_tag_base(0, 0))
         for (_, layer, expert), weights in staging.items():
@@ -428,6 +414,25 @@ class Rebalancer:
         for index, chunks in enumerate(rounds):
             self.stats.bytes_received += run_round(self.comm, chunks, fills, self._source, self._staged,
                                                    tag_base=tag_base + index * 10_000)
+
+    def _staging_for(self, fills: list[Fill]) -> dict[tuple[str, int, int], ExpertWeights]:
+        """Empty buffers for this rank's fills: (kind, layer, index) -> one expert, slots on the device, host copies
+        in host memory."""
+        return {(fill.dst_kind, fill.layer, fill.dst_index):
+                self._empty(fill.layer, 1, self.comm.device if fill.dst_kind == "slot" else "cpu")
+                for fill in fills if fill.dst_rank == self.comm.rank}
+
+    def _copy_staged_slots(self, layer: int, weights: ExpertWeights, staging: dict) -> None:
+        """Copy the staged experts of `layer` into their slots of `weights` (between two steps)."""
+        for (kind, staged_layer, slot), staged in staging.items():
+            if kind == "slot" and staged_layer == layer:
+                for matrix, stack in enumerate(_stacks(weights)):
+                    stack[slot].copy_(matrix_of(staged, matrix, 0))
+
+    def _keep_backups(self, layer: int, experts_GS: np.ndarray, staging: dict) -> None:
+        """This rank's host copies of `layer` for the placement `experts_GS` [G, S]: staged ones, else kept ones."""
+        self.backup[layer] = {expert: staging.get(("backup", layer, expert)) or self.backup[layer][expert]
+                              for rank, expert in backup_wanted(experts_GS) if rank == self.comm.rank}
 
     def _empty(self, layer: int, count: int, device) -> ExpertWeights:
         weights = self.layers[layer].slot_experts
@@ -496,8 +501,6 @@ class Rebalancer:
         for layer in range(old.num_layers):
             old_GS, new_GS = old.phy2log_LP[layer].reshape(old_shape), target.phy2log_LP[layer].reshape(new_shape)
             all_holders = _holders(old_GS)
-            for gpu, expert in backup_wanted(old_GS):
-                all_holders[gpu].setdefault(expert, ("backup", expert))
             holders = {rank: all_holders[gpu] for rank, gpu in enumerate(kept)}
             restored += len(set(old_GS[lost].reshape(-1).tolist()) - set(old_GS[kept].reshape(-1).tolist()))
             # Slots that change (or are new) and the host copies of the new ring; the rest stays where it is.
@@ -510,11 +513,7 @@ class Rebalancer:
                 fills += plan_fills(layer, wanted, holders, sends)
             except LookupError as exc:
                 raise CollectiveError(f"cannot recover: {exc} (its ranks and their successors were lost)") from exc
-        staging = {}
-        for fill in fills:
-            if fill.dst_rank == comm.rank:
-                device = comm.device if fill.dst_kind == "slot" else "cpu"
-                staging[(fill.dst_kind, fill.layer, fill.dst_index)] = self._empty(fill.layer, 1, device)
+        staging = self._staging_for(fills)
         self._solve = {"staging": staging}
         self._run_all(fills, max(self.config.max_bytes_per_step, 1 << 30), tag_base=_tag_base(comm.generation, 0))
         # Commit: every transfer succeeded on this rank; copy the staged experts into the slots (grown if needed).
@@ -525,15 +524,9 @@ class Rebalancer:
                 for old_stack, new_stack in zip(_stacks(weights), _stacks(grown)):
                     new_stack[: old_shape[1]].copy_(old_stack)
                 weights = grown
-            for (kind, staged_layer, slot), staged in staging.items():
-                if kind == "slot" and staged_layer == index:
-                    for matrix, stack in enumerate(_stacks(weights)):
-                        stack[slot].copy_(matrix_of(staged, matrix, 0))
+            self._copy_staged_slots(index, weights, staging)
             layer.install(target, ReplicaTables.build(target, index, comm.device), weights)
-            self.backup[index] = {
-                expert: staging.get(("backup", index, expert)) or self.backup[index][expert]
-                for rank, expert in backup_wanted(target.phy2log_LP[index].reshape(new_shape)) if rank == comm.rank
-            }
+            self._keep_backups(index, target.phy2log_LP[index].reshape(new_shape), staging)
         self.placement, self.placement_members = target, list(survivors)
         self._fitted_imbalance = None
         self.layers[0].piggyback = self.layers[0].piggyback_received = None  # messages of the old group
@@ -560,13 +553,16 @@ def _stacks(weights: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return weights.gate_ADF, weights.up_ADF, weights.down_AFD
 
 
-def _holders(experts_GS: np.ndarray) -> dict[int, dict[int, tuple[str, int]]]:
-    """GPU -> expert -> ("slot", first slot holding it)."""
+def _holders(experts_GS: np.ndarray, with_backups: bool = True) -> dict[int, dict[int, tuple[str, int]]]:
+    """GPU -> expert -> where that GPU's rank holds it under the placement `experts_GS` [G, S]: ("slot", its first
+    slot), else ("backup", expert) for the host copies the ring gives it (left out before they are built)."""
     holders: dict[int, dict[int, tuple[str, int]]] = {}
     for gpu, row in enumerate(experts_GS.tolist()):
         held = holders.setdefault(gpu, {})
         for slot, expert in enumerate(row):
             held.setdefault(int(expert), ("slot", slot))
+    for gpu, expert in backup_wanted(experts_GS) if with_backups else ():
+        holders[gpu].setdefault(expert, ("backup", expert))
     return holders
 
 

@@ -26,7 +26,7 @@ from eplb.live.moe_layer import MoEDecodeLayer
 from eplb.live.rebalance_config import RebalanceConfig
 from eplb.live.rebalancer import Rebalancer
 from eplb.live.synthetic_decode import DecodeSetup, model_weights, step_inputs_LND, tokens_per_rank
-from eplb.live.replica_assignment import ReplicaTables, slot_quotas_EX
+from eplb.live.replica_assignment import ReplicaTables, slot_quotas_EX, slot_quotas_P
 from placement import ClusterSpec, Placement, PlacementFormatError, fit_placement
 from traces.synthetic import SyntheticConfig, generate_trace
 
@@ -283,9 +283,7 @@ def _imbalance_before(setup: DecodeSetup, report: LoopReport, after_steps: list[
         per_layer = []
         for layer, counts in enumerate(report.steps[step]["counts_LE"]):
             quota_EX = slot_quotas_EX(torch.as_tensor(counts), tables[layer], setup.routing)
-            quota_P = torch.zeros(tables[layer].num_slots + 1, dtype=torch.int64)
-            quota_P.scatter_add_(0, tables[layer].log2phy_EX.reshape(-1), quota_EX.reshape(-1))
-            gpu = quota_P[:-1].view(start.cluster.num_gpus, -1).sum(1).double()
+            gpu = slot_quotas_P(quota_EX, tables[layer]).view(start.cluster.num_gpus, -1).sum(1).double()
             per_layer.append(float(gpu.max() / gpu.mean().clamp_min(1e-9)))
         values.append(float(np.mean(per_layer)))
     basis = "after the last switch" if after_steps else "every step (no switch)"

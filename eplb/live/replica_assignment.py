@@ -83,6 +83,13 @@ def slot_quotas_EX(counts_E: torch.Tensor, tables: ReplicaTables, mode: str) -> 
     raise ValueError(f"mode must be one of {ROUTING_MODES}; got {mode!r}")
 
 
+def slot_quotas_P(quota_EX: torch.Tensor, tables: ReplicaTables) -> torch.Tensor:
+    """[P] int64: tokens the quotas give each slot (quota_EX [E, X] laid out by slot)."""
+    quota_P = torch.zeros(tables.num_slots + 1, dtype=torch.int64, device=quota_EX.device)
+    quota_P.scatter_add_(0, tables.log2phy_EX.reshape(-1), quota_EX.reshape(-1))
+    return quota_P[: tables.num_slots]
+
+
 def rows_sent_WP(counts_WE: torch.Tensor, quota_EX: torch.Tensor, tables: ReplicaTables) -> torch.Tensor:
     """[W, P] int64: picks rank w sends to slot p this step (the overlap of its range with the slot's range)."""
     rank_end = counts_WE.cumsum(0)

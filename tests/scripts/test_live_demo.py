@@ -27,18 +27,18 @@ def test_live_demo_prints_the_contract_keys_last_with_no_token_lost(routing):
 
 
 def test_live_demo_rebalances_and_survives_a_killed_rank():
-    result = subprocess.run([sys.executable, str(SCRIPT), "--world-size", "3", "--steps", "24", "--experts", "12",
+    result = subprocess.run([sys.executable, str(SCRIPT), "--world-size", "3", "--steps", "36", "--experts", "12",
                              "--hidden-size", "16", "--tokens-per-step", "60", "--time-limit", "0.5",
                              "--rebalance-every", "6", "--rebalance-policy", "deepseek", "--solve-in", "thread",
                              "--fail-rank", "1",
-                             "--fail-at-step", "16", "--timeout", "4", "--json"],
+                             "--fail-at-step", "26", "--timeout", "4", "--json"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert {"steps", "world_size", "max_abs_err_vs_dense", "imbalance_before", "imbalance_after", "rebalances",
             "bytes_moved", "tokens_lost", "requests_requeued", "failed_rank", "decode_steps_waiting_on_rebalance",
             "step_time_p99_ratio"} <= report.keys()
-    assert report["steps"] == 24 and report["world_size"] == 3 and report["failed_rank"] == 1
+    assert report["steps"] == 36 and report["world_size"] == 3 and report["failed_rank"] == 1
     assert report["max_abs_err_vs_dense"] <= 1e-5 and report["tokens_lost"] == 0
     assert report["rebalances"] >= 1 and report["bytes_moved"] > 0 and report["requests_requeued"] > 0
     assert report["survivors"] == [0, 2]

@@ -69,12 +69,20 @@ def test_a_running_group_rebalances_onto_the_new_traffic_with_exact_outputs():
 
 
 @pytest.mark.parametrize("fault", ["failing_solve", "stalled_transfer", "refused_switch"])
-def test_a_failed_rebalance_leaves_the_old_placement_serving_everywhere(fault):
+def test_a_failed_rebalance_leaves_the_old_placement_serving_everywhere(fault, tmp_path):
     faults = {"failing_solve": Faults(failing_solve=True), "stalled_transfer": Faults(stalled_transfer_rank=1),
               "refused_switch": Faults(refuse_switch_rank=2)}[fault]
-    steps = 18  # one attempt at step 8 and, after it fails, the next from step 17 on: no switch in the run
-    setup, reports, summary = run(3, steps, faults=faults,
-                                  config=CONFIG.model_copy(update={"interval": 8, "max_bytes_per_step": 1 << 20}))
+    steps = 18
+    setup = setup_for(3, steps)
+    if fault == "failing_solve":  # every attempt's solve raises, however late it runs
+        config, loads = CONFIG.model_copy(update={"interval": 8}), ()
+    else:  # one attempt, from a file at step 2: no solve whose speed the machine's load would set
+        target = fit_placement("deepseek", np.random.default_rng(2).poisson(
+            np.linspace(1, 30, EXPERTS), size=(10, 2, EXPERTS)), setup.placement.cluster)
+        save_placement(target, tmp_path / "target.json")
+        config = CONFIG.model_copy(update={"interval": 100, "refit_on_drift": None, "max_bytes_per_step": 1 << 20})
+        loads = ((2, str(tmp_path / "target.json")),)
+    setup, reports, summary = run(3, steps, faults=faults, config=config, loads=loads, setup=setup)
     assert_exact_and_complete(summary, steps)
     assert summary["rebalances"] == 0
     reason = {"failing_solve": "solve failed", "stalled_transfer": "weight transfer failed",
