@@ -212,7 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None,
                    help="simulator config, YAML or JSON (default: the embedded one: a minute of synthetic traffic "
                         "through one 128-card decode unit, 16 prefill nodes and 4 vision cards)")
-    p.add_argument("--out-dir", default=None, help="also write report.json and sim_timeline.png here")
+    p.add_argument("--out-dir", default=None, help="also write report.json and the figures here")
+    p.add_argument("--days", type=float, default=None,
+                   help="days to simulate, for a config with a fleet section (overrides its fleet.days; for "
+                        "example sim/configs/deepseek-feb2025-day.yaml)")
     _add_common(p)
 
     p = sub.add_parser("plot", help="write figures for a trace (and a placement)")

@@ -21,7 +21,7 @@ OUT_DIR_FILES = {
     "plot": (("load_heatmap.png", None), ("gpu_loads.png", "placement")),
     "demo": (("trace.npz", None), ("placement.json", None), ("load_heatmap.png", None), ("gpu_loads.png", None),
              ("replay.png", None)),
-    "sim": (("report.json", None), ("sim_timeline.png", None)),
+    "sim": (("report.json", None), ("sim_timeline.png", None), ("fleet_timeline.png", None)),  # the one it runs
 }
 
 

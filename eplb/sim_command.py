@@ -4,12 +4,17 @@ Requests (a Mooncake or Azure trace, or synthetic chat and agent sessions) pass 
 cards, prefill on 8-card nodes that reuse the persistent prefix cache and the sliding-window state, and decode on
 EP units whose expert imbalance comes from replaying a routing trace through this project's placement policies and
 router. It prints a readable report (or one JSON object with --json) and, with --out-dir, writes report.json and
-sim_timeline.png there. The config (YAML or JSON) is `sim.config.SimConfig`; every field has a default, and
-`sim/configs/` holds examples.
+sim_timeline.png there (throughput, cache hits and imbalance over time, latency CDFs). The config (YAML or JSON)
+is `sim.config.SimConfig`; every field has a default, and `sim/configs/` holds examples. A config with a `fleet`
+section runs days of a whole fleet instead (token rates per minute through prefill instances and decode units
+costed by the same model, an autoscaler, faults, prices; `sim.fleet`), for `--days` days if given; it writes
+fleet_timeline.png.
 
 Examples:
   eplb sim
   eplb sim --config sim/configs/mooncake-conversation.yaml --json
+  eplb sim --config sim/configs/deepseek-feb2025-day.yaml --json
+  eplb sim --config sim/configs/seed-fleet-day.yaml --days 7
 """
 
 import argparse
@@ -24,20 +29,20 @@ from traces.atomic_file import write_text_atomically
 
 def cmd_sim(args: argparse.Namespace) -> int:
     # Imported here: the other subcommands start without SimPy and the simulator's modules.
-    from sim import load_sim_config, run_simulation
+    from sim import SimConfigError, load_sim_config, run_simulation
     from sim.report import text_report, write_plots
 
     config = load_sim_config(args.config)
-    progress = None
-    if not (args.json or args.quiet) and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=round(config.duration_s), unit="sim s", file=sys.stderr, leave=False)
-
-        def progress(now: float, duration: float) -> None:
-            bar.n = min(round(now), bar.total)
-            bar.refresh()
-
+    if args.days is not None:
+        if config.fleet is None:
+            raise SimConfigError(f"--days needs a config with a fleet section (for example "
+                                 f"sim/configs/deepseek-feb2025-day.yaml); {args.config or 'the default'} has none")
+        if not 0 < args.days <= 366:
+            raise SimConfigError(f"--days must be in (0, 366]; got {args.days}")
+        config = config.model_copy(update={"fleet": config.fleet.model_copy(update={"days": args.days})})
+    if config.fleet is not None:
+        return _fleet(args, config)
+    progress = _progress_bar(args, round(config.duration_s), "sim s")
     result, report = run_simulation(config, progress)
     clean = _finite(report)
     if args.out_dir:
@@ -47,6 +52,38 @@ def cmd_sim(args: argparse.Namespace) -> int:
         write_plots(result, report, out)
     emit(args, clean, text_report(report))
     return 0
+
+
+def _fleet(args: argparse.Namespace, config) -> int:
+    """The fleet run of a config with a fleet section."""
+    from sim.fleet import fleet_text, run_fleet
+    from sim.fleet_plots import write_fleet_plots
+
+    progress = _progress_bar(args, round(config.fleet.days * 24), "sim h", per=3600.0)
+    report = run_fleet(config, progress)
+    clean = _finite(report)
+    if args.out_dir:
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(out / "report.json", json.dumps(clean, indent=1, sort_keys=True) + "\n")
+        write_fleet_plots(report, out)
+    emit(args, clean, fleet_text(report))
+    return 0
+
+
+def _progress_bar(args: argparse.Namespace, total: int, unit: str, per: float = 1.0):
+    """A progress callback drawing a bar on stderr (None when quiet, with --json, or off a terminal)."""
+    if args.json or args.quiet or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit=unit, file=sys.stderr, leave=False)
+
+    def progress(now: float, duration: float) -> None:
+        bar.n = min(round(now / per), bar.total)
+        bar.refresh()
+
+    return progress
 
 
 def _finite(value):

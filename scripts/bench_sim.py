@@ -10,22 +10,38 @@
    run's mean batch and KV with each policy's imbalance and redundant experts (`sim.costs.decode_step`).
 3. The three sliding-window designs on multi-turn traffic: prefill decoder FLOPs against full recompute and the disk
    each needs.
+4. The fleet run (`--section fleet`): DeepSeek's published Feb-2025 day beside what the autoscaled fleet
+   reproduces; the autoscaled fleet against a fixed split of the same node-hours; faults handled by rerouting
+   (with and without spares) against restarting the unit; the seed's fleet (155T tokens a day) and what it
+   implies; its wall time for a day and a week; and the agreement of the fleet model (units from the cost model,
+   token rates per step) with the request-by-request run where both run (one decode unit and its prefill nodes,
+   the saturated traffic of section 2).
 
-Usage: python scripts/bench_sim.py [--quick] [--section all|speed|balance|windows]
+Usage: python scripts/bench_sim.py [--quick] [--section all|speed|balance|windows|fleet]
 """
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sim import SimConfig, load_sim_config, run_simulation  # noqa: E402
 from sim.costs import decode_step  # noqa: E402
+from sim.fleet import run_fleet  # noqa: E402
+from sim.fleet_config import FleetConfig  # noqa: E402
+from sim.unit_capacity import unit_capacity  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT / "sim" / "configs" / "mooncake-conversation.yaml"
+FEB_DAY = ROOT / "sim" / "configs" / "deepseek-feb2025-day.yaml"
+SEED_DAY = ROOT / "sim" / "configs" / "seed-fleet-day.yaml"
+STRESS = 50.0  # failure-rate multiplier of the faults table: tens of failures in a day
+PUBLISHED_FEB = {"nodes_mean": 226.75, "nodes_peak": 278, "cost_usd": 87_072, "revenue_usd": 562_027}
 SATURATED = {  # single turns with long replies: the decode unit's batch grows to ~80 sequences per card
     "duration_s": 150.0,
     "workload": {"synthetic": {"sessions_per_s": 300.0, "agent_share": 0.0, "images_per_request": 0.0,
@@ -33,6 +49,14 @@ SATURATED = {  # single turns with long replies: the decode unit's batch grows t
                                "first_input_tokens": {"chat": 1000.0, "agent": 1000.0},
                                "output_tokens": {"chat": 2000.0, "agent": 2000.0}}},
     "cluster": {"prefill_nodes": 8, "decode_cards": 128},
+}
+STEADY = {  # single turns with short replies on a 16-card unit: decode saturates within seconds and stays so
+    "duration_s": 60.0,
+    "workload": {"synthetic": {"sessions_per_s": 600.0, "agent_share": 0.0, "images_per_request": 0.0,
+                               "turns_mean": {"chat": 1.0, "agent": 1.0},
+                               "first_input_tokens": {"chat": 1000.0, "agent": 1000.0},
+                               "output_tokens": {"chat": 300.0, "agent": 300.0}}},
+    "cluster": {"prefill_nodes": 16, "decode_cards": 16},
 }
 WINDOWS = {  # multi-turn traffic over long enough that some turns come back after the window state's 180 s
     "duration_s": 900.0,
@@ -93,9 +117,108 @@ def windows(quick: bool) -> None:
         print(f"| {design} | {figures['flops_vs_full_recompute']:.1%} | {figures['disk_bytes_needed'] / 1e12:.2f} TB |")
 
 
+def fleet(quick: bool) -> None:
+    feb = load_sim_config(FEB_DAY)
+    report = run_fleet(feb)
+    print("\nfleet: DeepSeek's Feb-2025 day (sim/configs/deepseek-feb2025-day.yaml)\n")
+    print("| figure | published | simulated | difference |")
+    print("|---|---|---|---|")
+    for key, published in PUBLISHED_FEB.items():
+        print(f"| {key} | {published:,.2f} | {report[key]:,.2f} | {report[key] / published - 1:+.1%} |")
+    fixed = report["fixed_split"]
+    print(f"\nautoscaled vs a fixed split of the same node-hours ({fixed['prefill_nodes']} prefill + "
+          f"{fixed['decode_nodes']} decode nodes): queue wait p50 {report['queue_wait_p50_s']:.1f} / "
+          f"{fixed['queue_wait_p50_s']:.0f} s, p99 {report['queue_wait_p99_s']:.1f} / "
+          f"{fixed['queue_wait_p99_s']:.0f} s, "
+          f"cost ${report['cost_usd']:,.0f} / ${fixed['cost_usd']:,.0f}, requests lost "
+          f"{report['requests_lost']:,.0f} / {fixed['requests_lost']:,.0f}")
+    faults_table(feb)
+    seed_fleet(quick)
+    agreement(quick)
+
+
+def faults_table(feb: SimConfig) -> None:
+    print(f"\nfaults on the Feb-2025 day at {STRESS:g}x the measured failure rate (1.97e-5 per card-hour), repair "
+          f"4 h:\n")
+    print("| handling | spare nodes per stage | failures | covered by a spare | re-queued sequences | requests lost | "
+          "queue wait p99 s | max s | spare cost $ |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for handling, spares in (("reroute", 1), ("reroute", 0), ("restart", 1), ("restart", 0)):
+        faults = feb.fleet.faults.model_copy(update={"handling": handling, "failure_multiplier": STRESS,
+                                                     "spare_nodes": {"prefill": spares, "decode": spares}})
+        config = feb.model_copy(update={"fleet": feb.fleet.model_copy(update={"faults": faults})})
+        report = run_fleet(config)
+        figures = report["faults"]
+        print(f"| {handling} | {spares} | {figures['failures']} | {figures['with_spare']} | "
+              f"{report['requests_requeued']:,.0f} | {report['requests_lost']:,.0f} | "
+              f"{report['queue_wait_p99_s']:.1f} | "
+              f"{report['queue_wait_max_s']:.0f} | {figures['spare_cost_usd']:,.0f} |")
+
+
+def seed_fleet(quick: bool) -> None:
+    config = load_sim_config(SEED_DAY)
+    began = time.perf_counter()
+    report = run_fleet(config)
+    day = time.perf_counter() - began
+    week_wall = math.nan
+    if not quick:
+        began = time.perf_counter()
+        run_fleet(config.model_copy(update={"fleet": config.fleet.model_copy(update={"days": 7.0})}))
+        week_wall = time.perf_counter() - began
+    cards = report["nodes_mean"] * config.cluster.cards_per_node
+    valley = report["revenue_per_card_hour_usd"]
+    print(f"\nseed fleet (sim/configs/seed-fleet-day.yaml, 155T tokens a day): {report['nodes_mean']:,.0f} nodes on "
+          f"average ({cards:,.0f} cards), peak {report['nodes_peak']:,.0f}; revenue at R1's valley price "
+          f"${valley:.2f} per card-hour (list price: ${valley / config.fleet.prices.valley_price_factor:.2f}); "
+          f"$38 per card-hour at valley pricing needs prices {38 / valley:.1f}x R1's valley "
+          f"({38 / valley * config.fleet.prices.valley_price_factor:.2f}x its list), or a fleet {38 / valley:.1f}x "
+          f"smaller for the same tokens; wall {day:.2f} s for a day, {week_wall:.2f} s for a week")
+
+
+def agreement(quick: bool) -> None:
+    """The fleet model's units against the request-by-request run where both run, saturated: a 16-card decode unit
+    fed more short single turns than it can serve (its batch at the cap), and the same traffic on 2 prefill nodes
+    (prefill saturated). The run's rate is the median of its per-second series from second 10 to the end of the
+    arrivals (steady state); the fleet model's unit is given the run's operating point (mean prompt and reply,
+    cache hits, context per sequence) and no speed floor, so that its decode unit, like the run's, holds what its
+    HBM and batch cap admit."""
+    rows = []
+    for name, prefill_nodes, series in (("decode saturated", 16, "output_tokens"),
+                                        ("prefill saturated", 2, "input_tokens")):
+        data = SimConfig.model_validate(STEADY).model_dump()
+        data["cluster"]["prefill_nodes"] = prefill_nodes
+        if quick:
+            data["duration_s"] = 20.0
+        config = SimConfig.model_validate(data)
+        result, detailed = run_simulation(config)
+        steady = float(np.median(result.timeline[series][10:round(config.duration_s)]))
+        sequences = detailed["decode_batch_mean"]
+        fleet_config = FleetConfig.model_validate({
+            "prefill_instance_nodes": 1, "tokens_per_s_per_user": 0.01,
+            "traffic": {"cache_hit_share": detailed["disk_cache_hit_rate"],
+                        "kv_tokens_per_sequence": detailed["decode_kv_tokens_mean"] / max(sequences, 1),
+                        "prompt_tokens": detailed["input_tokens_per_s"] * config.duration_s / detailed["requests"],
+                        "output_tokens_per_request": detailed["output_tokens_per_s"] * config.duration_s
+                        / detailed["requests"]}})
+        unit = unit_capacity(config.model_copy(update={"fleet": fleet_config}))
+        if series == "output_tokens":
+            rows.append((name, f"decode tok/s of the {config.cluster.decode_cards}-card unit", steady,
+                         unit.decode_sequences / unit.decode_step_s))
+        else:
+            rows.append((name, f"prefill tok/s of {prefill_nodes} nodes (hits included)", steady,
+                         unit.prefill_tokens_per_s * prefill_nodes))
+    print("\nagreement of the fleet model's units with the request-by-request run, saturated (same traffic, same "
+          "unit):\n")
+    print("| run | figure | request by request (steady median) | fleet model | difference |")
+    print("|---|---|---|---|---|")
+    for run, figure, request_level, fleet_level in rows:
+        print(f"| {run} | {figure} | {request_level:,.0f} | {fleet_level:,.0f} | "
+              f"{fleet_level / request_level - 1:+.1%} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--section", default="all", choices=("all", "speed", "balance", "windows"))
+    parser.add_argument("--section", default="all", choices=("all", "speed", "balance", "windows", "fleet"))
     parser.add_argument("--quick", action="store_true", help="short runs, for a smoke test")
     args = parser.parse_args(argv)
     if args.section in ("all", "speed") and not args.quick:
@@ -104,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         balance(args.quick)
     if args.section in ("all", "windows"):
         windows(args.quick)
+    if args.section in ("all", "fleet"):
+        fleet(args.quick)
     return 0
 
 

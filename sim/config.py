@@ -12,8 +12,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sim.fleet_config import FleetConfig
 from sim.hardware import PROFILES
 from sim.model_profile import ModelProfile
+from sim.speculative import SpeculativeConfig
 from traces.errors import EplbError
 
 
@@ -128,6 +130,10 @@ class SimConfig(_Strict):
     cluster: ClusterConfig = Field(ClusterConfig(), description="Machines per stage.")
     cache: CacheConfig = Field(CacheConfig(), description="KV cache tiers.")
     balance: BalanceConfig = Field(BalanceConfig(), description="Decode expert balance.")
+    speculative: SpeculativeConfig = Field(SpeculativeConfig(), description="Speculative decoding on the decode "
+                                                                            "units (off by default).")
+    fleet: FleetConfig | None = Field(None, description="Run days of a whole fleet on token rates from units "
+                                      "costed in detail (sim.fleet) instead of request by request.")
 
     @property
     def retention_s(self) -> dict[str, float]:

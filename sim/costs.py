@@ -68,19 +68,23 @@ def decoder_flops_by_design(config: SimConfig, input_tokens: int, cached_tokens:
 def decode_kv_capacity_tokens(config: SimConfig) -> int:
     """KV tokens one decode unit's HBM holds after the weights."""
     sequences = max_decode_batch(config.model, PROFILES[config.hardware.decode], config.cluster.decode_cards,
-                                 MEAN_CONTEXT_FOR_CAPACITY, redundant_experts=_redundant_experts(config))
+                                 MEAN_CONTEXT_FOR_CAPACITY, redundant_experts=redundant_experts(config))
     return max(1, sequences * MEAN_CONTEXT_FOR_CAPACITY)
 
 
-def decode_step(config: SimConfig, batch_size: int, kv_tokens: int, imbalance: float) -> tuple[float, float]:
-    """(seconds, MoE share of the step) of one decode step of a unit."""
+def decode_step(config: SimConfig, batch_size: int, kv_tokens: float, imbalance: float,
+                tokens_per_sequence: float = 1.0) -> tuple[float, float]:
+    """(seconds, MoE share of the step) of one decode step of a unit, each sequence running `tokens_per_sequence`
+    tokens (1 + mean draft tokens verified under speculative decoding; the draft's own passes are not included)."""
     cost = decode_step_seconds(config.model, PROFILES[config.hardware.decode], config.cluster.decode_cards,
                                batch_size, kv_tokens, moe_imbalance=imbalance,
-                               redundant_experts=_redundant_experts(config))
+                               tokens_per_sequence=tokens_per_sequence, redundant_experts=redundant_experts(config))
     return cost.total_s, cost.moe_share
 
 
-def _redundant_experts(config: SimConfig) -> int:
+def redundant_experts(config: SimConfig) -> int:
+    """Expert replicas a decode unit holds beyond one per expert: balance.slots_per_card (default E / cards + 1)
+    slots on every card, none without a balancing policy."""
     cards, experts = config.cluster.decode_cards, config.model.num_routed_experts
     if config.balance.policy == "none":
         return 0

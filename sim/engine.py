@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from sim import costs
+from sim import costs, speculative
 from sim.config import SimConfig
 from sim.kv_cache import PrefixCache, WindowCache
 from traces.request_trace import Request
@@ -69,7 +69,8 @@ class SimResult:
     decode_kv_tokens_sum: int
     prefix_cache: PrefixCache
     window_cache: WindowCache
-    timeline: dict[str, np.ndarray]  # per simulated second: output_tokens, input_tokens, disk_hit_tokens
+    timeline: dict[str, np.ndarray]  # per simulated second: output_tokens, input_tokens, disk_hit_tokens,
+    # decode_steps and decode_imbalance (the sum of the steps' imbalance, over all units)
 
 
 class Simulation:
@@ -91,7 +92,8 @@ class Simulation:
         self.units = [_DecodeUnit(self, index) for index in range(config.cluster.decode_units)]
         self.use = {"vision": StageUse(), "prefill": StageUse(), "decode": StageUse()}
         horizon = int(config.duration_s * 4 + 3600)
-        self.timeline = {name: np.zeros(horizon) for name in ("output_tokens", "input_tokens", "disk_hit_tokens")}
+        self.timeline = {name: np.zeros(horizon) for name in ("output_tokens", "input_tokens", "disk_hit_tokens",
+                                                              "decode_steps", "decode_imbalance")}
         self.done = 0
 
     def run(self, progress: Callable[[float, float], None] | None = None) -> SimResult:
@@ -201,7 +203,13 @@ class Simulation:
 
 
 class _DecodeUnit:
-    """One decode EP unit with continuous batching."""
+    """One decode EP unit with continuous batching.
+
+    Under speculative decoding (`config.speculative.enabled`) each step yields `tau` tokens per sequence on average
+    (1 + accepted draft tokens, from `sim.speculative` for the configured policy, once per run from the config's
+    seed) and costs the target's pass over 1 + mean verified tokens plus the draft's passes; a sequence leaves
+    after ceil((output_tokens - 1) / tau) steps, and its last step yields only what it still needed.
+    """
 
     def __init__(self, sim: Simulation, index: int) -> None:
         self.sim, self.index = sim, index
@@ -211,7 +219,7 @@ class _DecodeUnit:
         self.kv_capacity_tokens = costs.decode_kv_capacity_tokens(config)
         self.waiting: deque[RequestRecord] = deque()
         self.active: list[tuple[int, int, int, RequestRecord]] = []  # (finish step, seq, final context, record)
-        self.kv_tokens = 0  # context tokens of the batch now
+        self.kv_tokens = 0  # context tokens of the batch now (fractional under speculative decoding)
         self.reserved_tokens = 0  # final contexts of the batch (admission keeps them within HBM)
         self.steps = 0
         self.imbalance_sum = 0.0
@@ -220,6 +228,9 @@ class _DecodeUnit:
         self.kv_tokens_sum = 0
         self.wake = sim.env.event()
         self.sequence = itertools.count()
+        spec = config.speculative
+        self.speculation = speculative.expected_step(spec, config.seed) if spec.enabled else None
+        self.token_carry = 0.0  # speculative tokens produced but not yet counted in the (integer) decode tokens
 
     @property
     def load(self) -> int:
@@ -240,8 +251,8 @@ class _DecodeUnit:
                 if self.active and self.reserved_tokens + final > self.kv_capacity_tokens:
                     break
                 self.waiting.popleft()
-                heapq.heappush(self.active, (self.steps + record.request.output_tokens - 1, next(self.sequence),
-                                             final, record))
+                heapq.heappush(self.active, (self.steps + self._steps_for(record), next(self.sequence), final,
+                                             record))
                 self.kv_tokens += record.request.input_tokens + 1
                 self.reserved_tokens += final
             if not self.active:
@@ -249,21 +260,61 @@ class _DecodeUnit:
                 yield self.wake
                 continue
             imbalance = float(sim.imbalance_T[self.steps % len(sim.imbalance_T)])
-            seconds, moe_share = costs.decode_step(sim.config, len(self.active), self.kv_tokens, imbalance)
+            batch = len(self.active)
+            if self.speculation is None:
+                seconds, moe_share = costs.decode_step(sim.config, batch, self.kv_tokens, imbalance)
+                sim.use["decode"].tokens += batch
+            else:
+                seconds, moe_share = self._speculative_step(batch, imbalance)
             sim.use["decode"].busy_s += seconds
             sim.use["decode"].batches += 1
-            sim.use["decode"].tokens += len(self.active)
             yield env.timeout(seconds)
             self.steps += 1
             self.imbalance_sum += imbalance
             self.moe_share_sum += moe_share
-            self.batch_sum += len(self.active)
+            self.batch_sum += batch
             self.kv_tokens_sum += self.kv_tokens
-            timeline[min(int(env.now), len(timeline) - 1)] += len(self.active)
-            self.kv_tokens += len(self.active)
+            finished = []
             while self.active and self.active[0][0] <= self.steps:
-                _, _, final, record = heapq.heappop(self.active)
+                finished.append(heapq.heappop(self.active)[2:])
+            produced = batch if self.speculation is None else self._speculative_tokens(batch, finished)
+            second = min(int(env.now), len(timeline) - 1)
+            timeline[second] += produced
+            sim.timeline["decode_steps"][second] += 1
+            sim.timeline["decode_imbalance"][second] += imbalance
+            self.kv_tokens += produced
+            for final, record in finished:
                 record.finish_s = env.now
                 self.kv_tokens -= final
                 self.reserved_tokens -= final
                 sim.done += 1
+
+    def _steps_for(self, record: RequestRecord) -> int:
+        """Decode steps the record's sequence takes (its first token came out of prefill)."""
+        if self.speculation is None:
+            return record.request.output_tokens - 1
+        return speculative.steps_to_finish(record.request.output_tokens, self.speculation.tokens_per_step)
+
+    def _speculative_step(self, batch: int, imbalance: float) -> tuple[float, float]:
+        """(seconds, MoE share) of a speculative step: the target's pass over 1 + mean verified tokens per sequence
+        and the draft's passes (the draft's own MoE layer is left out of the share)."""
+        config, step = self.sim.config, self.speculation
+        verify_s, moe_share = costs.decode_step(config, batch, self.kv_tokens, imbalance,
+                                                tokens_per_sequence=1.0 + step.verified_per_step)
+        one_token_s = costs.decode_step(config, batch, self.kv_tokens, imbalance)[0]
+        seconds = verify_s + speculative.draft_seconds(config.speculative, step, one_token_s)
+        return seconds, moe_share * verify_s / seconds
+
+    def _speculative_tokens(self, batch: int, finished: list[tuple[int, RequestRecord]]) -> float:
+        """Tokens a speculative step produced: tau per sequence, less what the finishing ones did not need; counts
+        them into the decode stage's tokens (whole tokens, the fraction carried to the next step)."""
+        tau = self.speculation.tokens_per_step
+        produced = batch * tau
+        for _, record in finished:
+            needed = record.request.output_tokens - 1
+            produced -= speculative.steps_to_finish(record.request.output_tokens, tau) * tau - needed
+        self.token_carry += produced
+        whole = math.floor(self.token_carry + 1e-6)
+        self.token_carry -= whole
+        self.sim.use["decode"].tokens += whole
+        return produced

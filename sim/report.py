@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim import costs
+from sim import costs, speculative
 from sim.engine import SimResult
 
 DESIGNS = ("disk", "memory", "recompute")
@@ -65,6 +65,7 @@ def build_report(result: SimResult, wall_seconds: float) -> dict:
             for design in DESIGNS
         },
         "per_class": _per_class(records),
+        "speculative": _speculative(config),
     }
     return report
 
@@ -97,7 +98,7 @@ def text_report(report: dict) -> str:
 
 
 def write_plots(result: SimResult, report: dict, out_dir: str | Path) -> list[Path]:
-    """Throughput and cache hits over time, latency CDFs; returns the files written."""
+    """Throughput, cache hits and decode imbalance over time, latency CDFs; returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,7 +109,7 @@ def write_plots(result: SimResult, report: dict, out_dir: str | Path) -> list[Pa
     out = Path(out_dir)
     seconds = max(1, int(math.ceil(result.end_s)))
     timeline = {name: values[:seconds] for name, values in result.timeline.items()}
-    fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=False)
+    fig, axes = plt.subplots(4, 1, figsize=(8, 12), sharex=False)
     axes[0].plot(timeline["output_tokens"], label="output tok/s")
     axes[0].plot(timeline["input_tokens"], label="input tok/s", alpha=0.6)
     axes[0].set_xlabel("simulated s")
@@ -127,11 +128,26 @@ def write_plots(result: SimResult, report: dict, out_dir: str | Path) -> list[Pa
     axes[2].set_xlabel("seconds")
     axes[2].set_ylabel("CDF")
     axes[2].legend()
+    steps = timeline["decode_steps"]
+    imbalance = np.divide(timeline["decode_imbalance"], steps, out=np.full_like(steps, np.nan), where=steps > 0)
+    axes[3].plot(imbalance)
+    axes[3].set_ylabel("decode imbalance (max / mean card)")
+    axes[3].set_xlabel("simulated s")
     fig.tight_layout()
     path = out / "sim_timeline.png"
     write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
     return [path]
+
+
+def _speculative(config) -> dict | None:
+    """The decode units' speculative step (per sequence, the same for every batch size); None when disabled."""
+    spec = config.speculative
+    if not spec.enabled:
+        return None
+    step = speculative.expected_step(spec, config.seed)
+    return {"policy": spec.policy, "draft_tokens": spec.draft_tokens, "tokens_per_step": step.tokens_per_step,
+            "verified_per_step": step.verified_per_step, "drafted_per_step": step.drafted_per_step}
 
 
 def _per_class(records) -> dict:

@@ -3,9 +3,11 @@
 Legend: E logical experts, G GPUs, M experts spanning two or more GPUs (movable), X the most GPUs one expert spans,
 F the most one-GPU experts on a GPU, Q positions along the ring of GPUs (G of them).
 
-When every movable expert's GPUs are consecutive on the ring 0, 1, ..., G-1, 0 and no two movable experts share a
-pair of neighbouring GPUs (a link), as in the `cpsat` policy's chain layouts, the best whole-token split is computed
-in a fixed number of vector operations, with no rounds:
+Movable experts that span the same GPUs are interchangeable, so they are split as one (their span class, C of
+them) and the class's split is then laid over its members in order. When every class's GPUs are consecutive on the
+ring 0, 1, ..., G-1, 0 and no two classes share a pair of neighbouring GPUs (a link), as in the `cpsat` policy's
+chain layouts and in every 2-GPU layout, the best whole-token split is computed in a fixed number of vector
+operations, with no rounds (steps 1-3 on the classes, step 4 to the experts):
 1. Its busiest GPU. The optimum is max over arcs H of c(experts inside H) / |H| (`placement.policies.ring_search`
    says why); in whole tokens, its ceiling T (a flow problem with integer capacities has an integer optimum). All
    G(G-1) arcs are scored at once from prefix sums over the ring unrolled twice.
@@ -18,6 +20,9 @@ in a fixed number of vector operations, with no rounds:
    before its last GPU does is an interval read off the same prefix sums.
 3. Each replica takes the overlap of its expert's range with its GPU's range; an expert's last GPU takes what is
    left, so every expert's tokens are conserved and no GPU gets an expert it does not hold, whatever the counts.
+4. A class's members, in order, fill its GPUs in order: member m takes, on each GPU, the overlap of its own range
+   on the class's line with that GPU's range, so every member keeps its tokens and the GPUs' totals are the
+   class's.
 """
 
 from dataclasses import dataclass
@@ -33,7 +38,8 @@ _UNBOUNDED = 1 << 40  # more tokens than any step holds: "no bound" in the integ
 
 @dataclass(frozen=True)
 class ChainTables:
-    """One layer's chain layout, by position q along the cut ring: position q is GPU (q + rotation) % G, where the
+    """One layer's chain layout of span classes (indexed by c; below "expert" means a class), by position q along
+    the cut ring: position q is GPU (q + rotation) % G, where the
     ring is cut between positions G-1 and 0. At most one expert lies across the cut: its tail runs from position
     a_w to G-1, its head from 0 to b_w (a_w = b_w = G when none does).
 
@@ -52,6 +58,10 @@ class ChainTables:
         piece_MX: [M, X] int64, 1 on the head of the expert across the cut, 2 on its tail, else 0.
         last_MX: [M, X] bool, the last GPU of each expert along the stream (of the tail, for the one across the
             cut): it takes what the others leave.
+        members_CK: [C, K] int64, the movable experts (index into movable_M) of each class in ascending order,
+            padded with M; the tables above index classes (their M is C).
+        class_M: [M] int64, the class of each movable expert.
+        before_MK: [M, K] int64, the members of the same class that come before each expert, padded with M.
     """
 
     fixed_QF: torch.Tensor
@@ -65,14 +75,29 @@ class ChainTables:
     pos_MX: torch.Tensor
     piece_MX: torch.Tensor
     last_MX: torch.Tensor
+    members_CK: torch.Tensor
+    class_M: torch.Tensor
+    before_MK: torch.Tensor
 
 
 def chain_split(counts: torch.Tensor, movable_M: torch.Tensor, num_gpus: int, chain: ChainTables) -> torch.Tensor:
-    """[M, X] int64, the whole-token split of a chain layout with the least busiest GPU (module docstring, steps
-    1-3), from counts [E] int64 and the layer's movable experts movable_M [M]. Prefix sums are inclusive and run
-    along the cut ring unless they say otherwise."""
-    zero = counts.new_zeros(1)
+    """[M, X] int64, the whole-token split of a chain layout with the least busiest GPU (module docstring), from
+    counts [E] int64 and the layer's movable experts movable_M [M]."""
     tokens_M = counts[movable_M]
+    whole_CX = _class_split(counts, take(tokens_M, chain.members_CK).sum(1), num_gpus, chain)
+    # Step 4: member m's range on its class's line starts after the members before it.
+    begin_M1 = take(tokens_M, chain.before_MK).sum(1, keepdim=True)
+    gpu_end_MX = whole_CX.cumsum(1)[chain.class_M]
+    gpu_begin_MX = gpu_end_MX - whole_CX[chain.class_M]
+    end_MX = torch.minimum(gpu_end_MX, begin_M1 + tokens_M[:, None])
+    return (end_MX - torch.maximum(gpu_begin_MX, begin_M1)).clamp_min(0)
+
+
+def _class_split(counts: torch.Tensor, tokens_M: torch.Tensor, num_gpus: int, chain: ChainTables) -> torch.Tensor:
+    """Steps 1-3 on the span classes: [C, X] int64 from counts [E] (one-GPU experts) and the classes' tokens
+    tokens_M [C] (here M names the classes). Prefix sums are inclusive and run along the cut ring unless they say
+    otherwise."""
+    zero = counts.new_zeros(1)
     total_M = tokens_M.sum()
     across = (tokens_M * chain.across_M).sum()  # tokens of the expert across the cut
     # One scan: one-GPU tokens, movable tokens by the position their expert starts at and by where it ends.
@@ -125,24 +150,27 @@ def chain_split(counts: torch.Tensor, movable_M: torch.Tensor, num_gpus: int, ch
 
 
 def chain_tables(graph: ReplicaGraph, num_experts: int, device) -> ChainTables | None:
-    """The chain tables of a layer, or None unless every movable expert spans an arc of fewer than G GPUs of the ring
-    and no link (GPU q, GPU q + 1) lies inside two experts' arcs."""
-    num_gpus, gpus_MX = graph.num_gpus, graph.gpus_MX
-    valid_MX = gpus_MX < num_gpus
+    """The chain tables of a layer, or None unless every span class is an arc of the ring and no link (GPU q,
+    GPU q + 1) lies inside two classes' arcs. A class spanning all G GPUs is an arc only when it is the only class
+    (it then starts at GPU 0)."""
+    num_gpus = graph.num_gpus
+    gpus_CX, class_M = np.unique(graph.gpus_MX, axis=0, return_inverse=True)  # rows are sorted: padding G last
+    class_M = class_M.reshape(-1)
+    valid_MX = gpus_CX < num_gpus
     span_M = valid_MX.sum(axis=1)
-    if num_gpus < 2 or (span_M >= num_gpus).any():
+    whole_ring = span_M >= num_gpus
+    if num_gpus < 2 or (whole_ring.any() and len(span_M) > 1):
         return None
-    # An expert's GPUs, sorted, form an arc iff exactly one cyclic step between neighbours exceeds 1; the arc
-    # starts after that step.
-    sorted_MX = np.sort(gpus_MX, axis=1)  # the padding G sorts last
-    column = np.arange(gpus_MX.shape[1])
-    next_MX = np.where(column[None, :-1] + 1 < span_M[:, None], sorted_MX[:, 1:], sorted_MX[:, :1] + num_gpus)
-    next_MX = np.concatenate([next_MX, sorted_MX[:, :1] + num_gpus], axis=1)
-    gap_MX = (next_MX - sorted_MX > 1) & valid_MX
-    if (gap_MX.sum(axis=1) != 1).any():
+    # A class's GPUs, sorted, form an arc iff exactly one cyclic step between neighbours exceeds 1; the arc
+    # starts after that step (a class on the whole ring has none and starts at GPU 0).
+    column = np.arange(gpus_CX.shape[1])
+    next_MX = np.where(column[None, :-1] + 1 < span_M[:, None], gpus_CX[:, 1:], gpus_CX[:, :1] + num_gpus)
+    next_MX = np.concatenate([next_MX, gpus_CX[:, :1] + num_gpus], axis=1)
+    gap_MX = (next_MX - gpus_CX > 1) & valid_MX
+    if ((gap_MX.sum(axis=1) != 1) & ~whole_ring).any():
         return None
     rows = np.arange(len(span_M))
-    start_M = next_MX[rows, gap_MX.argmax(axis=1)] % num_gpus
+    start_M = np.where(whole_ring, 0, next_MX[rows, gap_MX.argmax(axis=1)] % num_gpus)
     inside_MX = column[None, :] < span_M[:, None] - 1  # link start + x lies inside the arc for x < span - 1
     cover_Q = np.bincount(((start_M[:, None] + column[None, :]) % num_gpus)[inside_MX], minlength=num_gpus)
     if cover_Q.max(initial=0) > 1:
@@ -160,12 +188,16 @@ def chain_tables(graph: ReplicaGraph, num_experts: int, device) -> ChainTables |
     start_Q[first_M] = rows
     end_Q = np.full(num_gpus, len(span_M))
     end_Q[last_M] = rows
-    pos_MX = np.where(valid_MX, position_G[np.minimum(gpus_MX, num_gpus - 1)], num_gpus)
+    pos_MX = np.where(valid_MX, position_G[np.minimum(gpus_CX, num_gpus - 1)], num_gpus)
     piece_MX = np.where(across_M[:, None] & (pos_MX <= head_end), 1, 0)
     piece_MX[across_M[:, None] & (pos_MX >= tail_from) & valid_MX] = 2
     fixed_gpu = graph.fixed_gpu_E(none=-1)
     fixed = np.flatnonzero(fixed_gpu >= 0)
     position = np.arange(num_gpus)
+    movable = np.arange(len(class_M))
+    members_CK = grouped(class_M, movable, len(span_M), pad=len(class_M))
+    rank_M = (members_CK[class_M] < movable[:, None]).sum(axis=1)  # members of its class before it
+    before_MK = np.where(np.arange(members_CK.shape[1])[None, :] < rank_M[:, None], members_CK[class_M], len(class_M))
     as_int = lambda a: torch.as_tensor(a, dtype=torch.int64, device=device)  # noqa: E731
     return ChainTables(
         fixed_QF=as_int(grouped(position_G[fixed_gpu[fixed]], fixed, num_gpus, pad=num_experts)),
@@ -179,4 +211,7 @@ def chain_tables(graph: ReplicaGraph, num_experts: int, device) -> ChainTables |
         pos_MX=as_int(pos_MX),
         piece_MX=as_int(piece_MX),
         last_MX=torch.as_tensor(pos_MX == np.where(across_M, num_gpus - 1, last_M)[:, None], device=device),
+        members_CK=as_int(members_CK),
+        class_M=as_int(class_M),
+        before_MK=as_int(before_MK),
     )

@@ -21,3 +21,21 @@ def test_a_bad_config_is_one_line(tmp_path, run_eplb_here, one_line_error):
     config.write_text("duration_s: -1\n")
     one_line_error(run_eplb_here("sim", "--config", str(config)), "duration_s")
     one_line_error(run_eplb_here("sim", "--config", str(tmp_path / "missing.yaml")), "not found")
+
+
+def test_a_fleet_config_runs_the_fleet_and_days_scale_it(tmp_path, run_eplb_here):
+    config = "sim/configs/deepseek-feb2025-day.yaml"
+    result = run_eplb_here("sim", "--config", config, "--json", "--out-dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for key in ("cost_usd", "revenue_usd", "revenue_per_card_hour_usd", "nodes_mean", "nodes_peak", "requests_lost"):
+        assert isinstance(report[key], (int, float)), key
+    assert (tmp_path / "out" / "fleet_timeline.png").stat().st_size > 0
+    two = json.loads(run_eplb_here("sim", "--config", config, "--json", "--days", "2").stdout)
+    assert two["days"] == 2 and abs(two["output_tokens"] / report["output_tokens"] - 2) < 1e-6
+
+
+def test_days_without_a_fleet_section_is_one_line(tmp_path, run_eplb_here, one_line_error):
+    one_line_error(run_eplb_here("sim", "--days", "1"), "--days needs a config with a fleet section")
+    one_line_error(run_eplb_here("sim", "--config", "sim/configs/seed-fleet-day.yaml", "--days", "0"),
+                   "--days must be in")

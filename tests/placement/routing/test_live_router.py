@@ -162,10 +162,51 @@ def test_router_passes_a_hot_gpus_load_around_the_ring():
     assert tokens_P.view(4, 3).sum(1).tolist() == [13, 13, 13, 13]
 
 
+def _shared_links(rng: np.random.Generator, num_gpus: int, per_link: int, fixed_per_gpu: int) -> np.ndarray:
+    """A ring (a path on 2 GPUs) whose every link (g, g+1) carries `per_link` experts, plus one-GPU experts."""
+    links = num_gpus if num_gpus > 2 else 1
+    linking = np.arange(links * per_link).reshape(links, per_link)
+    fixed = links * per_link + np.arange(num_gpus * fixed_per_gpu).reshape(num_gpus, fixed_per_gpu)
+    rows = [np.concatenate([linking[g % links], linking[(g - 1) % links] if num_gpus > 2 else [], fixed[g]])
+            for g in range(num_gpus)]
+    relabel = rng.permutation(int(fixed.max()) + 1)
+    return relabel[np.concatenate(rows).astype(np.int64)]
+
+
+@pytest.mark.parametrize("num_gpus, per_link", [(2, 3), (2, 6), (4, 2), (8, 3)])
+def test_router_splits_experts_sharing_their_gpus_as_one_and_exactly(exact_lp_max_load, num_gpus, per_link):
+    # Experts spanning the same GPUs are interchangeable: split as one class, then laid over the members. Every
+    # 2-GPU layout is such a chain; so is a ring whose links each carry several experts.
+    rng = np.random.default_rng(num_gpus * per_link)
+    phy2log = _shared_links(rng, num_gpus, per_link, fixed_per_gpu=3)
+    num_experts, slots = int(phy2log.max()) + 1, len(phy2log) // num_gpus
+    gpu_of_slot = np.arange(len(phy2log)) // slots
+    table = LayerRoutingTable.build(phy2log, slots, num_experts)
+    assert table.method == "chain"
+    steps = rng.multinomial(20 * num_gpus, rng.dirichlet(np.full(num_experts, 0.3)), size=6)
+    for counts in np.vstack([steps, np.zeros(num_experts, dtype=np.int64)]):
+        tokens_P = route_step(torch.as_tensor(counts), table).numpy()
+        assert (tokens_P >= 0).all()
+        np.testing.assert_array_equal(np.bincount(phy2log, tokens_P, minlength=num_experts), counts)
+        exact = exact_lp_max_load(counts.astype(float), phy2log, gpu_of_slot, num_gpus) if counts.any() else 0
+        assert tokens_P.reshape(num_gpus, slots).sum(1).max() == np.ceil(exact - 1e-6)
+
+
+def test_router_splits_an_expert_on_every_gpu_exactly():
+    # Expert 0 on all four GPUs, the only expert that moves: one class spanning the whole ring.
+    phy2log = np.array([0, 1, 0, 2, 0, 3, 0, 4])
+    table = LayerRoutingTable.build(phy2log, 2, 5)
+    assert table.method == "chain"
+    counts = torch.tensor([10, 2, 0, 1, 1])
+    tokens_P = route_step(counts, table)
+    assert tokens_P[phy2log == 0].sum() == 10 and torch.equal(tokens_P[phy2log != 0], counts[1:])
+    assert tokens_P.view(4, 2).sum(1).max() == 4  # 14 tokens over 4 GPUs
+
+
 @pytest.mark.parametrize(
     "phy2log",
-    [np.array([0, 1, 2, 3, 0, 4, 5, 6]), np.array([0, 1, 0, 1, 2, 3, 4, 5]), np.array([0, 1, 0, 2, 0, 3, 0, 4])],
-    ids=["expert-on-gpus-apart", "two-experts-linking-one-pair", "expert-on-every-gpu"],
+    [np.array([0, 1, 2, 3, 0, 4, 5, 6]), np.array([2, 3, 0, 1, 0, 1, 0, 4]), np.array([0, 1, 0, 2, 0, 3, 0, 1])],
+    ids=["expert-on-gpus-apart", "nested-arcs", "every-gpu-and-a-link"],
 )
 def test_router_falls_back_to_water_filling_where_the_layout_is_not_a_chain(phy2log):
     num_experts = phy2log.max() + 1

@@ -1,0 +1,101 @@
+"""The autoscaler: moves 8-card nodes between prefill and decode as the traffic moves, and grows or shrinks the
+fleet within its quota.
+
+Every `interval_s` it sizes each stage for the load it is given (whole units: a prefill instance, a decode EP unit,
+at `target_utilisation`), then, in this order: moves surplus nodes of one stage to the other (they serve after
+`move_s`), asks for new nodes for what is still missing (after `grow_s`, never past `quota_nodes`), and releases
+what is still surplus, only once the surplus has lasted `shrink_after_s` and never while the nodes held (serving,
+moving or arriving) exceed `shrink_quota_threshold` x `quota_nodes`: near the quota a released node may not come
+back when the load does.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+from sim.fleet_config import AutoscalerConfig
+
+STAGES = ("prefill", "decode")
+
+
+@dataclass
+class Decision:
+    """What one decision did (nodes), and the quota use it saw."""
+
+    time_s: float
+    target: dict[str, int]
+    moved: dict[str, int]  # nodes sent to each stage from the other
+    grown: dict[str, int]
+    released: dict[str, int]
+    quota_use: float
+
+
+@dataclass
+class Autoscaler:
+    """The fleet's nodes per stage: serving now, and on their way (moving or newly added) with their ready times."""
+
+    config: AutoscalerConfig
+    unit_nodes: dict[str, int]
+    serving: dict[str, int]
+    pending: list[tuple[float, str, int]] = field(default_factory=list)  # (ready at, stage, nodes)
+    surplus_since: float | None = None
+    decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def held(self) -> int:
+        """Nodes the fleet holds: serving, moving and arriving."""
+        return sum(self.serving.values()) + sum(nodes for _, _, nodes in self.pending)
+
+    def incoming(self, stage: str) -> int:
+        return sum(nodes for _, to, nodes in self.pending if to == stage)
+
+    def advance(self, now_s: float) -> None:
+        """Nodes whose move or arrival is done start serving."""
+        ready = [item for item in self.pending if item[0] <= now_s]
+        self.pending = [item for item in self.pending if item[0] > now_s]
+        for _, stage, nodes in ready:
+            self.serving[stage] += nodes
+
+    def target_nodes(self, stage: str, needed_nodes: float) -> int:
+        """Whole units of `stage` covering `needed_nodes` at the target utilisation, at least the stage's minimum."""
+        unit = self.unit_nodes[stage]
+        least = self.config.min_prefill_nodes if stage == "prefill" else self.config.min_decode_nodes
+        units = math.ceil(max(needed_nodes, least) / self.config.target_utilisation / unit - 1e-9)
+        return units * unit
+
+    def decide(self, now_s: float, needed_nodes: dict[str, float]) -> Decision:
+        """One decision from the nodes each stage needs at full utilisation (load over one node's capacity)."""
+        config = self.config
+        self.advance(now_s)
+        target = {stage: self.target_nodes(stage, needed_nodes[stage]) for stage in STAGES}
+        have = {stage: self.serving[stage] + self.incoming(stage) for stage in STAGES}
+        gap = {stage: target[stage] - have[stage] for stage in STAGES}  # > 0: missing, < 0: surplus
+        moved = dict.fromkeys(STAGES, 0)
+        for receiver, giver in (("prefill", "decode"), ("decode", "prefill")):
+            nodes = min(max(gap[receiver], 0), max(-gap[giver], 0), self.serving[giver])
+            if nodes:
+                self.serving[giver] -= nodes
+                self.pending.append((now_s + config.move_s, receiver, nodes))
+                gap[receiver] -= nodes
+                gap[giver] += nodes
+                moved[receiver] = nodes
+        grown = dict.fromkeys(STAGES, 0)
+        for stage in STAGES:
+            nodes = min(max(gap[stage], 0), config.quota_nodes - self.held)
+            if nodes > 0:
+                self.pending.append((now_s + config.grow_s, stage, nodes))
+                grown[stage] = nodes
+        quota_use = self.held / config.quota_nodes
+        released = dict.fromkeys(STAGES, 0)
+        surplus = {stage: min(max(-gap[stage], 0), self.serving[stage]) for stage in STAGES}
+        if any(surplus.values()):
+            self.surplus_since = now_s if self.surplus_since is None else self.surplus_since
+            if now_s - self.surplus_since >= config.shrink_after_s and quota_use <= config.shrink_quota_threshold:
+                for stage in STAGES:
+                    self.serving[stage] -= surplus[stage]
+                    released[stage] = surplus[stage]
+                self.surplus_since = None
+        else:
+            self.surplus_since = None
+        decision = Decision(now_s, target, moved, grown, released, quota_use)
+        self.decisions.append(decision)
+        return decision
