@@ -52,7 +52,12 @@ class LoadRecorder:
 
     def record(self, layer: int, topk_ids_NK: torch.Tensor) -> None:
         """Add this step's picks of one layer ([N, K] expert ids, -1 for padding) to the current row."""
-        add_to_row_(self.buffer_WLE[:, layer], self.position, count_picks_E(topk_ids_NK, self.num_experts))
+        self.record_counts(layer, count_picks_E(topk_ids_NK, self.num_experts))
+
+    def record_counts(self, layer: int, counts_E: torch.Tensor) -> None:
+        """Add this step's tokens per expert of one layer ([E] int64, as `count_picks_E` gives, for a caller that
+        counts them anyway) to the current row."""
+        add_to_row_(self.buffer_WLE[:, layer], self.position, counts_E)
 
     def next_step(self) -> None:
         """End the current decode step: the next row is cleared and becomes current."""

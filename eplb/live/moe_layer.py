@@ -118,12 +118,12 @@ class MoEDecodeLayer(nn.Module):
     def forward(self, x_ND: torch.Tensor) -> torch.Tensor:
         config, comm, tables = self.config, self.comm, self.tables
         num_tokens, top_k = x_ND.shape[0], config.top_k
-        # Step 1: gate and record.
+        # Step 1: gate, count and record.
         topk_ids, topk_weights = gate_topk(x_ND @ self.gate_weight_ED.T, config, self.correction_bias_E)
-        if self.recorder is not None:
-            self.recorder.record(self.layer, topk_ids)
-        # Step 2-3: global counts, quotas, and each pick's slot (identical arithmetic on every rank).
         counts_E = count_picks_E(topk_ids, config.num_experts)
+        if self.recorder is not None:
+            self.recorder.record_counts(self.layer, counts_E)
+        # Step 2-3: global counts, quotas, and each pick's slot (identical arithmetic on every rank).
         if self.piggyback is None:
             counts_WE = comm.all_gather(counts_E)
         else:

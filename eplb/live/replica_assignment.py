@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from placement.placement_model import Placement
+from placement.routing.index_tables import prefix_sums
 from placement.routing.live_router import LayerRoutingTable, round_preserving_sums, route_step
 
 ROUTING_MODES = ("static", "dynamic", "oblivious")
@@ -92,9 +93,9 @@ def slot_quotas_P(quota_EX: torch.Tensor, tables: ReplicaTables) -> torch.Tensor
 
 def rows_sent_WP(counts_WE: torch.Tensor, quota_EX: torch.Tensor, tables: ReplicaTables) -> torch.Tensor:
     """[W, P] int64: picks rank w sends to slot p this step (the overlap of its range with the slot's range)."""
-    rank_end = counts_WE.cumsum(0)
+    rank_end = prefix_sums(counts_WE, 0)
     rank_start = rank_end - counts_WE
-    replica_end = quota_EX.cumsum(1)
+    replica_end = prefix_sums(quota_EX, 1)
     replica_start = replica_end - quota_EX
     overlap_WEX = (torch.minimum(rank_end[:, :, None], replica_end[None])
                    - torch.maximum(rank_start[:, :, None], replica_start[None])).clamp_min(0)
@@ -123,7 +124,7 @@ def assign_slots_NK(topk_ids_NK: torch.Tensor, counts_WE: torch.Tensor, rank: in
     # Step 2: position on the expert's line, then the replica whose range holds it.
     rank_start_E = counts_WE[:rank].sum(0)
     position = rank_start_E[flat] + within
-    replica_end = quota_EX.cumsum(1)
+    replica_end = prefix_sums(quota_EX, 1)
     replica = (position[:, None] >= replica_end[flat]).sum(1)
     replica = replica.clamp_max(quota_EX.shape[1] - 1)
     return tables.log2phy_EX[flat, replica].reshape(topk_ids_NK.shape)

@@ -49,6 +49,7 @@ class RankReport:
     picks_TL: list = field(default_factory=list)  # picks of the whole group
     max_abs_err: float = 0.0
     seconds_per_step: list = field(default_factory=list)
+    cpu_seconds_per_step: list = field(default_factory=list)  # this process's CPU time (all its threads)
     window_load_LE: np.ndarray | None = None
 
 
@@ -98,13 +99,14 @@ def run_decode_loop(comm: Communicator, setup: DecodeSetup, steps: int) -> RankR
         split = tokens_per_rank(step, setup.tokens_per_step, comm.world_size, setup.seed)
         start = sum(split[: comm.rank])
         mine = step_inputs_LND(setup, step)[:, start : start + split[comm.rank]].to(comm.device)
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         outputs = [layer(mine[index]) for index, layer in enumerate(layers)]
         if recorder is not None:
             recorder.next_step()
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
         report.seconds_per_step.append(time.perf_counter() - began)
+        report.cpu_seconds_per_step.append(time.process_time() - began_cpu)
         report.computed_TL.append([int(layer.last_step["computed_S"].sum()) for layer in layers])
         report.planned_gpu_TLG.append([layer.last_step["quota_P"].view(-1, slots).sum(1).tolist() for layer in layers])
         report.picks_TL.append([int(layer.last_step["quota_P"].sum()) for layer in layers])

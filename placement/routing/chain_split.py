@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from placement.routing.dynamic_split import ReplicaGraph
-from placement.routing.index_tables import grouped, take
+from placement.routing.index_tables import grouped, prefix_minima, prefix_sums, take
 
 _UNBOUNDED = 1 << 40  # more tokens than any step holds: "no bound" in the integer minima and maxima below
 
@@ -87,7 +87,7 @@ def chain_split(counts: torch.Tensor, movable_M: torch.Tensor, num_gpus: int, ch
     whole_CX = _class_split(counts, take(tokens_M, chain.members_CK).sum(1), num_gpus, chain)
     # Step 4: member m's range on its class's line starts after the members before it.
     begin_M1 = take(tokens_M, chain.before_MK).sum(1, keepdim=True)
-    gpu_end_MX = whole_CX.cumsum(1)[chain.class_M]
+    gpu_end_MX = prefix_sums(whole_CX, 1)[chain.class_M]
     gpu_begin_MX = gpu_end_MX - whole_CX[chain.class_M]
     end_MX = torch.minimum(gpu_end_MX, begin_M1 + tokens_M[:, None])
     return (end_MX - torch.maximum(gpu_begin_MX, begin_M1)).clamp_min(0)
@@ -101,9 +101,9 @@ def _class_split(counts: torch.Tensor, tokens_M: torch.Tensor, num_gpus: int, ch
     total_M = tokens_M.sum()
     across = (tokens_M * chain.across_M).sum()  # tokens of the expert across the cut
     # One scan: one-GPU tokens, movable tokens by the position their expert starts at and by where it ends.
-    fixed, started, ended = torch.stack(
+    fixed, started, ended = prefix_sums(torch.stack(
         [take(counts, chain.fixed_QF).sum(1), take(tokens_M, chain.start_Q), take(tokens_M, chain.end_Q)]
-    ).cumsum(1).unbind(0)
+    ), 1).unbind(0)
     # Step 1: on the ring unrolled twice, with prefixes exclusive (index q sums positions < q), arc [i, i + l) holds
     # fixed2[i + l] - fixed2[i] one-GPU tokens and the movable experts inside it: the copies ending before i + l
     # less those starting before i (copies in start order also end in order, so those are a prefix of these). The
@@ -125,9 +125,9 @@ def _class_split(counts: torch.Tensor, tokens_M: torch.Tensor, num_gpus: int, ch
     due = ended - across * chain.from_head_end_Q
     slack = supply - room
     tail = chain.from_tail_Q.bool()
-    before_tail, from_tail = torch.stack(
+    before_tail, from_tail = prefix_minima(torch.stack(
         [torch.where(tail, _UNBOUNDED, slack), torch.where(tail, slack, _UNBOUNDED)]
-    ).cummin(1).values.unbind(0)
+    ), 1).unbind(0)
     # Every expert must be served by its last GPU: A(q) >= due(q) + (head if b_w <= q) + (tail if q == G-1). Where
     # the head is due and the tail not yet, that bounds the head from above; elsewhere, through before_tail, from
     # below. At the level of step 1 the least head meets the upper bounds too; it is clamped to [0, tokens across]

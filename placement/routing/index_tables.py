@@ -16,6 +16,31 @@ def take(values_N: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 
+UNROLL_MAX = 8  # scans over at most this many entries unroll, when compiled, into elementwise code
+
+
+def prefix_sums(values: torch.Tensor, dim: int) -> torch.Tensor:
+    """Inclusive prefix sums along `dim`, as `cumsum`. Compiled, over a few entries, unrolled into additions that
+    the compiler fuses with the code around them (a scan is a separate kernel); the same additions in the same
+    order, so the same values."""
+    if values.shape[dim] > UNROLL_MAX or not torch.compiler.is_compiling():
+        return values.cumsum(dim)
+    parts = list(values.unbind(dim))
+    for index in range(1, len(parts)):
+        parts[index] = parts[index - 1] + parts[index]
+    return torch.stack(parts, dim)
+
+
+def prefix_minima(values: torch.Tensor, dim: int) -> torch.Tensor:
+    """Inclusive prefix minima along `dim`, as `cummin(dim).values`, unrolled when compiled as `prefix_sums`."""
+    if values.shape[dim] > UNROLL_MAX or not torch.compiler.is_compiling():
+        return values.cummin(dim).values
+    parts = list(values.unbind(dim))
+    for index in range(1, len(parts)):
+        parts[index] = torch.minimum(parts[index - 1], parts[index])
+    return torch.stack(parts, dim)
+
+
 def grouped(key_N: np.ndarray, value_N: np.ndarray, num_keys: int, pad: int) -> np.ndarray:
     """[num_keys, W] int64: row k holds the values whose key is k, in their order, padded with `pad` (W >= 1)."""
     order = np.argsort(key_N, kind="stable")

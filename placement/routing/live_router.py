@@ -10,10 +10,10 @@ over experts and no data-dependent shape: `torch.compile(route_step, fullgraph=T
 graphs can capture it. Every sum is a gather and a fixed-order reduction, never a scatter-add, so a step's split is
 the same on every run. The method is chosen once per layer, when its table is built:
 
-- Chain layouts, exact (`placement.routing.chain_split`): when every movable expert's GPUs are consecutive on the
-  ring 0, 1, ..., G-1, 0 and no two movable experts share a pair of neighbouring GPUs, as in the `cpsat` policy's
-  chain layouts, the split whose busiest GPU carries the least possible in whole tokens, in a fixed number of vector
-  operations, with no rounds.
+- Chain layouts, exact (`placement.routing.chain_split`): experts spanning the same GPUs are split as one class;
+  when every class's GPUs are consecutive on the ring 0, 1, ..., G-1, 0 and no two classes share a pair of
+  neighbouring GPUs, as in the `cpsat` policy's chain layouts and every 2-GPU layout, the split whose busiest GPU
+  carries the least possible in whole tokens, in a fixed number of vector operations, with no rounds.
 - Any other layout, damped water-filling: `fractional_split` runs a fixed number of Jacobi water-filling rounds
   with Nesterov momentum from the placement's static split (see `placement.routing.dynamic_split` for the method,
   the same in numpy, which the `cpsat` fits run with the same rounds, and its optimality certificate); `route_step`
@@ -31,7 +31,7 @@ from placement.errors import PlacementFormatError
 from placement.placement_model import WEIGHT_TOLERANCE
 from placement.routing.chain_split import ChainTables, chain_split, chain_tables
 from placement.routing.dynamic_split import MOMENTUM, ROUTER_ROUNDS, ReplicaGraph, first_slot_EG
-from placement.routing.index_tables import grouped, take
+from placement.routing.index_tables import UNROLL_MAX, grouped, prefix_sums, take
 
 DEFAULT_ROUNDS = ROUTER_ROUNDS  # water-filling rounds on layouts that are not chains
 
@@ -275,13 +275,28 @@ def _extrapolate(share_MX: torch.Tensor, previous_MX: torch.Tensor, tokens_M: to
 
 def _water_fill(tokens_M: torch.Tensor, base_MX: torch.Tensor) -> torch.Tensor:
     """Spread tokens_M over bins at levels base_MX (inf = absent), raising the lowest bins evenly."""
-    sorted_base, _ = base_MX.sort(dim=1)
+    sorted_base = _sorted_rows(base_MX)
     finite = torch.where(torch.isfinite(sorted_base), sorted_base, torch.zeros_like(sorted_base))
     k = torch.arange(1, base_MX.shape[1] + 1, device=base_MX.device, dtype=base_MX.dtype)
-    level_k = (tokens_M[:, None] + finite.cumsum(1)) / k
+    level_k = (tokens_M[:, None] + prefix_sums(finite, 1)) / k
     active = (sorted_base < level_k) | (k == 1)
     level = level_k.gather(1, active.sum(1, keepdim=True) - 1)
     return torch.where(torch.isfinite(base_MX), (level - base_MX).clamp_min(0.0), torch.zeros_like(base_MX))
+
+
+def _sorted_rows(values_MX: torch.Tensor) -> torch.Tensor:
+    """values_MX sorted along each row. Compiled, for a few columns: an odd-even transposition network of
+    elementwise minima and maxima, which the compiler fuses with the rest of a water-filling round (a sort is a
+    separate kernel, one per round); the same values as `sort`, which runs eagerly (fewer, larger operations)."""
+    width = values_MX.shape[1]
+    if width > UNROLL_MAX or not torch.compiler.is_compiling():
+        return values_MX.sort(dim=1).values
+    columns = list(values_MX.unbind(1))
+    for phase in range(width):
+        for left in range(phase % 2, width - 1, 2):
+            low, high = columns[left], columns[left + 1]
+            columns[left], columns[left + 1] = torch.minimum(low, high), torch.maximum(low, high)
+    return torch.stack(columns, 1)
 
 
 def round_preserving_sums(share_MX: torch.Tensor, tokens_M: torch.Tensor, valid_MX: torch.Tensor) -> torch.Tensor:
