@@ -29,7 +29,10 @@ from traces.atomic_file import write_text_atomically
 
 def cmd_sim(args: argparse.Namespace) -> int:
     # Imported here: the other subcommands start without SimPy and the simulator's modules.
+    from pydantic import ValidationError
+
     from sim import SimConfigError, load_sim_config, run_simulation
+    from sim.fleet_config import FleetConfig
     from sim.report import text_report, write_plots
 
     config = load_sim_config(args.config)
@@ -37,9 +40,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if config.fleet is None:
             raise SimConfigError(f"--days needs a config with a fleet section (for example "
                                  f"sim/configs/deepseek-feb2025-day.yaml); {args.config or 'the default'} has none")
-        if not 0 < args.days <= 366:
-            raise SimConfigError(f"--days must be in (0, 366]; got {args.days}")
-        config = config.model_copy(update={"fleet": config.fleet.model_copy(update={"days": args.days})})
+        try:
+            fleet = FleetConfig.model_validate({**config.fleet.model_dump(), "days": args.days})
+        except ValidationError as exc:
+            raise SimConfigError(f"--days {args.days}: {exc.errors()[0]['msg']}") from exc
+        config = config.model_copy(update={"fleet": fleet})
     if config.fleet is not None:
         return _fleet(args, config)
     progress = _progress_bar(args, round(config.duration_s), "sim s")

@@ -42,22 +42,23 @@ FEB_DAY = ROOT / "sim" / "configs" / "deepseek-feb2025-day.yaml"
 SEED_DAY = ROOT / "sim" / "configs" / "seed-fleet-day.yaml"
 STRESS = 50.0  # failure-rate multiplier of the faults table: tens of failures in a day
 PUBLISHED_FEB = {"nodes_mean": 226.75, "nodes_peak": 278, "cost_usd": 87_072, "revenue_usd": 562_027}
-SATURATED = {  # single turns with long replies: the decode unit's batch grows to ~80 sequences per card
-    "duration_s": 150.0,
-    "workload": {"synthetic": {"sessions_per_s": 300.0, "agent_share": 0.0, "images_per_request": 0.0,
-                               "turns_mean": {"chat": 1.0, "agent": 1.0},
-                               "first_input_tokens": {"chat": 1000.0, "agent": 1000.0},
-                               "output_tokens": {"chat": 2000.0, "agent": 2000.0}}},
-    "cluster": {"prefill_nodes": 8, "decode_cards": 128},
-}
-STEADY = {  # single turns with short replies on a 16-card unit: decode saturates within seconds and stays so
-    "duration_s": 60.0,
-    "workload": {"synthetic": {"sessions_per_s": 600.0, "agent_share": 0.0, "images_per_request": 0.0,
-                               "turns_mean": {"chat": 1.0, "agent": 1.0},
-                               "first_input_tokens": {"chat": 1000.0, "agent": 1000.0},
-                               "output_tokens": {"chat": 300.0, "agent": 300.0}}},
-    "cluster": {"prefill_nodes": 16, "decode_cards": 16},
-}
+
+
+def _single_turns(duration_s: float, sessions_per_s: float, prompt: float, reply: float, prefill_nodes: int,
+                  decode_cards: int) -> dict:
+    """A config of single-turn chat requests, no images: one decode unit and its prefill nodes."""
+    return {"duration_s": duration_s,
+            "workload": {"synthetic": {"sessions_per_s": sessions_per_s, "agent_share": 0.0, "images_per_request": 0.0,
+                                       "turns_mean": {"chat": 1.0, "agent": 1.0},
+                                       "first_input_tokens": {"chat": prompt, "agent": prompt},
+                                       "output_tokens": {"chat": reply, "agent": reply}}},
+            "cluster": {"prefill_nodes": prefill_nodes, "decode_cards": decode_cards}}
+
+
+# long replies: the decode unit's batch grows to tens of sequences per card
+SATURATED = _single_turns(150.0, 300.0, 1000.0, 2000.0, prefill_nodes=8, decode_cards=128)
+# short replies on a 16-card unit: decode saturates within seconds and stays so
+STEADY = _single_turns(60.0, 600.0, 1000.0, 300.0, prefill_nodes=16, decode_cards=16)
 WINDOWS = {  # multi-turn traffic over long enough that some turns come back after the window state's 180 s
     "duration_s": 900.0,
     "workload": {"synthetic": {"sessions_per_s": 2.0, "images_per_request": 0.0,
@@ -138,8 +139,9 @@ def fleet(quick: bool) -> None:
 
 
 def faults_table(feb: SimConfig) -> None:
-    print(f"\nfaults on the Feb-2025 day at {STRESS:g}x the measured failure rate (1.97e-5 per card-hour), repair "
-          f"4 h:\n")
+    faults = feb.fleet.faults
+    print(f"\nfaults on the Feb-2025 day at {STRESS:g}x the configured failure rate ({faults.card_failures_per_hour:g} "
+          f"per card-hour), repair {faults.repair_hours:g} h:\n")
     print("| handling | spare nodes per stage | failures | covered by a spare | re-queued sequences | requests lost | "
           "queue wait p99 s | max s | spare cost $ |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -197,9 +199,9 @@ def agreement(quick: bool) -> None:
             "prefill_instance_nodes": 1, "tokens_per_s_per_user": 0.01,
             "traffic": {"cache_hit_share": detailed["disk_cache_hit_rate"],
                         "kv_tokens_per_sequence": detailed["decode_kv_tokens_mean"] / max(sequences, 1),
-                        "prompt_tokens": detailed["input_tokens_per_s"] * config.duration_s / detailed["requests"],
-                        "output_tokens_per_request": detailed["output_tokens_per_s"] * config.duration_s
-                        / detailed["requests"]}})
+                        "prompt_tokens": float(np.mean([r.request.input_tokens for r in result.records])),
+                        "output_tokens_per_request": float(np.mean([r.request.output_tokens
+                                                                    for r in result.records]))}})
         unit = unit_capacity(config.model_copy(update={"fleet": fleet_config}))
         if series == "output_tokens":
             rows.append((name, f"decode tok/s of the {config.cluster.decode_cards}-card unit", steady,

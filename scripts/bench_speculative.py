@@ -26,10 +26,10 @@ CONTEXT = 4989  # DeepSeek's average KV length per output token (Day-6 post)
 TARGET_GAIN = 0.06  # the post's gain of selective verification over verify-all
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Fewer acceptances and batch sizes.")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     began = time.perf_counter()
     config = SimConfig()
     spec, model = config.speculative, config.model
@@ -74,7 +74,8 @@ def main() -> None:
         where = f"{per_card:.3f} sequences per card" if per_card is not None else "not up to 256 per card"
         print(f"  first acceptance {acceptance:.3f}: {where}")
     print(f"\n({time.perf_counter() - began:.1f} s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

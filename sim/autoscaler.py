@@ -5,8 +5,8 @@ Every `interval_s` it sizes each stage for the load it is given (whole units: a 
 at `target_utilisation`), then, in this order: moves surplus nodes of one stage to the other (they serve after
 `move_s`), asks for new nodes for what is still missing (after `grow_s`, never past `quota_nodes`), and releases
 what is still surplus, only once the surplus has lasted `shrink_after_s` and never while the nodes held (serving,
-moving or arriving) exceed `shrink_quota_threshold` x `quota_nodes`: near the quota a released node may not come
-back when the load does.
+moving, arriving, and the spares reserved beside the stages) exceed `shrink_quota_threshold` x `quota_nodes`: near
+the quota a released node may not come back when the load does.
 """
 
 import math
@@ -36,14 +36,15 @@ class Autoscaler:
     config: AutoscalerConfig
     unit_nodes: dict[str, int]
     serving: dict[str, int]
+    reserved: int = 0  # nodes held outside the stages (spares): they count against the quota
     pending: list[tuple[float, str, int]] = field(default_factory=list)  # (ready at, stage, nodes)
     surplus_since: float | None = None
     decisions: list[Decision] = field(default_factory=list)
 
     @property
     def held(self) -> int:
-        """Nodes the fleet holds: serving, moving and arriving."""
-        return sum(self.serving.values()) + sum(nodes for _, _, nodes in self.pending)
+        """Nodes the fleet holds: serving, moving, arriving and reserved."""
+        return sum(self.serving.values()) + sum(nodes for _, _, nodes in self.pending) + self.reserved
 
     def incoming(self, stage: str) -> int:
         return sum(nodes for _, to, nodes in self.pending if to == stage)
@@ -59,7 +60,7 @@ class Autoscaler:
         """Whole units of `stage` covering `needed_nodes` at the target utilisation, at least the stage's minimum."""
         unit = self.unit_nodes[stage]
         least = self.config.min_prefill_nodes if stage == "prefill" else self.config.min_decode_nodes
-        units = math.ceil(max(needed_nodes, least) / self.config.target_utilisation / unit - 1e-9)
+        units = math.ceil(max(needed_nodes / self.config.target_utilisation, least) / unit - 1e-9)
         return units * unit
 
     def decide(self, now_s: float, needed_nodes: dict[str, float]) -> Decision:
@@ -80,7 +81,8 @@ class Autoscaler:
                 moved[receiver] = nodes
         grown = dict.fromkeys(STAGES, 0)
         for stage in STAGES:
-            nodes = min(max(gap[stage], 0), config.quota_nodes - self.held)
+            room = config.quota_nodes - self.held
+            nodes = min(max(gap[stage], 0), room - room % self.unit_nodes[stage])  # whole units within the quota
             if nodes > 0:
                 self.pending.append((now_s + config.grow_s, stage, nodes))
                 grown[stage] = nodes

@@ -15,6 +15,7 @@ from sim.config import SimConfig
 from sim.cost_model import (decode_step_seconds, kv_cache_read_seconds, max_decode_batch, prefill_seconds,
                             vision_encode_seconds)
 from sim.hardware import PROFILES
+from sim.speculative import SpeculativeStep, step_cost
 
 MEAN_CONTEXT_FOR_CAPACITY = 4096  # context the HBM budget is sized at (tokens)
 
@@ -44,12 +45,21 @@ def recompute_equivalent_tokens(config: SimConfig, cached_tokens: int) -> int:
 def prefill_batch_seconds(config: SimConfig, records: list) -> float:
     """One prefill node's batch: the cost model's time for the new (and recomputed) tokens, plus reading the cached
     prefixes from the persistent tier."""
-    new = [r.request.input_tokens - r.cached_tokens + r.recomputed_tokens for r in records]
-    cached = [max(0, r.cached_tokens - r.recomputed_tokens) for r in records]
-    compute = prefill_seconds(config.model, PROFILES[config.hardware.prefill], config.cluster.cards_per_node, new,
-                              cached).total_s
-    read_bytes = sum(r.cached_tokens for r in records) / config.cache.block_tokens * disk_bytes_per_block(config)
-    return compute + kv_cache_read_seconds(read_bytes, config.cache.disk_read_gb_s)
+    return prefill_seconds_of(config, [r.request.input_tokens for r in records], [r.cached_tokens for r in records],
+                              [r.recomputed_tokens for r in records], nodes=1)
+
+
+def prefill_seconds_of(config: SimConfig, input_tokens: list[int], cached_tokens: list[int],
+                       recomputed_tokens: list[int], nodes: int) -> float:
+    """Seconds of a prefill batch on an instance of `nodes` nodes: prompts of `input_tokens`, of which
+    `cached_tokens` hit the persistent tier (read at disk_read_gb_s per node) and `recomputed_tokens` of those are
+    computed again (the window's tail, or the sliding layers under "recompute")."""
+    new = [total - cached + again for total, cached, again in zip(input_tokens, cached_tokens, recomputed_tokens)]
+    kept = [max(0, cached - again) for cached, again in zip(cached_tokens, recomputed_tokens)]
+    compute = prefill_seconds(config.model, PROFILES[config.hardware.prefill], nodes * config.cluster.cards_per_node,
+                              new, kept).total_s
+    read_bytes = sum(cached_tokens) / config.cache.block_tokens * disk_bytes_per_block(config)
+    return compute + kv_cache_read_seconds(read_bytes, config.cache.disk_read_gb_s * nodes)
 
 
 def decoder_flops_by_design(config: SimConfig, input_tokens: int, cached_tokens: int,
@@ -79,6 +89,16 @@ def decode_step(config: SimConfig, batch_size: int, kv_tokens: float, imbalance:
     cost = decode_step_seconds(config.model, PROFILES[config.hardware.decode], config.cluster.decode_cards,
                                batch_size, kv_tokens, moe_imbalance=imbalance,
                                tokens_per_sequence=tokens_per_sequence, redundant_experts=redundant_experts(config))
+    return cost.total_s, cost.moe_share
+
+
+def speculative_decode_step(config: SimConfig, step: SpeculativeStep, batch_size: int, kv_tokens: float,
+                            imbalance: float) -> tuple[float, float]:
+    """(seconds, MoE share) of one speculative decode step of a unit under `step`: the target's pass over
+    1 + verified tokens per sequence plus the draft's passes (`sim.speculative.step_cost`)."""
+    cost = step_cost(config.speculative, step, config.model, PROFILES[config.hardware.decode],
+                     config.cluster.decode_cards, batch_size, kv_tokens, moe_imbalance=imbalance,
+                     redundant_experts=redundant_experts(config))
     return cost.total_s, cost.moe_share
 
 

@@ -23,8 +23,9 @@ def revenue_usd(hit_tokens: float, miss_tokens: float, output_tokens: float, hou
     return listed * price_factor(hour_of_day, prices)
 
 
-def card_hour_usd(config: SimConfig) -> float:
-    """$ per card-hour: the fleet's prices.card_hour_usd, else the decode card's profile price.
+def card_hour_usd(config: SimConfig, stage: str) -> float:
+    """$ per card-hour of `stage`'s cards ("prefill" or "decode"): the fleet's prices.card_hour_usd, else the
+    stage's card profile price.
 
     Raises:
         ValueError: neither is set (the profile has no published price).
@@ -32,7 +33,7 @@ def card_hour_usd(config: SimConfig) -> float:
     price = config.fleet.prices.card_hour_usd
     if price is not None:
         return price
-    profile = PROFILES[config.hardware.decode]
+    profile = PROFILES[getattr(config.hardware, stage)]
     if profile.price_per_hour_usd is None:
-        raise ValueError(f"hardware profile {profile.name} has no price; set fleet.prices.card_hour_usd")
+        raise ValueError(f"hardware profile {profile.name} ({stage}) has no price; set fleet.prices.card_hour_usd")
     return profile.price_per_hour_usd

@@ -265,7 +265,8 @@ class _DecodeUnit:
                 seconds, moe_share = costs.decode_step(sim.config, batch, self.kv_tokens, imbalance)
                 sim.use["decode"].tokens += batch
             else:
-                seconds, moe_share = self._speculative_step(batch, imbalance)
+                seconds, moe_share = costs.speculative_decode_step(sim.config, self.speculation, batch,
+                                                                   self.kv_tokens, imbalance)
             sim.use["decode"].busy_s += seconds
             sim.use["decode"].batches += 1
             yield env.timeout(seconds)
@@ -294,16 +295,6 @@ class _DecodeUnit:
         if self.speculation is None:
             return record.request.output_tokens - 1
         return speculative.steps_to_finish(record.request.output_tokens, self.speculation.tokens_per_step)
-
-    def _speculative_step(self, batch: int, imbalance: float) -> tuple[float, float]:
-        """(seconds, MoE share) of a speculative step: the target's pass over 1 + mean verified tokens per sequence
-        and the draft's passes (the draft's own MoE layer is left out of the share)."""
-        config, step = self.sim.config, self.speculation
-        verify_s, moe_share = costs.decode_step(config, batch, self.kv_tokens, imbalance,
-                                                tokens_per_sequence=1.0 + step.verified_per_step)
-        one_token_s = costs.decode_step(config, batch, self.kv_tokens, imbalance)[0]
-        seconds = verify_s + speculative.draft_seconds(config.speculative, step, one_token_s)
-        return seconds, moe_share * verify_s / seconds
 
     def _speculative_tokens(self, batch: int, finished: list[tuple[int, RequestRecord]]) -> float:
         """Tokens a speculative step produced: tau per sequence, less what the finishing ones did not need; counts

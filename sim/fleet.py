@@ -6,8 +6,8 @@ from `sim.unit_capacity`, the detailed run's cost model at the traffic's operati
 (a queue per stage, whose wait is backlog over capacity). The autoscaler sizes both stages every interval for the
 load plus draining the backlog; failures take capacity away and send sequences back to prefill. Revenue comes from
 the tokens served (hits and misses at their prices, valley hours discounted), cost from every node held (spares
-included). The same traffic and failures then run through a fixed split holding the same node-hours, for
-comparison.
+included). The same traffic then runs through a fixed split holding the same node-hours, for comparison (its
+failures are drawn anew: they follow the cards in service).
 """
 
 import math
@@ -59,19 +59,61 @@ def daily_load(traffic: DailyTraffic, steps: int, step_s: float, rng: np.random.
     return curve / curve.mean()
 
 
+def _output_per_input(traffic: DailyTraffic, load: np.ndarray, step_s: float) -> np.ndarray:
+    """[T] generated tokens each step's prompts will need per prompt token: the day's ratio, swung by `mix_swing`
+    over the hours (peak at `mix_peak_hour`), scaled so the days' totals stay the configured ones."""
+    hours = np.arange(len(load)) * step_s / 3600.0
+    shape = 1.0 + traffic.mix_swing * np.cos(2 * np.pi * (hours - traffic.mix_peak_hour) / 24.0)
+    ratio = traffic.output_tokens_per_day / traffic.input_tokens_per_day
+    return ratio * shape * load.sum() / (load * shape).sum()
+
+
+def _within_quota(nodes: dict[str, int], unit_nodes: dict[str, int], room: int) -> dict[str, int]:
+    """`nodes` per stage, cut unit by unit from the larger stage until they fit in `room` nodes."""
+    nodes = dict(nodes)
+    while sum(nodes.values()) > room:
+        stage = max(nodes, key=nodes.get)
+        if nodes[stage] <= unit_nodes[stage]:
+            break
+        nodes[stage] -= unit_nodes[stage]
+    return nodes
+
+
 def run_fleet(config: SimConfig, progress: Callable[[float, float], None] | None = None) -> dict:
-    """The fleet run of `config` (its `fleet` must be set): autoscaled, then the fixed split; the report."""
+    """The fleet run of `config` (its `fleet` must be set): autoscaled, then the fixed split of the same node-hours
+    (or, with the autoscaler off, the configured fixed split alone); the report.
+
+    Raises:
+        ValueError: the quota cannot hold the stages' minimums and the spares, or a fixed split is missing or not
+            made of whole units (the message names the field).
+    """
     began = time.perf_counter()
     unit = unit_capacity(config)
+    auto, spares = config.fleet.autoscaler, sum(config.fleet.faults.spare_nodes.values())
+    step = {"prefill": unit.prefill_nodes, "decode": unit.decode_nodes}
+    if auto.granularity == "node":
+        step = dict.fromkeys(STAGES, 1)
+    least = sum(_whole_units(getattr(auto, f"min_{stage}_nodes"), step[stage]) for stage in STAGES)
+    if least + spares > auto.quota_nodes:
+        raise ValueError(f"fleet.autoscaler.quota_nodes={auto.quota_nodes} cannot hold the stages' minimums in whole "
+                         f"units ({least} nodes) and the spares ({spares}); raise it or lower the minimums")
+    configured = {stage: getattr(auto, f"fixed_{stage}_nodes") for stage in STAGES}
+    for stage, nodes in configured.items():
+        if nodes is not None and nodes % step[stage]:
+            raise ValueError(f"fleet.autoscaler.fixed_{stage}_nodes={nodes} is not a whole number of "
+                             f"{step[stage]}-node units; use a multiple of {step[stage]} (or granularity: node)")
+    if not auto.enabled:
+        missing = [f"fixed_{stage}_nodes" for stage, nodes in configured.items() if nodes is None]
+        if missing:
+            raise ValueError(f"fleet.autoscaler.enabled is false but {' and '.join(missing)} is not set; give the "
+                             f"fixed split's nodes per stage")
+        run = _run(config, unit, fixed=configured, progress=progress)
+        return fleet_report(config, unit, run, None, time.perf_counter() - began)
     scaled = _run(config, unit, fixed=None, progress=progress)
-    auto = config.fleet.autoscaler
     arrival = _arrival_steps(config)
-    fixed_nodes = {
-        stage: getattr(auto, f"fixed_{stage}_nodes") or _whole_units(
-            scaled.nodes[stage][:arrival].mean(), 1 if auto.granularity == "node" else size)
-        for stage, size in (("prefill", unit.prefill_nodes), ("decode", unit.decode_nodes))
-    }
-    fixed = _run(config, unit, fixed=fixed_nodes, progress=None) if auto.enabled else None
+    same_node_hours = {stage: configured[stage] or _whole_units(scaled.nodes[stage][:arrival].mean(), step[stage])
+                       for stage in STAGES}
+    fixed = _run(config, unit, fixed=same_node_hours, progress=None)
     return fleet_report(config, unit, scaled, fixed, time.perf_counter() - began)
 
 
@@ -80,6 +122,7 @@ def _arrival_steps(config: SimConfig) -> int:
 
 
 def _whole_units(nodes: float, unit_nodes: int) -> int:
+    """The fewest whole units (at least one) holding `nodes` nodes, in nodes."""
     return max(1, math.ceil(nodes / unit_nodes - 1e-9)) * unit_nodes
 
 
@@ -93,7 +136,7 @@ def _run(config: SimConfig, unit: UnitCapacity, fixed: dict[str, int] | None,
     load = daily_load(traffic, arrival, step_s, rng)
     fault_rng = np.random.default_rng([config.seed, 1])
     input_per_s = traffic.input_tokens_per_day / 86400.0
-    output_per_input = traffic.output_tokens_per_day / traffic.input_tokens_per_day
+    output_per_input = _output_per_input(traffic, load, step_s)
     unit_nodes = {"prefill": unit.prefill_nodes, "decode": unit.decode_nodes}
     # "node": a stage's capacity grows node by node (units of any size); "unit": only whole units serve.
     step_nodes = dict.fromkeys(STAGES, 1) if auto.granularity == "node" else unit_nodes
@@ -103,19 +146,21 @@ def _run(config: SimConfig, unit: UnitCapacity, fixed: dict[str, int] | None,
     cards_per_unit = {stage: unit_nodes[stage] * cards_per_node for stage in STAGES}
     faults = Faults(fleet.faults, cards_per_unit, cards_per_node, fault_rng)
     spares = sum(fleet.faults.spare_nodes.values())
-    if fixed is None and auto.enabled:
+    if fixed is None:
         first = {"prefill": input_per_s * load[0] / node_rate["prefill"],
-                 "decode": input_per_s * load[0] * output_per_input / node_rate["decode"]}
-        scaler = Autoscaler(auto, step_nodes, dict.fromkeys(STAGES, 0))
-        scaler.serving = {stage: scaler.target_nodes(stage, first[stage]) for stage in STAGES}
+                 "decode": input_per_s * load[0] * output_per_input[0] / node_rate["decode"]}
+        scaler = Autoscaler(auto, step_nodes, dict.fromkeys(STAGES, 0), reserved=spares)
+        scaler.serving = _within_quota({stage: scaler.target_nodes(stage, first[stage]) for stage in STAGES},
+                                       step_nodes, auto.quota_nodes - spares)
     else:
-        nodes = fixed or {"prefill": auto.fixed_prefill_nodes or auto.min_prefill_nodes,
-                          "decode": auto.fixed_decode_nodes or auto.min_decode_nodes}
-        scaler = None
-    price = card_hour_usd(config)
+        nodes, scaler = fixed, None
+    price = {stage: card_hour_usd(config, stage) for stage in STAGES}
+    spare_nodes = {stage: fleet.faults.spare_nodes.get(stage, 0) for stage in STAGES}
     series = {name: np.zeros(steps) for name in ("prefill", "decode", "held", "wait_prefill", "wait_decode",
                                                   "output", "arrivals")}
-    backlog = {"prefill": 0.0, "billable": 0.0, "decode": 0.0}
+    # prompt tokens waiting (re-prefills included), the billable ones among them, the replies they owe, and
+    # generated tokens waiting
+    backlog = {"prefill": 0.0, "billable": 0.0, "owed": 0.0, "decode": 0.0}
     tokens = {"input_hit": 0.0, "input_miss": 0.0, "output": 0.0}
     revenue = cost = card_hours = requeued = 0.0
     next_decision = 0.0
@@ -138,15 +183,17 @@ def _run(config: SimConfig, unit: UnitCapacity, fixed: dict[str, int] | None,
                 drain = 3.0 * max(auto.interval_s, step_s)
                 # Capacity out of service (failed cards, restarting units) is replaced too.
                 needed = {"prefill": (ahead + backlog["prefill"] / drain) / node_rate["prefill"],
-                          "decode": (ahead * output_per_input + backlog["decode"] / drain) / node_rate["decode"]}
+                          "decode": (ahead * output_per_input[min(index, arrival - 1)] + backlog["decode"] / drain)
+                          / node_rate["decode"]}
                 needed = {stage: value + faults.units_lost(stage, now) * unit_nodes[stage]
                           for stage, value in needed.items()}
                 scaler.decide(now, needed)
                 next_decision = now + auto.interval_s
             nodes = scaler.serving
-            held = scaler.held + spares
+            held_by_stage = {stage: nodes[stage] + scaler.incoming(stage) + spare_nodes[stage] for stage in STAGES}
         else:
-            held = sum(nodes.values()) + spares
+            held_by_stage = {stage: nodes[stage] + spare_nodes[stage] for stage in STAGES}
+        held = sum(held_by_stage.values())
         serving_cards = {stage: nodes[stage] * cards_per_node for stage in STAGES}
         in_flight = serving_rate / fleet.tokens_per_s_per_user
         # A prefill card's failure loses its instance's batch in flight (one prompt per card), recomputed.
@@ -157,15 +204,18 @@ def _run(config: SimConfig, unit: UnitCapacity, fixed: dict[str, int] | None,
         backlog["prefill"] += arriving + lost["decode"] * traffic.kv_tokens_per_sequence \
             + lost["prefill"] * traffic.prompt_tokens
         backlog["billable"] += arriving
+        backlog["owed"] += arriving * output_per_input[min(index, arrival - 1)]  # replies the prompts will need
         capacity = {stage: max(0.0, _units(nodes[stage], unit_nodes[stage], auto.granularity)
                                - faults.units_lost(stage, now))
                     * (unit.prefill_tokens_per_s if stage == "prefill" else unit.decode_tokens_per_s)
                     for stage in STAGES}
         served = min(backlog["prefill"], capacity["prefill"] * step_s)
         billable = served * backlog["billable"] / backlog["prefill"] if backlog["prefill"] > 0 else 0.0
+        owed = backlog["owed"] * billable / backlog["billable"] if backlog["billable"] > 0 else 0.0
         backlog["prefill"] -= served
         backlog["billable"] -= billable
-        backlog["decode"] += billable * output_per_input
+        backlog["owed"] -= owed
+        backlog["decode"] += owed
         generated = min(backlog["decode"], capacity["decode"] * step_s)
         backlog["decode"] -= generated
         serving_rate = generated / step_s
@@ -176,19 +226,19 @@ def _run(config: SimConfig, unit: UnitCapacity, fixed: dict[str, int] | None,
         tokens["input_miss"] += billable - hit
         tokens["output"] += generated
         if index < arrival:  # the days are billed; the drain finishes their work (the next day's start)
-            hours = held * cards_per_node * step_s / 3600.0
-            card_hours += hours
-            cost += hours * price
+            card_hours += held * cards_per_node * step_s / 3600.0
+            cost += sum(held_by_stage[stage] * price[stage] for stage in STAGES) * cards_per_node * step_s / 3600.0
         for stage in STAGES:
             series[stage][index] = nodes[stage]
             series[f"wait_{stage}"][index] = backlog[stage] / capacity[stage] if capacity[stage] > 0 else math.inf
         series["held"][index] = held
         series["output"][index] = generated
-        series["arrivals"][index] = arriving * output_per_input / traffic.output_tokens_per_request
+        series["arrivals"][index] = arriving * output_per_input[min(index, arrival - 1)] \
+            / traffic.output_tokens_per_request
         if progress is not None and index % 60 == 0:
             progress(min(now, arrival * step_s), arrival * step_s)
     per_request = traffic.output_tokens_per_request
-    left = backlog["billable"] * output_per_input + backlog["decode"]
+    left = backlog["owed"] + backlog["decode"]
     return FleetRun(
         time_s=np.arange(steps) * step_s,
         nodes={stage: series[stage] for stage in STAGES},
@@ -271,7 +321,7 @@ def fleet_report(config: SimConfig, unit: UnitCapacity, run: FleetRun, fixed: Fl
         "input_cache_hit_tokens": run.tokens["input_hit"],
         "output_tokens": run.tokens["output"],
         "card_hours": run.card_hours,
-        "card_hour_usd": card_hour_usd(config),
+        "card_hour_usd": {stage: card_hour_usd(config, stage) for stage in STAGES},
         **_waits(run, arrival),
         "unit": {"prefill_nodes": unit.prefill_nodes, "prefill_tokens_per_s_per_node":
                  unit.prefill_tokens_per_s / unit.prefill_nodes, "decode_nodes": unit.decode_nodes,
@@ -287,8 +337,8 @@ def fleet_report(config: SimConfig, unit: UnitCapacity, run: FleetRun, fixed: Fl
         "faults": {"handling": fleet.faults.handling, "failures": len(events),
                    "with_spare": sum(event.spare_used for event in events),
                    "spare_nodes": spare_nodes,
-                   "spare_cost_usd": spare_nodes * config.cluster.cards_per_node * card_hour_usd(config)
-                   * days * 24.0},
+                   "spare_cost_usd": sum(fleet.faults.spare_nodes.get(stage, 0) * card_hour_usd(config, stage)
+                                         for stage in STAGES) * config.cluster.cards_per_node * days * 24.0},
         "wall_seconds": wall_s,
         "sim_seconds_per_wall_second": days * 86400.0 / max(wall_s, 1e-9),
         "timeline": _timeline(run, arrival, fleet.step_s),

@@ -5,7 +5,8 @@ fleet run works per time step (a minute by default) on token rates: each stage's
 (a prefill instance of a few 8-card nodes, a decode EP unit), computed by the same cost model that times every
 batch and step of the detailed run, at the traffic's operating point; an autoscaler moves nodes between the stages
 and grows or shrinks the fleet; faults take cards away; prices turn the tokens served into revenue and the nodes
-held into cost. Every field has a default (DeepSeek's published Feb-2025 day, `sim/configs/deepseek-feb2025-day.yaml`).
+held into cost. Every field has a default; the traffic's and the prices' are DeepSeek's published Feb-2025 day
+(`sim/configs/deepseek-feb2025-day.yaml` sets the rest of that day's assumptions).
 """
 
 from typing import Literal
@@ -32,6 +33,9 @@ class DailyTraffic(_Strict):
     peak_to_mean: float = Field(1.25, ge=1, lt=2, description="Peak over mean of the daily load curve (a cosine).")
     peak_hour: float = Field(15.0, ge=0, lt=24, description="Hour of the daily peak (local time of the prices).")
     noise: float = Field(0.01, ge=0, lt=1, description="Relative minute-to-minute noise of the load (log-normal).")
+    mix_swing: float = Field(0.0, ge=0, lt=1, description="Relative swing over the day of generated over prompt "
+                             "tokens (0: a fixed mix), which moves load between decode and prefill.")
+    mix_peak_hour: float = Field(21.0, ge=0, lt=24, description="Hour the mix is most reply-heavy.")
     bursts_per_day: float = Field(2.0, ge=0, description="Sudden bursts per day (Poisson).")
     burst_size: float = Field(0.3, ge=0, description="Extra load during a burst, as a share of the curve.")
     burst_minutes: float = Field(20.0, gt=0, description="Length of a burst.")
@@ -73,8 +77,14 @@ class Prices(_Strict):
                                                      "end), local time; None: one price all day.")
     valley_price_factor: float = Field(1.0, ge=0, le=1, description="Prices times this in the valley hours "
                                        "(DeepSeek's R1 valley: 0.25; 1.0: list price all day).")
-    card_hour_usd: float | None = Field(None, ge=0, description="$ per card-hour (None: the decode card's "
-                                                                "profile price).")
+    card_hour_usd: float | None = Field(None, ge=0, description="$ per card-hour of every card (None: each "
+                                                                "stage's card profile price).")
+
+    @model_validator(mode="after")
+    def _valley_within_the_day(self) -> "Prices":
+        if self.valley_hours is not None and not all(0 <= hour <= 24 for hour in self.valley_hours):
+            raise ValueError(f"valley_hours must be two hours in [0, 24] (start, end); got {self.valley_hours}")
+        return self
 
 
 class FaultConfig(_Strict):
@@ -97,6 +107,9 @@ class FaultConfig(_Strict):
         unknown = set(self.spare_nodes) - {"prefill", "decode"}
         if unknown:
             raise ValueError(f"spare_nodes has unknown stage(s) {sorted(unknown)}; use prefill and decode")
+        negative = {stage: nodes for stage, nodes in self.spare_nodes.items() if nodes < 0}
+        if negative:
+            raise ValueError(f"spare_nodes must be >= 0 per stage; got {negative}")
         return self
 
 
@@ -108,6 +121,8 @@ class FleetConfig(_Strict):
     tokens_per_s_per_user: float = Field(21.0, gt=0, description="Decode speed each sequence is served at "
                                                                  "(DeepSeek: 20-22 tok/s).")
     prefill_instance_nodes: int = Field(4, ge=1, description="Nodes per prefill instance (DeepSeek: 4, EP32).")
+    decode_imbalance: float = Field(1.0, ge=1, description="Busiest card's routed tokens over the mean in the "
+                                    "decode units (1.0: the calibrated rates, which carry DeepSeek's own).")
     drain_s: float = Field(3600.0, ge=0, description="Seconds after the last arrival to serve what is queued; "
                                                      "what is left is lost.")
     traffic: DailyTraffic = Field(DailyTraffic(), description="The day's traffic.")

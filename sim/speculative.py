@@ -113,11 +113,17 @@ class SpeculativeCost:
     verify_s: float  # the target's pass over 1 + verified tokens per sequence
     draft_s: float  # the draft's passes
     tokens_per_s: float  # tokens the unit's batch gains per second
+    verify_moe_s: float = 0.0  # the routed experts' seconds of the verification pass
 
     @property
     def total_s(self) -> float:
         """Seconds of the step: verification plus drafting."""
         return self.verify_s + self.draft_s
+
+    @property
+    def moe_share(self) -> float:
+        """The target's routed experts' share of the step (the draft's own MoE layer is left out)."""
+        return self.verify_moe_s / self.total_s if self.total_s > 0 else 0.0
 
 
 def position_means(spec: SpeculativeConfig) -> np.ndarray:
@@ -202,10 +208,11 @@ def step_cost(spec: SpeculativeConfig, step: SpeculativeStep, model: ModelProfil
     base = dict(moe_imbalance=moe_imbalance, redundant_experts=redundant_experts)
     one = decode_step_seconds(model, hardware, cards, batch_size, kv_tokens, **base).total_s
     verify = decode_step_seconds(model, hardware, cards, batch_size, kv_tokens,
-                                 tokens_per_sequence=1.0 + step.verified_per_step, **base).total_s
+                                 tokens_per_sequence=1.0 + step.verified_per_step, **base)
     draft = draft_seconds(spec, step, one)
-    rate = batch_size * step.tokens_per_step / (verify + draft) if batch_size else 0.0
-    return SpeculativeCost(step=step, verify_s=verify, draft_s=draft, tokens_per_s=rate)
+    rate = batch_size * step.tokens_per_step / (verify.total_s + draft) if batch_size else 0.0
+    return SpeculativeCost(step=step, verify_s=verify.total_s, draft_s=draft, tokens_per_s=rate,
+                           verify_moe_s=verify.moe_s)
 
 
 def gain_table(spec: SpeculativeConfig, model: ModelProfile, hardware: HardwareProfile, cards: int,

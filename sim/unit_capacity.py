@@ -1,12 +1,13 @@
-"""What one prefill instance and one decode EP unit deliver at the traffic's operating point, from the cost model
-the detailed run times every batch and step with (the same functions, imported).
+"""What one prefill instance and one decode EP unit deliver at the traffic's operating point, from the functions
+the detailed run times every batch and step with (`sim.costs`, imported).
 
 - Prefill: an instance of `prefill_instance_nodes` nodes runs one mean prompt per card per batch, the cached share
-  read rather than computed; its rate counts every prompt token, hits included (as DeepSeek's 73.7k per node).
+  read from the persistent tier rather than computed (the read costs time, as in the detailed run; the window
+  state is taken to be found); its rate counts every prompt token, hits included (as DeepSeek's 73.7k per node).
 - Decode: a unit of `cluster.decode_cards` cards holds the most sequences whose step still meets the per-user
   speed (one step per 1 / tokens_per_s_per_user seconds), whose caches fit its HBM when each reserves its final
   context (prompt + reply, as the detailed run's admission does) and which the batch cap
-  (`cluster.max_decode_batch_per_card`) admits; its rate is that many
+  (`cluster.max_decode_batch_per_card`) admits, at the fleet's `decode_imbalance`; its rate is that many
   sequences times the speed (as DeepSeek's 14.8k per node at 20-22 tok/s per user).
 """
 
@@ -14,8 +15,6 @@ from dataclasses import dataclass
 
 from sim import costs
 from sim.config import SimConfig
-from sim.cost_model import decode_step_seconds, prefill_seconds
-from sim.hardware import PROFILES
 
 
 @dataclass(frozen=True)
@@ -32,13 +31,13 @@ class UnitCapacity:
 
 def unit_capacity(config: SimConfig) -> UnitCapacity:
     """Both stages' unit rates for `config.fleet` (which must be set)."""
-    fleet, model, cluster = config.fleet, config.model, config.cluster
+    fleet, cluster = config.fleet, config.cluster
     traffic = fleet.traffic
-    cards = fleet.prefill_instance_nodes * cluster.cards_per_node
+    nodes = fleet.prefill_instance_nodes
+    prompts = nodes * cluster.cards_per_node  # one mean prompt per card
     prompt = max(1, round(traffic.prompt_tokens))
-    cached = round(prompt * traffic.cache_hit_share)
-    batch = prefill_seconds(model, PROFILES[config.hardware.prefill], cards, [prompt - cached] * cards,
-                            [cached] * cards, redundant_experts=cards).total_s
+    cached = min(round(prompt * traffic.cache_hit_share), prompt - 1)  # the last token is always computed
+    batch = costs.prefill_seconds_of(config, [prompt] * prompts, [cached] * prompts, [0] * prompts, nodes)
     decode_cards = cluster.decode_cards
     if decode_cards % cluster.cards_per_node:
         raise ValueError(f"cluster.decode_cards={decode_cards} is not a whole number of "
@@ -46,7 +45,7 @@ def unit_capacity(config: SimConfig) -> UnitCapacity:
     sequences, step = _most_sequences(config)
     return UnitCapacity(
         prefill_nodes=fleet.prefill_instance_nodes,
-        prefill_tokens_per_s=prompt * cards / batch,
+        prefill_tokens_per_s=prompt * prompts / batch,
         decode_nodes=decode_cards // cluster.cards_per_node,
         decode_sequences=sequences,
         decode_tokens_per_s=sequences * fleet.tokens_per_s_per_user,
@@ -57,18 +56,15 @@ def unit_capacity(config: SimConfig) -> UnitCapacity:
 def _most_sequences(config: SimConfig) -> tuple[int, float]:
     """The largest batch of a decode unit whose step meets the per-user speed and whose caches fit, by bisection
     (step time grows with the batch), and its step seconds."""
-    fleet, model = config.fleet, config.model
-    hardware, cards = PROFILES[config.hardware.decode], config.cluster.decode_cards
+    fleet, cards = config.fleet, config.cluster.decode_cards
     context = fleet.traffic.kv_tokens_per_sequence
     budget = 1.0 / fleet.tokens_per_s_per_user
-    redundant = costs.redundant_experts(config)
     final = fleet.traffic.prompt_tokens + fleet.traffic.output_tokens_per_request  # reserved at admission
     fits = min(costs.decode_kv_capacity_tokens(config) // max(1, round(final)),
                config.cluster.max_decode_batch_per_card * cards)
 
     def step(batch: int) -> float:
-        return decode_step_seconds(model, hardware, cards, batch, round(batch * context),
-                                   redundant_experts=redundant).total_s
+        return costs.decode_step(config, batch, round(batch * context), fleet.decode_imbalance)[0]
 
     low, high = 0, max(1, int(fits))
     if step(high) <= budget:

@@ -21,8 +21,8 @@ UNROLL_MAX = 8  # scans over at most this many entries unroll, when compiled, in
 
 def prefix_sums(values: torch.Tensor, dim: int) -> torch.Tensor:
     """Inclusive prefix sums along `dim`, as `cumsum`. Compiled, over a few entries, unrolled into additions that
-    the compiler fuses with the code around them (a scan is a separate kernel); the same additions in the same
-    order, so the same values."""
+    the compiler fuses with the code around them (a scan is a separate kernel). Integers give the same values;
+    floats may differ from an eager `cumsum` in the last bits (it may accumulate in higher precision)."""
     if values.shape[dim] > UNROLL_MAX or not torch.compiler.is_compiling():
         return values.cumsum(dim)
     parts = list(values.unbind(dim))

@@ -38,4 +38,4 @@ def test_a_fleet_config_runs_the_fleet_and_days_scale_it(tmp_path, run_eplb_here
 def test_days_without_a_fleet_section_is_one_line(tmp_path, run_eplb_here, one_line_error):
     one_line_error(run_eplb_here("sim", "--days", "1"), "--days needs a config with a fleet section")
     one_line_error(run_eplb_here("sim", "--config", "sim/configs/seed-fleet-day.yaml", "--days", "0"),
-                   "--days must be in")
+                   "--days 0.0: Input should be greater than 0")

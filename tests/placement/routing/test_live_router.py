@@ -139,16 +139,8 @@ def test_router_gives_the_whole_token_optimum_on_chain_layouts(exact_lp_max_load
     rng = np.random.default_rng(num_gpus * slots)
     for _ in range(3):
         phy2log = _turned_chain(rng, num_gpus, slots, num_experts)
-        gpu_of_slot = np.arange(len(phy2log)) // slots
-        table = LayerRoutingTable.build(phy2log, slots, num_experts)
-        assert table.method == "chain"
         steps = rng.multinomial(24 * num_gpus, rng.dirichlet(np.full(num_experts, 0.3)), size=5)
-        for counts in np.vstack([steps, np.zeros(num_experts, dtype=np.int64)]):
-            tokens_P = route_step(torch.as_tensor(counts), table).numpy()
-            assert (tokens_P >= 0).all()
-            np.testing.assert_array_equal(np.bincount(phy2log, tokens_P, minlength=num_experts), counts)
-            exact = exact_lp_max_load(counts.astype(float), phy2log, gpu_of_slot, num_gpus) if counts.any() else 0
-            assert tokens_P.reshape(num_gpus, slots).sum(1).max() == np.ceil(exact - 1e-6)
+        _assert_chain_split_is_the_whole_token_optimum(exact_lp_max_load, phy2log, slots, steps)
 
 
 def test_router_passes_a_hot_gpus_load_around_the_ring():
@@ -179,12 +171,20 @@ def test_router_splits_experts_sharing_their_gpus_as_one_and_exactly(exact_lp_ma
     # 2-GPU layout is such a chain; so is a ring whose links each carry several experts.
     rng = np.random.default_rng(num_gpus * per_link)
     phy2log = _shared_links(rng, num_gpus, per_link, fixed_per_gpu=3)
-    num_experts, slots = int(phy2log.max()) + 1, len(phy2log) // num_gpus
+    num_experts = int(phy2log.max()) + 1
+    steps = rng.multinomial(20 * num_gpus, rng.dirichlet(np.full(num_experts, 0.3)), size=6)
+    _assert_chain_split_is_the_whole_token_optimum(exact_lp_max_load, phy2log, len(phy2log) // num_gpus, steps)
+
+
+def _assert_chain_split_is_the_whole_token_optimum(exact_lp_max_load, phy2log: np.ndarray, slots: int,
+                                                   steps_BE: np.ndarray) -> None:
+    """The layout routes by the chain split, and on every step (and an empty one) its busiest GPU carries the
+    ceiling of the LP optimum, every expert's tokens kept."""
+    num_experts, num_gpus = steps_BE.shape[1], len(phy2log) // slots
     gpu_of_slot = np.arange(len(phy2log)) // slots
     table = LayerRoutingTable.build(phy2log, slots, num_experts)
     assert table.method == "chain"
-    steps = rng.multinomial(20 * num_gpus, rng.dirichlet(np.full(num_experts, 0.3)), size=6)
-    for counts in np.vstack([steps, np.zeros(num_experts, dtype=np.int64)]):
+    for counts in np.vstack([steps_BE, np.zeros(num_experts, dtype=np.int64)]):
         tokens_P = route_step(torch.as_tensor(counts), table).numpy()
         assert (tokens_P >= 0).all()
         np.testing.assert_array_equal(np.bincount(phy2log, tokens_P, minlength=num_experts), counts)
