@@ -4,9 +4,10 @@ fleet within its quota.
 Every `interval_s` it sizes each stage for the load it is given (whole units: a prefill instance, a decode EP unit,
 at `target_utilisation`), then, in this order: moves surplus nodes of one stage to the other (they serve after
 `move_s`), asks for new nodes for what is still missing (after `grow_s`, never past `quota_nodes`), and releases
-what is still surplus, only once the surplus has lasted `shrink_after_s` and never while the nodes held (serving,
-moving, arriving, and the spares reserved beside the stages) exceed `shrink_quota_threshold` x `quota_nodes`: near
-the quota a released node may not come back when the load does.
+what is still surplus, only once the surplus has lasted `shrink_after_s` and never while quota use, the nodes the
+load needs now (the stages' targets and the spares) over `quota_nodes`, is above `shrink_quota_threshold`: near
+the quota a released node may not come back when the load does. (Read as the nodes held instead, the rule would
+ratchet: one burst past the threshold and the fleet could never shrink again.)
 """
 
 import math
@@ -86,7 +87,7 @@ class Autoscaler:
             if nodes > 0:
                 self.pending.append((now_s + config.grow_s, stage, nodes))
                 grown[stage] = nodes
-        quota_use = self.held / config.quota_nodes
+        quota_use = (sum(target.values()) + self.reserved) / config.quota_nodes
         released = dict.fromkeys(STAGES, 0)
         surplus = {stage: min(max(-gap[stage], 0), self.serving[stage]) for stage in STAGES}
         if any(surplus.values()):

@@ -52,8 +52,9 @@ class AutoscalerConfig(_Strict):
     move_s: float = Field(300.0, ge=0, description="Seconds a node takes to switch stage (drain, load weights).")
     grow_s: float = Field(600.0, ge=0, description="Seconds a node added to the fleet takes to serve.")
     quota_nodes: int = Field(320, ge=1, description="Nodes the fleet may hold at most (its quota).")
-    shrink_quota_threshold: float = Field(0.8, gt=0, le=1, description="Never shrink the fleet while nodes held "
-                                                                       "over quota_nodes is above this.")
+    shrink_quota_threshold: float = Field(0.8, gt=0, le=1, description="Never shrink the fleet while quota use "
+                                          "(nodes the load needs now, spares included, over quota_nodes) is above "
+                                          "this.")
     shrink_after_s: float = Field(900.0, ge=0, description="Release nodes only after the surplus lasted this long.")
     granularity: Literal["unit", "node"] = Field("unit", description="unit: a stage serves in whole units (a "
                                                  "prefill instance, a decode EP unit); node: capacity per node, "

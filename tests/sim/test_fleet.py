@@ -103,9 +103,11 @@ def test_autoscaler_never_shrinks_the_fleet_while_quota_use_is_above_the_thresho
         surplus_before = scaler.surplus_since
         decision = scaler.decide(step * config.interval_s, needed)
         assert scaler.held <= quota
+        # Quota use: the nodes the load needs now (the stages' targets) over the quota.
+        assert decision.quota_use == pytest.approx(sum(decision.target.values()) / quota)
         if scaler.held < held_before:
             shrinks += 1
-            assert held_before / quota <= config.shrink_quota_threshold
+            assert decision.quota_use <= config.shrink_quota_threshold
         elif surplus_before is not None and decision.quota_use > config.shrink_quota_threshold:
             refusals += 1
     assert shrinks > 0 and refusals > 0  # both sides of the rule were exercised
