@@ -48,6 +48,7 @@ class Autoscaler:
         return sum(self.serving.values()) + sum(nodes for _, _, nodes in self.pending) + self.reserved
 
     def incoming(self, stage: str) -> int:
+        """Nodes on their way to `stage` (moving or newly added)."""
         return sum(nodes for _, to, nodes in self.pending if to == stage)
 
     def advance(self, now_s: float) -> None:

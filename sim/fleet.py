@@ -23,6 +23,7 @@ from sim.economics import card_hour_usd, revenue_usd
 from sim.faults import Faults
 from sim.fleet_config import DailyTraffic
 from sim.unit_capacity import UnitCapacity, unit_capacity
+from sim.workload import daily_rate_factor
 
 
 @dataclass
@@ -49,8 +50,7 @@ class FleetRun:
 def daily_load(traffic: DailyTraffic, steps: int, step_s: float, rng: np.random.Generator) -> np.ndarray:
     """[steps] load factor, mean exactly 1: a cosine with the configured peak-to-mean peaking at peak_hour, times
     log-normal noise, plus bursts."""
-    hours = np.arange(steps) * step_s / 3600.0
-    curve = 1.0 + (traffic.peak_to_mean - 1.0) * np.cos(2 * np.pi * (hours - traffic.peak_hour) / 24.0)
+    curve = daily_rate_factor(np.arange(steps) * step_s, traffic.peak_to_mean, traffic.peak_hour)
     curve = curve * np.exp(traffic.noise * rng.standard_normal(steps) - traffic.noise ** 2 / 2)
     days = steps * step_s / 86400.0
     for _ in range(int(rng.poisson(traffic.bursts_per_day * days))):
@@ -62,8 +62,7 @@ def daily_load(traffic: DailyTraffic, steps: int, step_s: float, rng: np.random.
 def _output_per_input(traffic: DailyTraffic, load: np.ndarray, step_s: float) -> np.ndarray:
     """[T] generated tokens each step's prompts will need per prompt token: the day's ratio, swung by `mix_swing`
     over the hours (peak at `mix_peak_hour`), scaled so the days' totals stay the configured ones."""
-    hours = np.arange(len(load)) * step_s / 3600.0
-    shape = 1.0 + traffic.mix_swing * np.cos(2 * np.pi * (hours - traffic.mix_peak_hour) / 24.0)
+    shape = daily_rate_factor(np.arange(len(load)) * step_s, 1.0 + traffic.mix_swing, traffic.mix_peak_hour)
     ratio = traffic.output_tokens_per_day / traffic.input_tokens_per_day
     return ratio * shape * load.sum() / (load * shape).sum()
 

@@ -58,10 +58,12 @@ def synthetic_requests(workload: SyntheticWorkload, duration_s: float, block_tok
     return requests
 
 
-def daily_rate_factor(t_s: float, peak_to_mean: float) -> float:
-    """Load at time of day `t_s` (seconds from midnight) over the daily mean: a sine with its peak at 15:00."""
+def daily_rate_factor(t_s, peak_to_mean: float, peak_hour: float = 15.0):
+    """Load at time of day `t_s` (seconds from midnight; a float, or an array of them) over the daily mean: a
+    cosine with its peak at `peak_hour`."""
     amplitude = min(1.0, peak_to_mean - 1.0)
-    return 1.0 + amplitude * math.cos(2 * math.pi * (t_s / 86400.0 - 15.0 / 24.0))
+    cos = np.cos if isinstance(t_s, np.ndarray) else math.cos
+    return 1.0 + amplitude * cos(2 * math.pi * (t_s / 86400.0 - peak_hour / 24.0))
 
 
 def _session_starts(workload: SyntheticWorkload, duration_s: float, rng: np.random.Generator) -> list[float]:
