@@ -9,15 +9,17 @@
 2. Imbalance measured in the loop (max / mean of the rows each rank computed) for each routing mode, on the same
    traffic and placement.
 3. Rebalancing while decoding (`--section rebalance`): a W-rank loop whose traffic shifts a third of the way in,
-   rebalanced every `--rebalance-every` steps by `cpsat` in the background: decode step time (slowest rank) while a
-   rebalance is in progress against steps without one (p50, p99), experts moved per rebalance against a
+   rebalanced every `--rebalance-every` steps by `cpsat` in the background (its helper process capped at
+   `--solve-cpu-share` of the time): decode step time (slowest rank) while a rebalance is in progress against steps
+   without one (p50, p99; a few hundred steps on each side, as a p99 needs), the same by what the rebalancer did
+   before the step (start, solving, answer broadcast, a round of weights, switch), experts moved per rebalance against a
    placement-oblivious (slot-by-slot) remap of the same target, the lag from the end of the fit window to the
    switch (steps and seconds: what `eplb replay --lag` should be given), and, in a second run, the time from a
    rank's SIGKILL to the first step the survivors complete, against the collective timeout.
 The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `scripts/bench_router.py`.
 
 Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5] [--section all|overhead|rebalance]
-       [--quick]
+       [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--quick]
 """
 
 import argparse
@@ -72,10 +74,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu: a Gloo group; cuda: an NCCL group, one GPU per rank (default cpu)")
     parser.add_argument("--eager", action="store_true", help="run the replica choice eagerly (default: compiled)")
     parser.add_argument("--section", default="all", choices=("all", "overhead", "rebalance"))
-    parser.add_argument("--rebalance-steps", type=int, default=150, help="steps of the rebalancing run")
+    parser.add_argument("--rebalance-steps", type=int, default=600, help="steps of the rebalancing run (default 600: "
+                        "a p99 needs a few hundred steps on each side)")
     parser.add_argument("--rebalance-every", type=int, default=30)
     parser.add_argument("--rebalance-policy", default="cpsat", choices=("cpsat", "deepseek"))
     parser.add_argument("--solve-in", default="process", choices=("process", "thread"))
+    parser.add_argument("--solve-cpu-share", type=float, default=None,
+                        help="the solve's share of the time (default 0.25 on cpu with a process, else 1)")
     parser.add_argument("--timeout", type=float, default=5.0, help="collective timeout of the kill run, seconds")
     parser.add_argument("--quick", action="store_true", help="tiny run, for a smoke test")
     args = parser.parse_args(argv)
@@ -94,8 +99,9 @@ def rebalance_section(args) -> None:
     setup = shifting_traffic_setup(args.world_size, steps, experts=args.experts, top_k=args.top_k,
                                    tokens=args.tokens_per_step, hidden=args.hidden_size, layers=args.layers,
                                    slots=args.slots_per_gpu)
+    share = args.solve_cpu_share or (0.25 if args.device == "cpu" and args.solve_in == "process" else 1.0)
     config = RebalanceConfig(window=min(args.rebalance_every, 50), interval=args.rebalance_every,
-                             policy=args.rebalance_policy, solve_in=args.solve_in,
+                             policy=args.rebalance_policy, solve_in=args.solve_in, solve_cpu_share=share,
                              time_limit_s=0.5, max_bytes_per_step=256 << 10, transfer_timeout_s=args.timeout / 2)
     reports = run_local_group(run_rebalancing_loop, args.world_size, setup, steps, config, Faults(),
                               timeout_s=args.timeout, deadline_s=120 + 5 * steps, device=args.device)
@@ -105,8 +111,8 @@ def rebalance_section(args) -> None:
     times = summary["step_time_ms"]
     backend = "NCCL" if args.device == "cuda" else "Gloo"
     print(f"\nRebalancing while decoding: {args.world_size} {backend} ranks, {steps} steps, traffic shift at step "
-          f"{steps // 3}, {args.rebalance_policy} (0.5 s budget) in a background {args.solve_in} every "
-          f"{args.rebalance_every} steps, "
+          f"{steps // 3}, {args.rebalance_policy} (0.5 s budget) in a background {args.solve_in} (CPU share "
+          f"{share:g}) every {args.rebalance_every} steps, "
           f"{config.max_bytes_per_step >> 10} KiB per rank per step\n")
     print("| steps | p50 ms | p99 ms |")
     print("|---|---|---|")
@@ -114,6 +120,12 @@ def rebalance_section(args) -> None:
           f"{times['p50_quiet']} | {times['p99_quiet']} |")
     print(f"| rebalance in progress ({times['steps_rebalancing']}) | {times['p50_rebalancing']} | "
           f"{times['p99_rebalancing']} |")
+    quiet_p50 = summary["step_time_ms_by_phase"].get("quiet", {}).get("p50")
+    print("\n| what the rebalancer did before the step | steps | p50 ms | vs quiet | p90 ms |")
+    print("|---|---|---|---|---|")
+    for name, row in summary["step_time_ms_by_phase"].items():
+        versus = f"{row['p50'] / quiet_p50 - 1:+.0%}" if quiet_p50 else "n/a"
+        print(f"| {name} | {row['steps']} | {row['p50']} | {versus} | {row['p90']} |")
     print(f"\nstep_time_p99_ratio {_figure(summary['step_time_p99_ratio'])}; decode steps waiting on a rebalance: "
           f"{summary['decode_steps_waiting_on_rebalance']}; rebalances {summary['rebalances']}; imbalance "
           f"{_figure(summary['imbalance_before'])} (start placement) -> {_figure(summary['imbalance_after'])}")

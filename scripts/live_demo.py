@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpsat budget of each rebalance, seconds (default 0.5)")
     parser.add_argument("--solve-in", default="process", choices=("process", "thread"),
                         help="where rank 0 solves: a helper process (default) or a thread")
+    parser.add_argument("--solve-cpu-share", type=float, default=None, metavar="F",
+                        help="share of the time the solver's helper process may run, in (0, 1] (default: 0.25 with "
+                             "--device cpu, where the ranks fill every core; 1 with cuda)")
     parser.add_argument("--max-bytes-per-step", type=int, default=256 << 10,
                         help="expert bytes a rank sends or receives between two steps (default 256 KiB)")
     parser.add_argument("--fail-rank", type=int, default=None, metavar="K", help="kill rank K's process (SIGKILL)")
@@ -72,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--hidden-size must be >= --experts (the gate reads the first E dimensions)")
     if args.rebalance_every is not None and args.rebalance_every < 1:
         parser.error(f"--rebalance-every must be >= 1; got {args.rebalance_every}")
+    if args.solve_cpu_share is not None and not 0 < args.solve_cpu_share <= 1:
+        parser.error(f"--solve-cpu-share must be in (0, 1]; got {args.solve_cpu_share:g}")
+    if args.solve_cpu_share is not None and args.solve_cpu_share < 1 and args.solve_in != "process":
+        parser.error("--solve-cpu-share below 1 needs --solve-in process (a thread cannot be paused)")
     if args.fail_rank is not None and not 0 <= args.fail_rank < args.world_size:
         parser.error(f"--fail-rank must be a rank in [0, {args.world_size}); got {args.fail_rank}")
     if args.fail_rank is not None and args.world_size < 2:
@@ -108,6 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def default_cpu_share(args) -> float:
+    """--solve-cpu-share, or its default: on CPU the ranks fill the cores, so the solve is capped at a quarter of
+    the time (`RebalanceConfig.solve_cpu_share`); a GPU host has cores to spare. A thread cannot be capped."""
+    if args.solve_cpu_share is not None:
+        return args.solve_cpu_share
+    return 0.25 if args.device == "cpu" and args.solve_in == "process" else 1.0
+
+
 def rebalancing_demo(args) -> int:
     """The loop with a rebalancer, shifting traffic and an optional killed rank; prints the JSON object last."""
     slots = args.slots_per_gpu or args.experts // args.world_size + 2
@@ -118,6 +133,7 @@ def rebalancing_demo(args) -> int:
     interval = args.rebalance_every or 10 * args.steps  # without --rebalance-every only drift and recovery refit
     rebalance = RebalanceConfig(window=max(4, min(interval, 50)), interval=interval, policy=args.rebalance_policy,
                                 time_limit_s=args.rebalance_time_limit, solve_in=args.solve_in,
+                                solve_cpu_share=default_cpu_share(args),
                                 routing="static" if args.routing == "static" else "dynamic",
                                 max_bytes_per_step=args.max_bytes_per_step,
                                 transfer_timeout_s=min(5.0, args.timeout / 2))

@@ -3,9 +3,12 @@
 A process shares neither the interpreter lock nor the scheduler's favour with decode: the `cpsat` policy's Python
 parts (building models, scoring candidates) would otherwise hold the lock for milliseconds at a time while the
 decode thread waits for it. The process starts once (its imports take a second or two, in the background) and
-solves one job at a time; a job is the recorder's window and the placement serving now, and its answer the new
-placement relabelled to move the fewest experts, with the move counts. The process ends when its parent does (its
-pipe closes), even if the parent was killed.
+solves one job at a time, optionally paced to a share of the time (`eplb.live.cpu_pacer`: where decode ranks fill
+every core, a low priority alone does not keep background work from delaying them). A job is the recorder's window
+(or a placement loaded from a file) and the placement serving now; its answer the new placement relabelled to move
+the fewest experts, the move counts, and the weight moves planned (seconds of Python at the full shape, which
+would otherwise stall a decode step on every rank). The process ends when its parent does (its pipe closes), even
+if the parent was killed.
 """
 
 import multiprocessing as mp
@@ -14,9 +17,12 @@ import pickle
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
+from eplb.live.cpu_pacer import start_pacer, stop_pacer
+from eplb.live.weight_moves import TransferShape, encode_fills, encode_rounds, plan_rebalance
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
 from placement.scoring import score_placement
 
@@ -27,19 +33,42 @@ PolicyFn = Callable[[np.ndarray, ClusterSpec], Placement]  # (counts_TLE, cluste
 SCORED_STEPS = 32  # the last steps of the window the fitted imbalance is measured on (the drift trigger's level)
 
 
-def solve(counts_TLE: np.ndarray, current: Placement, policy: str, options: dict,
-          policy_fn: PolicyFn | None) -> tuple[Placement, tuple[int, int], float]:
-    """The new placement for the window, relabelled to move the fewest experts from `current`; (experts moved,
-    experts a slot-by-slot remap would move); and its fitted imbalance (mean over the window's last steps and its
-    layers, under the routing the layers run), the level the refit-on-drift trigger compares served steps with."""
-    if policy_fn is not None:
-        target = policy_fn(counts_TLE, current.cluster)
-    else:
-        target = fit_placement(policy, counts_TLE, current.cluster, **(options if policy == "cpsat" else {}))
+@dataclass(frozen=True)
+class SolveResult:
+    """A job's answer.
+
+    Attributes:
+        placement: the new placement, relabelled to move the fewest experts from the one serving.
+        moves: (experts moved, experts a slot-by-slot remap would move).
+        fitted_imbalance: mean over the window's last steps and its layers, under the routing the layers run: the
+            level the refit-on-drift trigger compares served steps with (None for a placement given, not fitted).
+        fills_N8, chunks_C6: the weight moves (`weight_moves.plan_rebalance`, encoded).
+    """
+
+    placement: Placement
+    moves: tuple[int, int]
+    fitted_imbalance: float | None
+    fills_N8: np.ndarray
+    chunks_C6: np.ndarray
+
+
+def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, options: dict, policy_fn: PolicyFn | None,
+          shape: TransferShape, target: Placement | None = None) -> SolveResult:
+    """Fit a placement on the window `counts_TLE` (or take `target` as it is), relabel it to move the fewest experts
+    from `current`, and plan the weight moves."""
+    fitted = None
+    if target is None:
+        if policy_fn is not None:
+            target = policy_fn(counts_TLE, current.cluster)
+        else:
+            target = fit_placement(policy, counts_TLE, current.cluster, **(options if policy == "cpsat" else {}))
     plan = plan_migration(current, target)
-    routing = "static" if options.get("routing") == "static" else "live"
-    fitted = float(score_placement(plan.realised, counts_TLE[-SCORED_STEPS:], routing).imbalance_TL.mean())
-    return plan.realised, (plan.num_moves, oblivious_moves(current, target)), fitted
+    if counts_TLE is not None:
+        routing = "static" if options.get("routing") == "static" else "live"
+        fitted = float(score_placement(plan.realised, counts_TLE[-SCORED_STEPS:], routing).imbalance_TL.mean())
+    fills, rounds = plan_rebalance(current, plan.realised, shape)
+    return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), fitted,
+                       encode_fills(fills), encode_rounds(rounds))
 
 
 class BackgroundSolver:
@@ -47,12 +76,21 @@ class BackgroundSolver:
 
     Args:
         in_process: "process" (a helper process, the default for serving) or "thread".
+        shape: what the weight moves' schedule needs (sizes, element size, bytes per round).
         policy_fn: a custom policy; with a process it must be picklable (a module-level function).
+        cpu_share: the share of the time the helper process may run while it solves (1: no cap; below 1 needs
+            `in_process="process"` and a POSIX OS).
     """
 
-    def __init__(self, in_process: str, policy: str, options: dict, policy_fn: PolicyFn | None = None) -> None:
+    def __init__(self, in_process: str, policy: str, options: dict, shape: TransferShape,
+                 policy_fn: PolicyFn | None = None, cpu_share: float = 1.0) -> None:
         if in_process not in ("process", "thread"):
             raise ValueError(f"in_process must be 'process' or 'thread'; got {in_process!r}")
+        if not 0 < cpu_share <= 1:
+            raise ValueError(f"cpu_share must be in (0, 1]; got {cpu_share:g}")
+        if cpu_share < 1 and in_process != "process":
+            raise ValueError("cpu_share below 1 paces a helper process: set in_process='process' (a thread "
+                             "cannot be paused)")
         if in_process == "process" and policy_fn is not None:
             try:
                 pickle.dumps(policy_fn)
@@ -60,30 +98,33 @@ class BackgroundSolver:
                 raise ValueError("policy_fn must be picklable (a module-level function) to solve in a process; "
                                  "or set solve_in='thread'") from exc
         self.in_process, self.policy, self.options, self.policy_fn = in_process, policy, options, policy_fn
+        self.shape = shape
         self._job = 0
         self._box: dict = {}
         self._conn = None
         if in_process == "process":
             parent, child = mp.get_context("spawn").Pipe()
-            process = mp.get_context("spawn").Process(target=_serve, args=(child, policy, options, policy_fn),
+            process = mp.get_context("spawn").Process(target=_serve, args=(child, policy, options, policy_fn, shape,
+                                                                                cpu_share),
                                                       name="eplb-solver", daemon=True)
             process.start()
             child.close()
             self._conn, self._process = parent, process
 
-    def submit(self, counts_TLE: np.ndarray, current: Placement) -> None:
-        """Start a job (a job still running is abandoned: its answer will be ignored)."""
+    def submit(self, counts_TLE: np.ndarray | None, current: Placement, target: Placement | None = None) -> None:
+        """Start a job: fit on the window `counts_TLE`, or take `target` (a loaded placement), and plan the moves
+        from `current` (a job still running is abandoned: its answer will be ignored)."""
         self._job += 1
         self._box = {"job": self._job, "started": time.monotonic()}
         if self._conn is not None:
-            self._conn.send((self._job, counts_TLE, current))
+            self._conn.send((self._job, counts_TLE, current, target))
         else:
-            threading.Thread(target=self._solve_in_thread, args=(self._box, counts_TLE, current),
+            threading.Thread(target=self._solve_in_thread, args=(self._box, counts_TLE, current, target),
                              name="eplb-solve", daemon=True).start()
 
     def poll(self) -> dict:
-        """The current job's state: {} before any, else with "result" (placement, moves, fitted imbalance) or
-        "error" (text) once done, and "started" (monotonic seconds)."""
+        """The current job's state: {} before any, else with "result" (a `SolveResult`) or "error" (text) once
+        done, and "started" (monotonic seconds)."""
         while self._conn is not None and self._conn.poll():
             try:
                 job, ok, payload = self._conn.recv()
@@ -100,27 +141,33 @@ class BackgroundSolver:
             self._conn.close()
             self._conn = None
 
-    def _solve_in_thread(self, box: dict, counts_TLE: np.ndarray, current: Placement) -> None:
+    def _solve_in_thread(self, box: dict, counts_TLE: np.ndarray | None, current: Placement,
+                         target: Placement | None) -> None:
         low_priority()
         try:
-            box["result"] = solve(counts_TLE, current, self.policy, self.options, self.policy_fn)
+            box["result"] = solve(counts_TLE, current, self.policy, self.options, self.policy_fn, self.shape, target)
         except Exception as exc:  # reported to every rank by the next poll
             box["error"] = f"{type(exc).__name__}: {exc}"
 
 
-def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None) -> None:
-    """The helper process: answer jobs until the pipe closes."""
+def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None, shape: TransferShape,
+           cpu_share: float) -> None:
+    """The helper process: answer jobs until the pipe closes, paced to `cpu_share` while it solves."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     low_priority()
     while True:
         try:
-            job, counts_TLE, current = conn.recv()
+            job, counts_TLE, current, target = conn.recv()
         except (EOFError, OSError):
             return
+        pacer = None
         try:
-            answer = (job, True, solve(counts_TLE, current, policy, options, policy_fn))
+            pacer = start_pacer(cpu_share)
+            answer = (job, True, solve(counts_TLE, current, policy, options, policy_fn, shape, target))
         except Exception as exc:
             answer = (job, False, f"{type(exc).__name__}: {exc}")
+        finally:
+            stop_pacer(pacer)
         try:
             conn.send(answer)
         except (EOFError, OSError):

@@ -22,6 +22,12 @@ class RebalanceConfig(BaseModel):
         "process", description="Where rank 0 solves: a helper process (no lock shared with decode) or a thread; "
                                "either at a low CPU priority (nice 10)."
     )
+    solve_cpu_share: float = Field(
+        1.0, gt=0, le=1, description="Share of the time the helper process may run while it solves (below 1 it is "
+                                     "paused and resumed in 20 ms cycles, and the solve takes 1/share as long): "
+                                     "where decode ranks fill every core, background work delays them for as long "
+                                     "as it is runnable, whatever its priority; 1 where cores are spare (a GPU host)."
+    )
     routing: Literal["static", "dynamic"] = Field(
         "dynamic", description="The routing the fit optimises for (as the layers route)."
     )
@@ -49,6 +55,9 @@ class RebalanceConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "RebalanceConfig":
+        if self.solve_cpu_share < 1 and self.solve_in != "process":
+            raise ValueError(f"solve_cpu_share={self.solve_cpu_share:g} paces a helper process: set "
+                             "solve_in='process' (a thread cannot be paused)")
         if self.heartbeat_timeout_s < 3 * self.heartbeat_interval_s:
             raise ValueError(f"heartbeat_timeout_s={self.heartbeat_timeout_s:g} must be at least 3 x "
                              f"heartbeat_interval_s={self.heartbeat_interval_s:g}")

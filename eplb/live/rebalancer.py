@@ -3,17 +3,18 @@
 Legend: L layers, E experts, G ranks (one GPU each), S slots per rank, P = G x S, T steps in the recorder's window.
 
 The worker calls `Rebalancer.step(step)` on every rank before each decode step. It never waits on a solve or a
-transfer, and its agreements cost no collective: each step every rank sends a five-number message with its expert
+transfer, and its agreements cost no collective: each step every rank sends a seven-number message with its expert
 counts in the first layer's all-gather (which the layer runs anyway), and at the next step every rank reads the
 same messages and takes the same decision. Over the steps:
 
 1. idle: every `interval` steps (or at once when some rank saw the imbalance drift), all-reduce the recorder's
    window [T, L, E] and start the policy on rank 0 in the background (`BackgroundSolver`: a helper process at a
    low CPU priority, or a thread; no collective runs there: every collective stays on the worker's thread, in
-   step order);
-2. solving: rank 0's message says whether the solve is running, failed or done; when done, rank 0 broadcasts the
-   placement, relabelled to move the fewest experts (`plan_migration`), and every rank plans the same fills
-   (`weight_moves`): moved slots into staging buffers, and the host copies the new placement needs;
+   step order); `load(file)` starts the same way with a given placement;
+2. solving: rank 0's message says whether the solve is running, failed or done, and the size of its answer; when
+   done, rank 0 broadcasts, in one collective, the placement relabelled to move the fewest experts
+   (`plan_migration`) and the weight moves planned beside the solve (`weight_moves.plan_rebalance`: moved slots
+   into staging buffers, and the host copies the new placement needs, in rounds); each rank keeps its part;
 3. moving: one round of chunks per step (no rank sends or receives more than `max_bytes_per_step`) and one layer's
    routing tables built; each rank's message says whether its transfers succeeded;
 4. switch: the step after the last round, if every rank's transfers succeeded and every rank accepts, each copies
@@ -40,15 +41,16 @@ import torch
 
 from collectives import CollectiveError, Communicator
 from collectives.membership import Heartbeat, agree_on_survivors
-from eplb.live.background_solver import BackgroundSolver, PolicyFn
+from eplb.live.background_solver import BackgroundSolver, PolicyFn, SolveResult
 from eplb.live.experts import ExpertWeights
 from eplb.live.load_recorder import LoadRecorder
 from eplb.live.moe_layer import MoEDecodeLayer, check_placement_fits
 from eplb.live.rebalance_config import RebalanceConfig
 from eplb.live.replica_assignment import ReplicaTables
 from eplb.live.survivor_placement import placement_without
-from eplb.live.weight_moves import Fill, backup_wanted, matrix_of, plan_fills, run_round, schedule_chunks
-from placement import Placement, PlacementFormatError, load_placement, oblivious_moves, plan_migration
+from eplb.live.weight_moves import (Chunk, Fill, TransferShape, backup_wanted, decode_for_rank, holders_of, matrix_of,
+                                    plan_fills, run_round, schedule_chunks)
+from placement import Placement, PlacementFormatError, load_placement
 from placement.replay import drifted_steps
 
 logger = logging.getLogger(__name__)
@@ -132,6 +134,11 @@ class Rebalancer:
     # ----- the per-step entry point -----
 
     @property
+    def phase(self) -> str:
+        """"idle", "solving" (waiting on the background solve) or "moving" (weights in flight, then the switch)."""
+        return self._state
+
+    @property
     def in_progress(self) -> bool:
         """True while a rebalance is under way (solving, moving or about to switch)."""
         return self._state != "idle"
@@ -155,15 +162,18 @@ class Rebalancer:
         self._send(solve_status=self._solve_status(), ok=int(self._solve.get("ok", True)),
                    accept=int(accept_switch), drifted=drifted)
 
-    # Each step every rank sends [attempt, solve status (rank 0), transfers ok, accepts a switch, drifted] along
-    # with its counts in the first layer's all-gather; the next step every rank reads the same [W, 5] and decides.
+    # Each step every rank sends [attempt, solve status (rank 0), transfers ok, accepts a switch, drifted, fills and
+    # chunks in rank 0's answer] along with its counts in the first layer's all-gather; the next step every rank
+    # reads the same [W, 7] and decides.
 
     def _send(self, solve_status: int, ok: int, accept: int, drifted: int) -> None:
-        message = [self.stats.attempts, solve_status, ok, accept, drifted]
+        answer = self._solver_here().poll().get("result") if solve_status == 1 else None
+        sizes = [len(answer.fills_N8), len(answer.chunks_C6)] if answer is not None else [0, 0]
+        message = [self.stats.attempts, solve_status, ok, accept, drifted, *sizes]
         self.layers[0].piggyback = torch.tensor(message, dtype=torch.int64)
 
     def _received(self) -> np.ndarray | None:
-        """[W, 5] what every rank sent with the last step (None before the first step or after a regroup)."""
+        """[W, 7] what every rank sent with the last step (None before the first step or after a regroup)."""
         received = self.layers[0].piggyback_received
         self.layers[0].piggyback_received = None
         return None if received is None else received.cpu().numpy()
@@ -187,12 +197,17 @@ class Rebalancer:
         if self._solver is None:
             options = {"time_limit_s": self.config.time_limit_s, "routing": self.config.routing,
                        "workers": self.config.solve_threads}
-            self._solver = BackgroundSolver(self.config.solve_in, self.config.policy, options, self.policy_fn)
+            first = self.layers[0].config
+            shape = TransferShape(first.hidden_size, first.intermediate_size,
+                                  self.layers[0].slot_experts.gate_ADF.element_size(), self.config.max_bytes_per_step)
+            self._solver = BackgroundSolver(self.config.solve_in, self.config.policy, options, shape, self.policy_fn,
+                                            cpu_share=self.config.solve_cpu_share)
         return self._solver
 
     def load(self, placement: Placement | str, step: int) -> None:
-        """Swap in a placement from a file (or object) the same way as a solved one: planned, moved in chunks over
-        the next steps, switched when every rank agrees. Call on every rank at the same step.
+        """Swap in a placement from a file (or object) the same way as a solved one: planned in the background
+        (rank 0's copy), moved in chunks over the next steps, switched when every rank agrees. Call on every rank
+        at the same step.
 
         Raises:
             PlacementFormatError: the placement is for another shape (layers, experts, GPUs, slots); nothing
@@ -214,10 +229,10 @@ class Rebalancer:
         if self.in_progress:
             raise RuntimeError("a rebalance is under way; load a placement when `in_progress` is False")
         self.stats.attempts += 1
-        plan = plan_migration(current, target)
-        self._solve = {"fit_step": step, "fit_time": time.perf_counter(),
-                       "moves": (plan.num_moves, oblivious_moves(current, target))}
-        self._plan(plan.realised)
+        if self.comm.rank == 0:
+            self._solver_here().submit(None, current, target)
+        self._solve = {"fit_step": step, "fit_time": time.perf_counter()}
+        self._state = "solving"
 
     # ----- 1. start -----
 
@@ -255,44 +270,26 @@ class Rebalancer:
             self._fail(f"the solve failed on rank 0: {job.get('error', 'see rank 0 log')}" if comm.rank == 0
                        else "the solve failed on rank 0")
             return
-        shape = self.placement.phy2log_LP.shape
-        result, box["moves"], fitted = job.get("result", (None, None, 0.0))
-        phy2log = torch.as_tensor(result.phy2log_LP if result is not None else np.zeros(shape, np.int64),
-                                  dtype=torch.int64, device=comm.device)
-        # The static weights and, last, the fitted imbalance (the drift trigger's level), in one broadcast.
-        weights = torch.as_tensor(np.append(result.weights_LP.reshape(-1), fitted) if result is not None
-                                  else np.zeros(phy2log.numel() + 1), dtype=torch.float64, device=comm.device)
-        phy2log, weights = comm.broadcast(phy2log, 0).cpu().numpy(), comm.broadcast(weights, 0).cpu().numpy()
-        box["fitted_imbalance"], weights = float(weights[-1]), weights[:-1].reshape(shape)
+        num_fills, num_chunks = int(received[0, 5]), int(received[0, 6])
+        answer = comm.broadcast(_pack(job["result"]) if comm.rank == 0
+                                else torch.zeros(_packed_size(self.placement, num_fills, num_chunks),
+                                                 dtype=torch.int64, device=comm.device), 0).cpu().numpy()
+        # Every rank holds the same bytes now, so every rank reaches the same verdict: no agreement needed.
         try:
-            target = Placement(phy2log, weights, self.placement.cluster, self.placement.num_experts,
-                               policy=self.config.policy)
-            ok = True
+            target, fitted, fills_N8, chunks_C6 = _unpack(answer, self.placement, num_fills, num_chunks,
+                                                          self.config.policy)
         except PlacementFormatError as exc:
-            ok, target = False, None
-            logger.warning("the solved placement is invalid: %s", exc)
-        if not comm.agree(ok):
-            self._fail("the solved placement was invalid on some rank")
+            self._fail(f"the solved placement is invalid: {exc}")
             return
-        self._plan(target)
+        if comm.rank == 0:
+            box["moves"] = job["result"].moves
+        box["fitted_imbalance"] = fitted
+        fills, rounds = decode_for_rank(fills_N8, chunks_C6, comm.rank)
+        self._start_moving(target, fills, rounds)
 
-    def _plan(self, target: Placement) -> None:
-        """Plan the fills from the placement serving now to `target`, allocate the staging buffers, go to moving."""
-        current = self.placement
-        shape = (current.cluster.num_gpus, current.cluster.slots_per_gpu)
-        fills, sends = [], {}
-        for layer in range(current.num_layers):
-            old_GS, new_GS = current.phy2log_LP[layer].reshape(shape), target.phy2log_LP[layer].reshape(shape)
-            holders = _holders(old_GS)
-            old_backup = set(backup_wanted(old_GS))
-            wanted = [(gpu, "slot", slot, int(new_GS[gpu, slot])) for gpu, slot in np.argwhere(new_GS != old_GS)]
-            wanted += [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(new_GS)
-                       if (gpu, expert) not in old_backup]
-            fills += plan_fills(layer, wanted, holders, sends)
-        staging = self._staging_for(fills)
-        config = self.layers[0].config
-        rounds = schedule_chunks(fills, config.hidden_size, config.intermediate_size,
-                                 self.layers[0].slot_experts.gate_ADF.element_size(), self.config.max_bytes_per_step)
+    def _start_moving(self, target: Placement, fills: dict[int, Fill], rounds: list[list[Chunk]]) -> None:
+        """Allocate the staging buffers of this rank's fills and go to moving."""
+        staging = self._staging_for(list(fills.values()))
         self._solve.update(target=target, fills=fills, rounds=rounds, round=0, staging=staging, tables={}, ok=True)
         self._state = "moving"
 
@@ -399,7 +396,7 @@ class Rebalancer:
         for layer in range(self.placement.num_layers):
             experts_GS = self.placement.phy2log_LP[layer].reshape(shape)
             wanted = [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(experts_GS)]
-            fills += plan_fills(layer, wanted, _holders(experts_GS, with_backups=False), sends)
+            fills += plan_fills(layer, wanted, holders_of(experts_GS, with_backups=False), sends)
         staging = self._staging_for(fills)
         self._solve = {"staging": staging}
         self._run_all(fills, self.config.max_bytes_per_step, tag_base=_tag_base(0, 0))
@@ -500,7 +497,7 @@ class Rebalancer:
         fills, sends, restored = [], {}, 0
         for layer in range(old.num_layers):
             old_GS, new_GS = old.phy2log_LP[layer].reshape(old_shape), target.phy2log_LP[layer].reshape(new_shape)
-            all_holders = _holders(old_GS)
+            all_holders = holders_of(old_GS)
             holders = {rank: all_holders[gpu] for rank, gpu in enumerate(kept)}
             restored += len(set(old_GS[lost].reshape(-1).tolist()) - set(old_GS[kept].reshape(-1).tolist()))
             # Slots that change (or are new) and the host copies of the new ring; the rest stays where it is.
@@ -553,17 +550,34 @@ def _stacks(weights: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return weights.gate_ADF, weights.up_ADF, weights.down_AFD
 
 
-def _holders(experts_GS: np.ndarray, with_backups: bool = True) -> dict[int, dict[int, tuple[str, int]]]:
-    """GPU -> expert -> where that GPU's rank holds it under the placement `experts_GS` [G, S]: ("slot", its first
-    slot), else ("backup", expert) for the host copies the ring gives it (left out before they are built)."""
-    holders: dict[int, dict[int, tuple[str, int]]] = {}
-    for gpu, row in enumerate(experts_GS.tolist()):
-        held = holders.setdefault(gpu, {})
-        for slot, expert in enumerate(row):
-            held.setdefault(int(expert), ("slot", slot))
-    for gpu, expert in backup_wanted(experts_GS) if with_backups else ():
-        holders[gpu].setdefault(expert, ("backup", expert))
-    return holders
+def _packed_size(current: Placement, num_fills: int, num_chunks: int) -> int:
+    """Length of `_pack`'s array for a placement of `current`'s shape."""
+    return 2 * current.phy2log_LP.size + 1 + 8 * num_fills + 6 * num_chunks
+
+
+def _pack(answer: SolveResult) -> torch.Tensor:
+    """One int64 array for one broadcast: phy2log [L, P], the static weights [L, P] and the fitted imbalance (NaN:
+    none) as float64 bit patterns, the fills [N, 8], the chunks [C, 6]."""
+    placement = answer.placement
+    floats = np.append(placement.weights_LP.reshape(-1).astype(np.float64),
+                       np.nan if answer.fitted_imbalance is None else answer.fitted_imbalance)
+    return torch.from_numpy(np.concatenate([placement.phy2log_LP.reshape(-1).astype(np.int64),
+                                            floats.view(np.int64), answer.fills_N8.reshape(-1),
+                                            answer.chunks_C6.reshape(-1)]))
+
+
+def _unpack(packed: np.ndarray, current: Placement, num_fills: int, num_chunks: int,
+            policy: str) -> tuple[Placement, float | None, np.ndarray, np.ndarray]:
+    """The inverse of `_pack`, the placement checked (`PlacementFormatError` when it is not one for this group)."""
+    cells = current.phy2log_LP.size
+    phy2log = packed[:cells].reshape(current.phy2log_LP.shape)
+    floats = packed[cells : 2 * cells + 1].view(np.float64)
+    fills_N8 = packed[2 * cells + 1 : 2 * cells + 1 + 8 * num_fills].reshape(num_fills, 8)
+    chunks_C6 = packed[2 * cells + 1 + 8 * num_fills :].reshape(num_chunks, 6)
+    target = Placement(phy2log, floats[:-1].reshape(phy2log.shape), current.cluster, current.num_experts,
+                       policy=policy)
+    fitted = None if np.isnan(floats[-1]) else float(floats[-1])
+    return target, fitted, fills_N8, chunks_C6
 
 
 def _tag_base(attempt: int, round_index: int) -> int:

@@ -131,7 +131,7 @@ def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, con
                 except (PlacementFormatError, RuntimeError) as exc:
                     report.load_errors.append(str(exc))
             began = time.perf_counter()
-            busy_before = rebalancer.in_progress
+            busy_before, phase_before = rebalancer.in_progress, rebalancer.phase
             rebalancer.step(step, accept_switch=faults.refuse_switch_rank != me)
             pause = time.perf_counter() - began
             start = sum(split[:me])
@@ -162,6 +162,7 @@ def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, con
         report.steps[step] = {
             "seconds": seconds,
             "pause_seconds": pause,
+            "phase": f"{phase_before}>{rebalancer.phase}",
             "rebalancing": busy_before or rebalancer.in_progress,
             "world_size": comm.world_size,
             "group_rank": comm.rank,
@@ -265,6 +266,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "step_time_p99_ratio": float(np.percentile(busy, 99) / np.percentile(quiet, 99)) if busy and quiet else None,
         "step_time_ms": {"p50_quiet": _ms(quiet, 50), "p99_quiet": _ms(quiet, 99), "p50_rebalancing": _ms(busy, 50),
                          "p99_rebalancing": _ms(busy, 99), "steps_rebalancing": len(busy)},
+        "step_time_ms_by_phase": _by_phase(finished[0], worst_time),
         "lag_steps": stats["lag_steps"],
         "lag_seconds": [round(x, 3) for x in stats["lag_seconds"]],
         "slots_match_placement": all(r.slots_match_placement for r in finished),
@@ -288,6 +290,27 @@ def _imbalance_before(setup: DecodeSetup, report: LoopReport, after_steps: list[
         values.append(float(np.mean(per_layer)))
     basis = "after the last switch" if after_steps else "every step (no switch)"
     return (float(np.mean(values)) if values else None), f"start placement routed on the steps {basis}"
+
+
+PHASES = {  # a step's rebalancer phase before > after its work -> what the step carried
+    "idle>idle": "quiet",
+    "idle>solving": "start (window all-reduced, solve submitted)",
+    "solving>solving": "solving in the background",
+    "solving>moving": "answer broadcast, staging allocated",
+    "solving>idle": "solve failed",
+    "moving>moving": "a round of weights moved",
+    "moving>idle": "switch (or a failed move)",
+}
+
+
+def _by_phase(report: LoopReport, worst_time: dict[int, float]) -> dict[str, dict]:
+    """Step time (slowest rank) by what the rebalancer did before the step, on one rank's record of the phases."""
+    groups: dict[str, list[float]] = {}
+    for step, seconds in worst_time.items():
+        if step in report.steps:
+            groups.setdefault(PHASES.get(report.steps[step]["phase"], report.steps[step]["phase"]), []).append(seconds)
+    return {name: {"steps": len(values), "p50": _ms(values, 50), "p90": _ms(values, 90)}
+            for name, values in groups.items()}
 
 
 def _ms(values: list[float], q: float) -> float | None:

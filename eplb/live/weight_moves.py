@@ -9,17 +9,19 @@ list of `Fill`s, each one expert's weights of one layer copied into one slot or 
 holds them now: the destination rank itself when it can (no bytes on the wire), else the holder with the fewest
 sends so far. `schedule_chunks` cuts the fills into row ranges and packs them into rounds so that no rank sends or
 receives more than a byte budget per round (one round between two decode steps); `run_round` moves one round.
-Every rank computes the same fills and rounds from the same inputs, so the k-th send of one rank to a peer meets
-that peer's k-th receive from it.
+Every rank moves by the same fills and rounds (a rebalance's are planned once, off the decode path, by
+`plan_rebalance`, and travel to every rank as int64 arrays: `encode_fills`, `encode_rounds`), so the k-th send of
+one rank to a peer meets that peer's k-th receive from it.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import numpy as np
 import torch
 
 from collectives import Communicator
+from placement import Placement
 
 MATRICES = ("gate", "up", "down")  # gate [D, F], up [D, F], down [F, D]
 
@@ -52,6 +54,20 @@ class Chunk:
     row_start: int
     row_end: int
     nbytes: int
+
+
+@dataclass(frozen=True)
+class TransferShape:
+    """What the schedule of a move needs to know of the weights: D, F, bytes per element, and the byte budget a
+    rank may send or receive per round (per decode step)."""
+
+    hidden_size: int
+    intermediate_size: int
+    element_size: int
+    max_bytes_per_round: int
+
+
+KINDS = ("slot", "backup")  # a kind's code in the encoded fills
 
 
 def backup_wanted(experts_GS: np.ndarray) -> list[tuple[int, int]]:
@@ -123,6 +139,18 @@ def schedule_chunks(
     rounds: list[list[Chunk]] = [local]
     sent: list[dict[int, int]] = [{}]
     received: list[dict[int, int]] = [{}]
+    # Rounds before first_open[(side, rank)] have no room for even the smallest chunk at that end: the first-fit
+    # scan starts after them (the same rounds as scanning from 0, without the quadratic cost at the full shape).
+    smallest = min(row_bytes.values())
+    first_open: dict[tuple[int, int], int] = {}
+
+    def open_from(side: int, rank: int, used: list[dict[int, int]]) -> int:
+        r = first_open.get((side, rank), 0)
+        while r < len(rounds) and used[r].get(rank, 0) + smallest > max_bytes_per_round:
+            r += 1
+        first_open[(side, rank)] = r
+        return r
+
     for index, fill in enumerate(fills):
         if fill.is_local:
             continue
@@ -132,7 +160,8 @@ def schedule_chunks(
                 end = min(rows[matrix], start + per_chunk)
                 nbytes = (end - start) * row_bytes[matrix]
                 # First fit: the earliest round where both ends still have room.
-                slot = next((r for r in range(len(rounds))
+                begin = max(open_from(0, fill.src_rank, sent), open_from(1, fill.dst_rank, received))
+                slot = next((r for r in range(begin, len(rounds))
                              if sent[r].get(fill.src_rank, 0) + nbytes <= max_bytes_per_round
                              and received[r].get(fill.dst_rank, 0) + nbytes <= max_bytes_per_round), None)
                 if slot is None:
@@ -146,10 +175,85 @@ def schedule_chunks(
     return [chunks for chunks in rounds if chunks] or [[]]
 
 
+def holders_of(experts_GS: np.ndarray, with_backups: bool = True) -> dict[int, dict[int, tuple[str, int]]]:
+    """GPU -> expert -> where that GPU's rank holds it under the placement `experts_GS` [G, S]: ("slot", its first
+    slot), else ("backup", expert) for the host copies the ring gives it (left out before they are built)."""
+    holders: dict[int, dict[int, tuple[str, int]]] = {}
+    for gpu, row in enumerate(experts_GS.tolist()):
+        held = holders.setdefault(gpu, {})
+        for slot, expert in enumerate(row):
+            held.setdefault(int(expert), ("slot", slot))
+    for gpu, expert in backup_wanted(experts_GS) if with_backups else ():
+        holders[gpu].setdefault(expert, ("backup", expert))
+    return holders
+
+
+def plan_rebalance(current: Placement, target: Placement, shape: TransferShape) -> tuple[list[Fill], list[list[Chunk]]]:
+    """The fills and rounds that take a group from `current` to `target` (same GPUs and slots): every slot whose
+    expert changes, and the host copies the new ring wants that the old one did not keep; then the rounds. Pure
+    (the same on any process), and at the full shape seconds of Python: the rebalancer runs it beside the solve,
+    never on the decode path."""
+    grid = (current.cluster.num_gpus, current.cluster.slots_per_gpu)
+    fills: list[Fill] = []
+    sends: dict[int, int] = {}
+    for layer in range(current.num_layers):
+        old_GS, new_GS = current.phy2log_LP[layer].reshape(grid), target.phy2log_LP[layer].reshape(grid)
+        old_backup = set(backup_wanted(old_GS))
+        wanted = [(int(gpu), "slot", int(slot), int(new_GS[gpu, slot])) for gpu, slot in np.argwhere(new_GS != old_GS)]
+        wanted += [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(new_GS)
+                   if (gpu, expert) not in old_backup]
+        fills += plan_fills(layer, wanted, holders_of(old_GS), sends)
+    rounds = schedule_chunks(fills, shape.hidden_size, shape.intermediate_size, shape.element_size,
+                             shape.max_bytes_per_round)
+    return fills, rounds
+
+
+def encode_fills(fills: list[Fill]) -> np.ndarray:
+    """[N, 8] int64: (layer, expert, dst_rank, dst kind, dst_index, src_rank, src kind, src_index) per fill, kinds
+    as their index in `KINDS`."""
+    rows = [(f.layer, f.expert, f.dst_rank, KINDS.index(f.dst_kind), f.dst_index, f.src_rank,
+             KINDS.index(f.src_kind), f.src_index) for f in fills]
+    return np.array(rows, dtype=np.int64).reshape(-1, 8)
+
+
+def decode_fills(fills_N8: np.ndarray) -> list[Fill]:
+    """The inverse of `encode_fills`."""
+    return [Fill(layer, expert, dst_rank, KINDS[dst_kind], dst_index, src_rank, KINDS[src_kind], src_index)
+            for layer, expert, dst_rank, dst_kind, dst_index, src_rank, src_kind, src_index in fills_N8.tolist()]
+
+
+def encode_rounds(rounds: list[list[Chunk]]) -> np.ndarray:
+    """[C, 6] int64: (round, fill, matrix, row_start, row_end, nbytes) per chunk, rounds in order (an empty round
+    of none is kept as the count of rounds being at least one)."""
+    rows = [(index, *astuple(chunk)) for index, chunks in enumerate(rounds) for chunk in chunks]
+    return np.array(rows, dtype=np.int64).reshape(-1, 6)
+
+
+def decode_rounds(chunks_C6: np.ndarray, num_rounds: int | None = None) -> list[list[Chunk]]:
+    """The inverse of `encode_rounds` (no chunks: one empty round, as `schedule_chunks` gives); `num_rounds`
+    keeps trailing rounds with no chunk of these."""
+    count = max(num_rounds or 0, int(chunks_C6[:, 0].max()) + 1 if len(chunks_C6) else 1)
+    rounds: list[list[Chunk]] = [[] for _ in range(count)]
+    for index, fill, matrix, start, end, nbytes in chunks_C6.tolist():
+        rounds[index].append(Chunk(fill, matrix, start, end, nbytes))
+    return rounds
+
+
+def decode_for_rank(fills_N8: np.ndarray, chunks_C6: np.ndarray, rank: int) -> tuple[dict[int, Fill],
+                                                                                     list[list[Chunk]]]:
+    """One rank's part of an encoded plan: its fills (by their index in the plan: it sends or receives them) and
+    every round with only its chunks (the same number of rounds on every rank). Filtering before decoding keeps
+    this to milliseconds at the full shape, where decoding the whole plan takes most of a second."""
+    mine = np.flatnonzero((fills_N8[:, 2] == rank) | (fills_N8[:, 5] == rank))
+    fills = dict(zip(mine.tolist(), decode_fills(fills_N8[mine])))
+    num_rounds = int(chunks_C6[:, 0].max()) + 1 if len(chunks_C6) else 1
+    return fills, decode_rounds(chunks_C6[np.isin(chunks_C6[:, 1], mine)], num_rounds)
+
+
 def run_round(
     comm: Communicator,
     chunks: list[Chunk],
-    fills: list[Fill],
+    fills: list[Fill] | dict[int, Fill],
     source: Callable[[Fill, int], torch.Tensor],
     destination: Callable[[Fill, int], torch.Tensor],
     *,

@@ -42,3 +42,5 @@ def test_live_demo_rebalances_and_survives_a_killed_rank():
     assert report["max_abs_err_vs_dense"] <= 1e-5 and report["tokens_lost"] == 0
     assert report["rebalances"] >= 1 and report["bytes_moved"] > 0 and report["requests_requeued"] > 0
     assert report["survivors"] == [0, 2]
+    phases = report["step_time_ms_by_phase"]
+    assert phases["quiet"]["steps"] > 0 and sum(row["steps"] for row in phases.values()) == report["steps"]

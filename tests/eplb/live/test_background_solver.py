@@ -1,6 +1,7 @@
 """The rebalancer's background solve, in a helper process and in a thread: an answer relabelled to move the
-fewest experts with its fitted imbalance (the drift trigger's level), a policy's error reported as text, an
-abandoned job's answer ignored, and a policy a process cannot take refused up front."""
+fewest experts with its fitted imbalance (the drift trigger's level) and its weight moves planned, a loaded
+placement planned the same way, a policy's error reported as text, an abandoned job's answer ignored, a policy a
+process cannot take refused up front, and a helper paced to a share of the time answering all the same."""
 
 import time
 
@@ -9,8 +10,12 @@ import pytest
 
 from eplb.live.background_solver import BackgroundSolver
 from eplb.live.rebalancing_loop import failing_policy
+from eplb.live.weight_moves import TransferShape, decode_fills, decode_rounds, plan_rebalance
 from placement import ClusterSpec, fit_placement, plan_migration
 from placement.scoring import score_placement
+
+
+SHAPE = TransferShape(hidden_size=8, intermediate_size=16, element_size=4, max_bytes_per_round=256)
 
 
 def wait_for(solver: BackgroundSolver, timeout_s: float = 120.0) -> dict:
@@ -33,15 +38,19 @@ def window():
 @pytest.mark.parametrize("where", ["process", "thread"])
 def test_the_answer_is_the_policys_placement_relabelled_to_move_the_fewest_experts(where, window):
     counts, current = window
-    solver = BackgroundSolver(where, "deepseek", {})
+    solver = BackgroundSolver(where, "deepseek", {}, SHAPE)
     try:
         solver.submit(counts, current)
-        placement, (moves, oblivious), fitted = wait_for(solver)["result"]
+        answer = wait_for(solver)["result"]
+        placement, (moves, oblivious) = answer.placement, answer.moves
         expected = plan_migration(current, fit_placement("deepseek", counts, current.cluster))
         assert np.array_equal(placement.phy2log_LP, expected.realised.phy2log_LP)
         assert moves == expected.num_moves <= oblivious
         # The drift trigger's level: the placement's imbalance on the window under the live router.
-        assert fitted == pytest.approx(score_placement(placement, counts[-32:], "live").imbalance_TL.mean())
+        assert answer.fitted_imbalance == pytest.approx(
+            score_placement(placement, counts[-32:], "live").imbalance_TL.mean())
+        fills, rounds = plan_rebalance(current, placement, SHAPE)
+        assert decode_fills(answer.fills_N8) == fills and decode_rounds(answer.chunks_C6) == rounds
         solver.submit(counts, current)  # a new job replaces the old one's state
         assert "result" not in solver.poll()
         assert "result" in wait_for(solver)
@@ -52,7 +61,7 @@ def test_the_answer_is_the_policys_placement_relabelled_to_move_the_fewest_exper
 @pytest.mark.parametrize("where", ["process", "thread"])
 def test_a_policy_that_raises_is_reported_as_text(where, window):
     counts, current = window
-    solver = BackgroundSolver(where, "deepseek", {}, policy_fn=failing_policy)
+    solver = BackgroundSolver(where, "deepseek", {}, SHAPE, policy_fn=failing_policy)
     try:
         solver.submit(counts, current)
         assert wait_for(solver)["error"] == "RuntimeError: injected solver failure"
@@ -62,4 +71,27 @@ def test_a_policy_that_raises_is_reported_as_text(where, window):
 
 def test_a_policy_a_process_cannot_take_is_refused():
     with pytest.raises(ValueError, match="picklable"):
-        BackgroundSolver("process", "deepseek", {}, policy_fn=lambda counts, cluster: None)
+        BackgroundSolver("process", "deepseek", {}, SHAPE, policy_fn=lambda counts, cluster: None)
+    with pytest.raises(ValueError, match="cannot be paused"):
+        BackgroundSolver("thread", "deepseek", {}, SHAPE, cpu_share=0.5)
+
+
+def test_a_loaded_placement_is_relabelled_and_planned_without_a_fit(window):
+    counts, current = window
+    given = fit_placement("deepseek", counts, current.cluster)
+    solver = BackgroundSolver("thread", "deepseek", {}, SHAPE)
+    solver.submit(None, current, given)
+    answer = wait_for(solver)["result"]
+    assert np.array_equal(answer.placement.phy2log_LP, plan_migration(current, given).realised.phy2log_LP)
+    assert answer.fitted_imbalance is None and len(answer.fills_N8) >= answer.moves[0]
+
+
+def test_a_paced_helper_answers_and_is_left_running(window):
+    counts, current = window
+    solver = BackgroundSolver("process", "cpsat", {"time_limit_s": 0.5}, SHAPE, cpu_share=0.3)
+    try:
+        for _ in range(2):  # the pacer of each job stops with it, leaving the helper able to take the next
+            solver.submit(counts, current)
+            assert "result" in wait_for(solver)
+    finally:
+        solver.close()

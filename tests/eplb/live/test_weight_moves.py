@@ -1,10 +1,15 @@
 """Planning weight moves: host copies cover every expert one rank alone holds, fills copy locally when they can
-and spread the sends, and the rounds keep every rank within the byte budget while moving every row once."""
+and spread the sends, the rounds keep every rank within the byte budget while moving every row once (and are the
+plain first fit's), a rebalance's plan covers every changed slot, and a plan survives its int64 encoding whole or
+as one rank's part."""
 
 import numpy as np
 import pytest
 
-from eplb.live.weight_moves import Fill, backup_wanted, plan_fills, schedule_chunks
+from eplb.live.weight_moves import (Chunk, Fill, TransferShape, backup_wanted, decode_fills, decode_for_rank,
+                                    decode_rounds, encode_fills, encode_rounds, plan_fills, plan_rebalance,
+                                    schedule_chunks)
+from placement import ClusterSpec, fit_placement, plan_migration
 
 
 def test_each_rank_keeps_the_experts_only_its_predecessor_holds():
@@ -48,6 +53,80 @@ def test_rounds_keep_every_rank_within_the_budget_and_move_every_row_once(budget
     assert all(not fills[c.fill].is_local for chunks in rounds[1:] for c in chunks)  # local copies come first
 
 
+def plain_first_fit(fills, hidden, inner, size, budget):
+    """The schedule without the skip pointers: scan every round from the first for each chunk."""
+    row_bytes, rows = {0: inner * size, 1: inner * size, 2: hidden * size}, {0: hidden, 1: hidden, 2: inner}
+    rounds = [[Chunk(i, m, 0, rows[m], 0) for i, f in enumerate(fills) if f.is_local for m in range(3)]]
+    sent, received = [{}], [{}]
+    for index, fill in enumerate(fills):
+        if fill.is_local:
+            continue
+        for matrix in range(3):
+            per_chunk = max(1, budget // row_bytes[matrix])
+            for start in range(0, rows[matrix], per_chunk):
+                end = min(rows[matrix], start + per_chunk)
+                nbytes = (end - start) * row_bytes[matrix]
+                slot = next((r for r in range(len(rounds)) if sent[r].get(fill.src_rank, 0) + nbytes <= budget
+                             and received[r].get(fill.dst_rank, 0) + nbytes <= budget), None)
+                if slot is None:
+                    rounds.append([]), sent.append({}), received.append({})
+                    slot = len(rounds) - 1
+                rounds[slot].append(Chunk(index, matrix, start, end, nbytes))
+                sent[slot][fill.src_rank] = sent[slot].get(fill.src_rank, 0) + nbytes
+                received[slot][fill.dst_rank] = received[slot].get(fill.dst_rank, 0) + nbytes
+    return [chunks for chunks in rounds if chunks] or [[]]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_rounds_are_the_plain_first_fits(seed):
+    rng = np.random.default_rng(seed)
+    fills = [Fill(0, e, int(dst), "slot", e, int(src), "slot", e) for e, (src, dst) in
+             enumerate(rng.integers(0, 5, size=(40, 2)))]
+    for budget in (96, 200, 1000):
+        assert schedule_chunks(fills, 4, 6, 4, budget) == plain_first_fit(fills, 4, 6, 4, budget)
+
+
+@pytest.fixture(scope="module")
+def two_placements():
+    rng = np.random.default_rng(3)
+    cluster = ClusterSpec(num_gpus=4, slots_per_gpu=5, gpus_per_node=4)
+    counts = rng.poisson(np.linspace(60, 2, 16), size=(10, 3, 16))
+    current = fit_placement("deepseek", counts, cluster)
+    target = plan_migration(current, fit_placement("deepseek", counts[..., rng.permutation(16)], cluster)).realised
+    return current, target
+
+
+def test_a_rebalance_plan_fills_every_changed_slot_and_new_host_copy(two_placements):
+    current, target = two_placements
+    shape = TransferShape(hidden_size=4, intermediate_size=6, element_size=4, max_bytes_per_round=64)
+    fills, rounds = plan_rebalance(current, target, shape)
+    grid = (4, 5)
+    for layer in range(current.num_layers):
+        old, new = current.phy2log_LP[layer].reshape(grid), target.phy2log_LP[layer].reshape(grid)
+        slots = {(f.dst_rank, f.dst_index) for f in fills if f.layer == layer and f.dst_kind == "slot"}
+        assert slots == {(int(g), int(s)) for g, s in np.argwhere(old != new)}
+        for f in fills:
+            if f.layer == layer and f.dst_kind == "slot":
+                assert new[f.dst_rank, f.dst_index] == f.expert
+        copies = {(f.dst_rank, f.expert) for f in fills if f.layer == layer and f.dst_kind == "backup"}
+        assert copies == set(backup_wanted(new)) - set(backup_wanted(old))
+    assert rounds == schedule_chunks(fills, 4, 6, 4, 64)
+
+
+def test_a_plan_survives_its_encoding_whole_and_as_one_ranks_part(two_placements):
+    current, target = two_placements
+    fills, rounds = plan_rebalance(current, target, TransferShape(4, 6, 4, 64))
+    fills_N8, chunks_C6 = encode_fills(fills), encode_rounds(rounds)
+    assert fills_N8.dtype == chunks_C6.dtype == np.int64
+    assert decode_fills(fills_N8) == fills and decode_rounds(chunks_C6) == rounds
+    for rank in range(4):
+        mine, my_rounds = decode_for_rank(fills_N8, chunks_C6, rank)
+        assert mine == {i: f for i, f in enumerate(fills) if rank in (f.src_rank, f.dst_rank)}
+        assert len(my_rounds) == len(rounds)  # every rank steps through every round
+        assert my_rounds == [[c for c in chunks if c.fill in mine] for chunks in rounds]
+    assert decode_rounds(encode_rounds([[]])) == [[]]
+
+
 def test_a_budget_below_one_row_is_refused():
     with pytest.raises(ValueError, match="below one row"):
         schedule_chunks([Fill(0, 0, 1, "slot", 0, 0, "slot", 0)], 4, 6, 4, 10)
@@ -63,3 +142,7 @@ def test_rebalance_config_names_a_wrong_field_and_checks_the_heartbeat():
     with pytest.raises(ValidationError, match="heartbeat_timeout_s"):
         RebalanceConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=2.0)
     assert RebalanceConfig.model_validate_json('{"interval": 50, "policy": "deepseek"}').interval == 50
+    with pytest.raises(ValidationError, match="solve_in='process'"):
+        RebalanceConfig(solve_cpu_share=0.5, solve_in="thread")
+    with pytest.raises(ValidationError, match="solve_cpu_share"):
+        RebalanceConfig(solve_cpu_share=0.0)
