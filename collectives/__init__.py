@@ -1,7 +1,7 @@
 """A small communicator over torch.distributed for NCCL (CUDA), HCCL (Ascend, through torch_npu) and Gloo (CPU)."""
 
 from collectives.backend import backend_for
-from collectives.communicator import DEFAULT_TIMEOUT_S, Communicator, init_communicator
+from collectives.communicator import DEFAULT_TIMEOUT_S, Communicator, PendingExchange, init_communicator
 from collectives.errors import BackendUnavailableError, CollectiveError, CollectiveTimeoutError
 from collectives.local_group import free_port, run_local_group
 
@@ -11,6 +11,7 @@ __all__ = [
     "CollectiveError",
     "CollectiveTimeoutError",
     "Communicator",
+    "PendingExchange",
     "backend_for",
     "free_port",
     "init_communicator",

@@ -7,7 +7,8 @@ Operations:
 - `all_reduce_sum(x)`: the sum over ranks (the load recorder's window);
 - `all_to_all(rows_NX, send_counts_W)`: variable-size exchange of rows (MoE dispatch and combine);
 - `exchange(sends, recvs, max_chunk_bytes)`: point-to-point transfers in chunks of at most `max_chunk_bytes`
-  (expert weights when a placement changes);
+  (expert weights when a placement changes); `start_exchange(sends, recvs)` posts them and returns at once, for a
+  caller that overlaps them with other work and waits later (`PendingExchange.wait`);
 - `agree(ok)`: True on every rank iff it is True on every rank, so that all ranks take the same branch;
 - `broadcast(tensor, src)`, `min_over_ranks(value)`: small decisions one rank makes or all ranks share;
 - `regroup(members)`: leave the group and form a new one with the surviving members (after a rank died or was
@@ -135,23 +136,44 @@ class Communicator:
         per transfer is in flight. `tag_base` offsets the message tags (a new value per attempt keeps a transfer
         that was abandoned from matching a later one); `timeout_s` overrides the communicator's for each round.
         """
+        transfers = self._transfers(sends, recvs)
+        tag_of = _pair_tags(transfers)
+        rounds = max((_num_chunks(flat, max_chunk_bytes) for _, _, flat in transfers), default=0)
+        for chunk in range(rounds):
+            parts = []
+            for index, (op, peer, flat) in enumerate(transfers):
+                step = max(1, max_chunk_bytes // flat.element_size())
+                parts.append((op, peer, flat[chunk * step : (chunk + 1) * step], tag_base + tag_of[index]))
+            self._post(parts, f"exchange (chunk {chunk + 1} of {rounds})").wait(timeout_s)
+
+    def start_exchange(
+        self,
+        sends: list[tuple[int, torch.Tensor]],
+        recvs: list[tuple[int, torch.Tensor]],
+        *,
+        tag_base: int = 0,
+    ) -> "PendingExchange":
+        """Post point-to-point transfers, each whole, and return at once; `wait()` on the result before reading a
+        received tensor or writing a sent one. Pairing and tags as in `exchange`. Every rank posts the same
+        exchanges at the same point among its collectives (as for any operation), so posting one before other
+        collectives and waiting after them is safe on Gloo and NCCL alike."""
+        transfers = self._transfers(sends, recvs)
+        tag_of = _pair_tags(transfers)
+        return self._post([(op, peer, flat, tag_base + tag_of[index])
+                           for index, (op, peer, flat) in enumerate(transfers)], "exchange")
+
+    def _transfers(self, sends: list[tuple[int, torch.Tensor]],
+                   recvs: list[tuple[int, torch.Tensor]]) -> list[tuple]:
         for _, tensor in recvs:
             if not tensor.is_contiguous():
                 raise ValueError("each tensor of recvs must be contiguous: it is filled in place")
         transfers = [(dist.isend, peer, tensor.contiguous().view(-1)) for peer, tensor in sends]
-        transfers += [(dist.irecv, peer, tensor.view(-1)) for peer, tensor in recvs]
-        tag_of = _pair_tags(transfers)
-        rounds = max((_num_chunks(flat, max_chunk_bytes) for _, _, flat in transfers), default=0)
-        for chunk in range(rounds):
-            ops = []
-            for index, (op, peer, flat) in enumerate(transfers):
-                step = max(1, max_chunk_bytes // flat.element_size())
-                part = flat[chunk * step : (chunk + 1) * step]
-                if part.numel():
-                    ops.append(dist.P2POp(op, part, self._global(peer), group=self.group,
-                                          tag=tag_base + tag_of[index]))
-            for work in dist.batch_isend_irecv(ops) if ops else []:
-                self._wait(work, f"exchange (chunk {chunk + 1} of {rounds})", timeout_s)
+        return transfers + [(dist.irecv, peer, tensor.view(-1)) for peer, tensor in recvs]
+
+    def _post(self, parts: list[tuple], what: str) -> "PendingExchange":
+        ops = [dist.P2POp(op, part, self._global(peer), group=self.group, tag=tag)
+               for op, peer, part, tag in parts if part.numel()]
+        return PendingExchange(self, dist.batch_isend_irecv(ops) if ops else [], what, parts)
 
     def barrier(self) -> None:
         """Every rank reaches this point (an all-reduce, so the timeout applies as for any collective)."""
@@ -212,6 +234,24 @@ class Communicator:
                     f"called it"
                 ) from exc
             raise CollectiveError(f"{where} failed: a peer died or left the group ({text[:160]})") from exc
+
+
+@dataclass
+class PendingExchange:
+    """Point-to-point transfers in flight (`Communicator.start_exchange`); holds the tensors until they are done."""
+
+    comm: Communicator
+    works: list
+    what: str
+    parts: list = field(repr=False)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait until every transfer is done (`CollectiveTimeoutError` past `timeout_s`, default the
+        communicator's; `CollectiveError` when a peer died)."""
+        works, self.works = self.works, []
+        for work in works:
+            self.comm._wait(work, self.what, timeout_s)
+        self.parts = []
 
 
 def init_communicator(

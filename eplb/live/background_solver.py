@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eplb.live.cpu_pacer import start_pacer, stop_pacer
+from eplb.live.cpu_pacer import Pacer
 from eplb.live.weight_moves import TransferShape, encode_fills, encode_rounds, plan_rebalance
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
 from placement.scoring import score_placement
@@ -155,23 +155,26 @@ def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None, shape: 
     """The helper process: answer jobs until the pipe closes, paced to `cpu_share` while it solves."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     low_priority()
-    while True:
-        try:
-            job, counts_TLE, current, target = conn.recv()
-        except (EOFError, OSError):
-            return
-        pacer = None
-        try:
-            pacer = start_pacer(cpu_share)
-            answer = (job, True, solve(counts_TLE, current, policy, options, policy_fn, shape, target))
-        except Exception as exc:
-            answer = (job, False, f"{type(exc).__name__}: {exc}")
-        finally:
-            stop_pacer(pacer)
-        try:
-            conn.send(answer)
-        except (EOFError, OSError):
-            return
+    pacer = Pacer(cpu_share)
+    try:
+        while True:
+            try:
+                job, counts_TLE, current, target = conn.recv()
+            except (EOFError, OSError):
+                return
+            pacer.on()
+            try:
+                answer = (job, True, solve(counts_TLE, current, policy, options, policy_fn, shape, target))
+            except Exception as exc:
+                answer = (job, False, f"{type(exc).__name__}: {exc}")
+            finally:
+                pacer.off()
+            try:
+                conn.send(answer)
+            except (EOFError, OSError):
+                return
+    finally:
+        pacer.close()
 
 
 def low_priority() -> None:

@@ -4,9 +4,10 @@
 Where decode ranks fill every core (several ranks per core on a CPU host), any runnable background work delays the
 ranks' wake-ups between collectives, whatever its priority (nice or SCHED_IDLE alike), for as long as it is
 runnable; a cap bounds that time, at the cost of a longer solve. A host with cores to spare (a GPU host) wants no
-cap. The watcher is its own process, started by path so that it imports nothing of this package (a few
-milliseconds to start), started by the helper for itself, and it never leaves the helper paused: it resumes it and
-exits when asked to stop (SIGTERM), or at once when the helper is gone.
+cap. The watcher is its own process, started once by the helper for itself (by path, so that it imports nothing
+of this package), and idle between jobs: the helper switches the pacing on (SIGUSR1) when a job starts and off
+(SIGUSR2) when it ends, so a job's start costs no process start-up beside decode. The watcher never leaves the
+helper paused: it resumes it whenever pacing stops, and exits when asked (SIGTERM) or when the helper is gone.
 
 Run as a script: python cpu_pacer.py TARGET_PID SHARE PERIOD_S
 """
@@ -15,59 +16,82 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 PERIOD_S = 0.02  # one pause-and-resume cycle: short against a decode step, long against a context switch
+IDLE_CHECK_S = 1.0  # how often an idle watcher checks that its target lives
+ON, OFF, STOP = signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM
 
 
-def start_pacer(share: float, period_s: float = PERIOD_S) -> subprocess.Popen | None:
-    """Start pacing this process to `share` of each `period_s` (None for a share of 1 or more: nothing to do).
+class Pacer:
+    """The helper's handle on its watcher: `on()` when a job starts, `off()` when it ends (the helper is running
+    when `off` returns: the watcher resumes it within one cycle), `close()` at the end.
+
+    Args:
+        share: the share of each cycle the helper may run, in (0, 1); 1 or more: no watcher, and on/off do nothing.
 
     Raises:
         ValueError: share is not positive, or this OS cannot pause a process (no SIGSTOP).
     """
-    if share <= 0:
-        raise ValueError(f"share must be > 0; got {share:g}")
-    if share >= 1:
-        return None
-    if not hasattr(signal, "SIGSTOP"):
-        raise ValueError("a CPU share below 1 needs SIGSTOP/SIGCONT (a POSIX OS); set the share to 1")
-    return subprocess.Popen([sys.executable, "-S", "-I", os.path.abspath(__file__), str(os.getpid()), repr(share),
-                             repr(period_s)], stdin=subprocess.DEVNULL, close_fds=True)
 
+    def __init__(self, share: float, period_s: float = PERIOD_S) -> None:
+        if share <= 0:
+            raise ValueError(f"share must be > 0; got {share:g}")
+        self.watcher: subprocess.Popen | None = None
+        if share >= 1:
+            return
+        if not hasattr(signal, "SIGSTOP"):
+            raise ValueError("a CPU share below 1 needs SIGSTOP/SIGCONT (a POSIX OS); set the share to 1")
+        self.watcher = subprocess.Popen([sys.executable, "-S", "-I", os.path.abspath(__file__), str(os.getpid()),
+                                         repr(share), repr(period_s)], stdin=subprocess.DEVNULL, close_fds=True)
 
-def stop_pacer(pacer: subprocess.Popen | None, timeout_s: float = 5.0) -> None:
-    """Stop a pacer; its target is running when this returns (the pacer resumes it on the way out)."""
-    if pacer is None:
-        return
-    pacer.terminate()
-    try:
-        pacer.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        pacer.kill()
-        pacer.wait()
+    def on(self) -> None:
+        self._signal(ON)
+
+    def off(self) -> None:
+        self._signal(OFF)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the watcher; the helper is left running."""
+        if self.watcher is None:
+            return
+        self.watcher.terminate()
+        try:
+            self.watcher.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.watcher.kill()
+            self.watcher.wait()
+        self.watcher = None
+
+    def _signal(self, signum: int) -> None:
+        if self.watcher is not None and self.watcher.poll() is None:
+            self.watcher.send_signal(signum)
 
 
 def pace(target_pid: int, share: float, period_s: float) -> None:
-    """Let `target_pid` run `share` of each `period_s`, until SIGTERM or until the target is gone; leave it
-    running. The target is this process's parent (the helper starts its own pacer): once it has died, this
-    process has another parent, which is how a target that is a zombie (killed, not yet reaped) is noticed."""
-    stopping = False
-
-    def request_stop(signum, frame) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, request_stop)
+    """The watcher: while switched on, let `target_pid` run `share` of each `period_s`; leave it running when
+    switched off, asked to stop, or the target is gone. The target is this process's parent (the helper starts its
+    own watcher): once it has died this process has another parent, which is how a target that is a zombie
+    (killed, not yet reaped) is noticed. Signals are taken synchronously (`sigtimedwait`), so a switch takes effect
+    at once, also in the middle of a pause."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {ON, OFF, STOP})
+    active = False
     running_s, paused_s = share * period_s, (1 - share) * period_s
+
+    def wait(seconds: float) -> int | None:
+        info = signal.sigtimedwait({ON, OFF, STOP}, seconds)
+        return None if info is None else info.si_signo
+
     try:
-        while not stopping and os.getppid() == target_pid:
-            time.sleep(running_s)
-            if stopping or os.getppid() != target_pid:
-                break
-            os.kill(target_pid, signal.SIGSTOP)
-            time.sleep(paused_s)
-            os.kill(target_pid, signal.SIGCONT)
+        while os.getppid() == target_pid:
+            got = wait(running_s if active else IDLE_CHECK_S)
+            if got is None and active:
+                os.kill(target_pid, signal.SIGSTOP)
+                got = wait(paused_s)
+                os.kill(target_pid, signal.SIGCONT)
+            if got == STOP:
+                return
+            if got is not None:
+                active = got == ON
     except ProcessLookupError:
         return
     finally:

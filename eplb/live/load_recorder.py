@@ -5,11 +5,15 @@ Legend: W window (steps kept), L MoE layers, E logical experts, N tokens of this
 Each MoE layer counts its own tokens' top-k picks into the current step's row of the buffer; `next_step()` moves to
 the next row at the end of a decode step. Nothing synchronises with the host on this path: the current row is a
 0-d device tensor, updates are fixed-shape `index_add_`s, so the per-step functions compile with
-`torch.compile(fullgraph=True)` and CUDA graphs can capture them. The rebalancer all-reduces `window_load_LE()`
-over the EP group; `save_sglang_dump` writes what `eplb place` reads.
+`torch.compile(fullgraph=True)` and CUDA graphs can capture them. A recorder of `scope="rank"` (the default) counts
+this rank's tokens, and the rebalancer all-reduces its window over the EP group when it fits; one of
+`scope="group"` counts the whole group's tokens, which every layer all-gathers anyway for its routing, so every
+rank holds the group's window and a rebalance starts without a collective. `save_sglang_dump` writes what
+`eplb place` reads.
 """
 
 import os
+from typing import Literal
 
 import torch
 
@@ -33,19 +37,24 @@ def add_to_row_(buffer_WE: torch.Tensor, row: torch.Tensor, counts_E: torch.Tens
 
 
 class LoadRecorder:
-    """Per-step expert loads of one rank, the last `window` steps.
+    """Per-step expert loads of one rank's tokens (`scope="rank"`) or of the group's (`scope="group"`), the last
+    `window` steps.
 
     Attributes:
         buffer_WLE: [W + 1, L, E] int64 on `device`: the W finished steps and the current one, in ring order.
         position: 0-d int64 device tensor, the row the current step writes.
         steps_recorded: decode steps finished so far (host-side counter, advanced by `next_step`).
+        scope: "rank" or "group": whose tokens the MoE layers count into it.
     """
 
-    def __init__(self, window: int, num_layers: int, num_experts: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, window: int, num_layers: int, num_experts: int, device: torch.device | str = "cpu",
+                 scope: Literal["rank", "group"] = "rank") -> None:
         for name, value in (("window", window), ("num_layers", num_layers), ("num_experts", num_experts)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
-        self.window, self.num_layers, self.num_experts = window, num_layers, num_experts
+        if scope not in ("rank", "group"):
+            raise ValueError(f"scope must be 'rank' or 'group'; got {scope!r}")
+        self.window, self.num_layers, self.num_experts, self.scope = window, num_layers, num_experts, scope
         self.buffer_WLE = torch.zeros(window + 1, num_layers, num_experts, dtype=torch.int64, device=device)
         self.position = torch.zeros((), dtype=torch.int64, device=device)
         self.steps_recorded = 0
@@ -56,7 +65,7 @@ class LoadRecorder:
 
     def record_counts(self, layer: int, counts_E: torch.Tensor) -> None:
         """Add this step's tokens per expert of one layer ([E] int64, as `count_picks_E` gives, for a caller that
-        counts them anyway) to the current row."""
+        counts them anyway; the group's total with `scope="group"`) to the current row."""
         add_to_row_(self.buffer_WLE[:, layer], self.position, counts_E)
 
     def next_step(self) -> None:

@@ -121,7 +121,7 @@ class MoEDecodeLayer(nn.Module):
         # Step 1: gate, count and record.
         topk_ids, topk_weights = gate_topk(x_ND @ self.gate_weight_ED.T, config, self.correction_bias_E)
         counts_E = count_picks_E(topk_ids, config.num_experts)
-        if self.recorder is not None:
+        if self.recorder is not None and self.recorder.scope == "rank":
             self.recorder.record_counts(self.layer, counts_E)
         # Step 2-3: global counts, quotas, and each pick's slot (identical arithmetic on every rank).
         if self.piggyback is None:
@@ -130,6 +130,8 @@ class MoEDecodeLayer(nn.Module):
             gathered = comm.all_gather(torch.cat([counts_E, self.piggyback.to(counts_E)]))
             counts_WE, self.piggyback_received = gathered[:, : config.num_experts], gathered[:, config.num_experts :]
             self.piggyback = None
+        if self.recorder is not None and self.recorder.scope == "group":
+            self.recorder.record_counts(self.layer, counts_WE.sum(0))
         quota_EX, slot_NK, sent_WP = self.plan_step(topk_ids, counts_WE, comm.rank, tables, self.routing)
         sent_WP = sent_WP.cpu()  # the all-to-alls' split sizes, on the host
         sent_WGS = sent_WP.view(comm.world_size, comm.world_size, self.slots_per_gpu)

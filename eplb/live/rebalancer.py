@@ -7,16 +7,18 @@ transfer, and its agreements cost no collective: each step every rank sends a se
 counts in the first layer's all-gather (which the layer runs anyway), and at the next step every rank reads the
 same messages and takes the same decision. Over the steps:
 
-1. idle: every `interval` steps (or at once when some rank saw the imbalance drift), all-reduce the recorder's
-   window [T, L, E] and start the policy on rank 0 in the background (`BackgroundSolver`: a helper process at a
+1. idle: every `interval` steps (or at once when some rank saw the imbalance drift), take the group's window
+   [T, L, E] (all-reduced, unless the recorder keeps the group's counts) and start the policy on rank 0 in the
+   background (`BackgroundSolver`: a helper process at a
    low CPU priority, or a thread; no collective runs there: every collective stays on the worker's thread, in
    step order); `load(file)` starts the same way with a given placement;
 2. solving: rank 0's message says whether the solve is running, failed or done, and the size of its answer; when
    done, rank 0 broadcasts, in one collective, the placement relabelled to move the fewest experts
    (`plan_migration`) and the weight moves planned beside the solve (`weight_moves.plan_rebalance`: moved slots
    into staging buffers, and the host copies the new placement needs, in rounds); each rank keeps its part;
-3. moving: one round of chunks per step (no rank sends or receives more than `max_bytes_per_step`) and one layer's
-   routing tables built; each rank's message says whether its transfers succeeded;
+3. moving: one round of chunks per step (no rank sends or receives more than `max_bytes_per_step`), posted before
+   the decode step and completed before the next (it moves while the step runs), and one layer's routing tables
+   built; each rank's message says whether its transfers succeeded;
 4. switch: the step after the last round, if every rank's transfers succeeded and every rank accepts, each copies
    the staged experts into the slots and installs the new tables on every layer, between two steps: a step runs
    wholly on the old or the new placement.
@@ -49,7 +51,7 @@ from eplb.live.rebalance_config import RebalanceConfig
 from eplb.live.replica_assignment import ReplicaTables
 from eplb.live.survivor_placement import placement_without
 from eplb.live.weight_moves import (Chunk, Fill, TransferShape, backup_wanted, decode_for_rank, holders_of, matrix_of,
-                                    plan_fills, run_round, schedule_chunks)
+                                    plan_fills, run_round, schedule_chunks, start_round)
 from placement import Placement, PlacementFormatError, load_placement
 from placement.replay import drifted_steps
 
@@ -246,9 +248,11 @@ class Rebalancer:
         if due and self.recorder.steps_recorded > 0:
             self._due_now, self._steps_since_attempt = False, 0
             self.stats.attempts += 1
-            counts = self.comm.all_reduce_sum(self.recorder.counts_TLE()).cpu().numpy()
+            window = self.recorder.counts_TLE()
+            if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
+                window = self.comm.all_reduce_sum(window)
             if self.comm.rank == 0:
-                self._solver_here().submit(counts, self.placement)
+                self._solver_here().submit(window.cpu().numpy(), self.placement)
             self._solve = {"fit_step": step, "fit_time": time.perf_counter()}
             self._state = "solving"
             return 0
@@ -306,19 +310,22 @@ class Rebalancer:
             # Every round moved and every rank said so with the last step: switch, if every rank accepts.
             self._switch(step, bool(received[:, 3].all()))
             return
-        pending = [layer for layer in range(len(self.layers)) if layer not in box["tables"]]
-        if pending:
-            box["tables"][pending[0]] = ReplicaTables.build(box["target"], pending[0], comm.device)
-        if box["round"] < len(box["rounds"]):
+        tables = [layer for layer in range(len(self.layers)) if layer not in box["tables"]]
+        if tables:
+            box["tables"][tables[0]] = ReplicaTables.build(box["target"], tables[0], comm.device)
+        # The round posted before the last decode step has moved meanwhile: complete it, then post the next.
+        if box.get("in_flight") is not None:
+            in_flight, box["in_flight"] = box["in_flight"], None
             try:
-                self.stats.bytes_received += run_round(
-                    comm, box["rounds"][box["round"]], box["fills"], self._source, self._staged,
-                    tag_base=_tag_base(self.stats.attempts, box["round"]), timeout_s=self.config.transfer_timeout_s)
+                self.stats.bytes_received += in_flight.finish(self.config.transfer_timeout_s)
             except CollectiveError as exc:
                 box["ok"] = False
                 logger.warning("weight transfer failed on this rank: %s", exc)
+        if box["round"] < len(box["rounds"]):
+            box["in_flight"] = start_round(comm, box["rounds"][box["round"]], box["fills"], self._source,
+                                           self._staged, tag_base=_tag_base(self.stats.attempts, box["round"]))
             box["round"] += 1
-        box["reported_all"] = box["round"] >= len(box["rounds"]) and not pending[1:]
+        box["reported_all"] = box.get("in_flight") is None and box["round"] >= len(box["rounds"]) and not tables[1:]
 
     def _source(self, fill: Fill, matrix: int) -> torch.Tensor:
         if fill.src_kind == "slot":
@@ -490,7 +497,11 @@ class Rebalancer:
                                           "restored_experts": 0})
             logger.warning("re-formed the group with every rank; the placement is unchanged")
             return report
-        load = comm.all_reduce_sum(self.recorder.window_load_LE()).cpu().numpy()
+        # The same load on every survivor (collective): all-reduced, or rank 0's copy of the group's counts (a
+        # survivor may have finished the step in flight where another did not).
+        load_LE = self.recorder.window_load_LE()
+        load = (comm.all_reduce_sum(load_LE) if self.recorder.scope == "rank" else comm.broadcast(load_LE, 0))
+        load = load.cpu().numpy()
         target = placement_without(old, lost, load)
         old_shape = (old.cluster.num_gpus, old.cluster.slots_per_gpu)
         new_shape = (target.cluster.num_gpus, target.cluster.slots_per_gpu)

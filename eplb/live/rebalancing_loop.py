@@ -91,16 +91,18 @@ def failing_policy(counts_TLE: np.ndarray, cluster: ClusterSpec) -> Placement:
 
 
 def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, config: RebalanceConfig,
-                         faults: Faults = Faults(), loads: tuple[tuple[int, str], ...] = ()) -> LoopReport:
+                         faults: Faults = Faults(), loads: tuple[tuple[int, str], ...] = (),
+                         recorder_scope: str = "group") -> LoopReport:
     """Run `steps` decode steps of every layer with a rebalancer on this rank; return what it measured.
 
     `loads`: (step, placement file): every rank calls `Rebalancer.load(file)` before that step (a refusal is
-    recorded in the report's `load_errors`, and serving goes on)."""
+    recorded in the report's `load_errors`, and serving goes on). `recorder_scope`: the load recorder's (the
+    group's counts: a rebalance starts without a collective; "rank": the window is all-reduced)."""
     num_layers, num_ranks = setup.placement.num_layers, comm.world_size
     me = comm.original_rank
     gate, experts = model_weights(setup)
     gate, experts = gate.to(comm.device), [weights.to(comm.device) for weights in experts]
-    recorder = LoadRecorder(config.window, num_layers, setup.config.num_experts, comm.device)
+    recorder = LoadRecorder(config.window, num_layers, setup.config.num_experts, comm.device, scope=recorder_scope)
     layers = [MoEDecodeLayer(setup.config, setup.placement, layer, comm, gate,
                              experts[layer].select(MoEDecodeLayer.slots_of_rank(setup.placement, layer, comm.rank)),
                              routing=setup.routing, recorder=recorder, compile_routing=setup.compile_routing)
@@ -194,17 +196,27 @@ def _killed_at(comm: Communicator) -> float | None:
     return float(comm.store.get("eplb/demo/killed_at"))
 
 
+class _StalledExchange:
+    """An exchange that was never posted and whose wait hangs past the transfer timeout, then fails."""
+
+    def __init__(self, comm: Communicator, timeout_s: float) -> None:
+        self.comm, self.timeout_s = comm, timeout_s
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        time.sleep(1.5 * self.timeout_s)
+        raise CollectiveTimeoutError(f"rank {self.comm.original_rank}: exchange stalled (injected)")
+
+
 def _stall_transfers(comm: Communicator, timeout_s: float) -> None:
     """Make this rank's next weight transfer hang past `timeout_s` and then fail, as a stuck link would; later
     transfers go through."""
-    exchange = comm.exchange
+    start_exchange = comm.start_exchange
 
-    def stalled(*args, **kwargs) -> None:
-        comm.exchange = exchange
-        time.sleep(1.5 * timeout_s)
-        raise CollectiveTimeoutError(f"rank {comm.original_rank}: exchange stalled (injected)")
+    def stalled(*args, **kwargs) -> _StalledExchange:
+        comm.start_exchange = start_exchange
+        return _StalledExchange(comm, timeout_s)
 
-    comm.exchange = stalled
+    comm.start_exchange = stalled
 
 
 def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | None = None) -> dict:
@@ -294,7 +306,7 @@ def _imbalance_before(setup: DecodeSetup, report: LoopReport, after_steps: list[
 
 PHASES = {  # a step's rebalancer phase before > after its work -> what the step carried
     "idle>idle": "quiet",
-    "idle>solving": "start (window all-reduced, solve submitted)",
+    "idle>solving": "start (the window taken, the solve submitted)",
     "solving>solving": "solving in the background",
     "solving>moving": "answer broadcast, staging allocated",
     "solving>idle": "solve failed",

@@ -8,7 +8,8 @@ rank alone served; the memory is at most one rank's slots per layer, in host mem
 list of `Fill`s, each one expert's weights of one layer copied into one slot or one host copy, from a rank that
 holds them now: the destination rank itself when it can (no bytes on the wire), else the holder with the fewest
 sends so far. `schedule_chunks` cuts the fills into row ranges and packs them into rounds so that no rank sends or
-receives more than a byte budget per round (one round between two decode steps); `run_round` moves one round.
+receives more than a byte budget per round (one round between two decode steps); `start_round` posts one round,
+which then moves while a decode step runs, and `PendingRound.finish` completes it (`run_round`: both at once).
 Every rank moves by the same fills and rounds (a rebalance's are planned once, off the decode path, by
 `plan_rebalance`, and travel to every rank as int64 arrays: `encode_fills`, `encode_rounds`), so the k-th send of
 one rank to a peer meets that peer's k-th receive from it.
@@ -20,7 +21,7 @@ from dataclasses import astuple, dataclass
 import numpy as np
 import torch
 
-from collectives import Communicator
+from collectives import Communicator, PendingExchange
 from placement import Placement
 
 MATRICES = ("gate", "up", "down")  # gate [D, F], up [D, F], down [F, D]
@@ -260,9 +261,42 @@ def run_round(
     tag_base: int = 0,
     timeout_s: float | None = None,
 ) -> int:
-    """Move one round on this rank: local copies, then one `exchange` of its sends and receives. `source(fill, m)`
-    and `destination(fill, m)` give matrix m of the fill's weights where this rank holds / receives them (on any
-    device: host copies travel through the communicator's device). Returns the bytes this rank received."""
+    """Move one round on this rank and wait for it (`start_round`, then `finish`); the bytes received."""
+    return start_round(comm, chunks, fills, source, destination, tag_base=tag_base).finish(timeout_s)
+
+
+@dataclass
+class PendingRound:
+    """A round in flight: its transfers, and the received buffers still to copy where they belong."""
+
+    exchange: PendingExchange | None
+    after: list[tuple[torch.Tensor, torch.Tensor]]
+    received: int
+
+    def finish(self, timeout_s: float | None = None) -> int:
+        """Wait for the transfers, copy what arrived through the device into host copies; the bytes received."""
+        if self.exchange is not None:
+            self.exchange.wait(timeout_s)
+        for target, buffer in self.after:
+            if buffer is not target:
+                target.copy_(buffer)
+        return self.received
+
+
+def start_round(
+    comm: Communicator,
+    chunks: list[Chunk],
+    fills: list[Fill] | dict[int, Fill],
+    source: Callable[[Fill, int], torch.Tensor],
+    destination: Callable[[Fill, int], torch.Tensor],
+    *,
+    tag_base: int = 0,
+) -> PendingRound:
+    """Start one round on this rank: local copies at once, then one posted exchange of its sends and receives,
+    which the caller may overlap with a decode step before `finish`. `source(fill, m)` and `destination(fill, m)`
+    give matrix m of the fill's weights where this rank holds / receives them (on any device: host copies travel
+    through the communicator's device). Sources are serving slots or host copies (nothing writes them meanwhile),
+    destinations staging buffers (nothing reads them before the switch)."""
     me = comm.rank
     sends, recvs, after = [], [], []
     received = 0
@@ -279,13 +313,8 @@ def run_round(
             recvs.append((fill.src_rank, buffer))
             after.append((target, buffer))
             received += chunk.nbytes
-    if sends or recvs:
-        comm.exchange(sends, recvs, max_chunk_bytes=max(1, max((c.nbytes for c in chunks), default=1)),
-                      tag_base=tag_base, timeout_s=timeout_s)
-    for target, buffer in after:
-        if buffer is not target:
-            target.copy_(buffer)
-    return received
+    exchange = comm.start_exchange(sends, recvs, tag_base=tag_base) if sends or recvs else None
+    return PendingRound(exchange, after, received)
 
 
 def matrix_of(weights, matrix: int, index: int) -> torch.Tensor:

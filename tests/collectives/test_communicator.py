@@ -61,6 +61,25 @@ def test_exchange_moves_tensors_in_bounded_chunks_between_peers():
         assert torch.equal(second, torch.arange(7) - left)
 
 
+def exchange_overlapping_collectives(comm, numel):
+    # Post a ring exchange, run collectives (as a decode step would) while it is in flight, then wait for it.
+    right, left = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
+    sent = torch.arange(numel, dtype=torch.float32) + 1000 * comm.rank
+    into = torch.empty(numel, dtype=torch.float32)
+    pending = comm.start_exchange([(right, sent)], [(left, into)], tag_base=7)
+    gathered = comm.all_gather(torch.tensor([comm.rank]))
+    total = comm.all_reduce_sum(torch.ones(3))
+    pending.wait()
+    return into, gathered, total
+
+
+def test_an_exchange_in_flight_while_collectives_run_completes_and_leaves_them_correct():
+    world, numel = 3, 50_000
+    for rank, (into, gathered, total) in enumerate(run_local_group(exchange_overlapping_collectives, world, numel)):
+        assert torch.equal(into, torch.arange(numel, dtype=torch.float32) + 1000 * ((rank - 1) % world))
+        assert gathered.view(-1).tolist() == [0, 1, 2] and total.tolist() == [3.0, 3.0, 3.0]
+
+
 def rank_one_misbehaves(comm, how, timeout):
     comm.all_gather(torch.zeros(2))
     if comm.rank == 1:

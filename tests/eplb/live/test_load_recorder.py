@@ -51,8 +51,9 @@ def test_sglang_dump_reads_back_through_load_trace(tmp_path):
     assert load_trace(tmp_path / "dump.pt").counts_TLE.tolist() == recorder.counts_TLE().tolist()
 
 
-@pytest.mark.parametrize(("args", "message"), [((0, 2, 6), "window"), ((4, 2, 6.5), "num_experts")],
-                         ids=["zero-window", "fractional-experts"])
+@pytest.mark.parametrize(("args", "message"), [((0, 2, 6), "window"), ((4, 2, 6.5), "num_experts"),
+                                               ((4, 2, 6, "cpu", "node"), "scope")],
+                         ids=["zero-window", "fractional-experts", "unknown-scope"])
 def test_bad_shapes_are_refused_naming_the_parameter(args, message):
     with pytest.raises(ValueError, match=message):
         LoadRecorder(*args)

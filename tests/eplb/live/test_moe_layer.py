@@ -1,13 +1,14 @@
 """The MoE decode layer on real Gloo processes equals the single-process dense layer (fp32, max error <= 1e-5) in
 every routing mode, with and without shared experts, with uneven token counts and a rank with no tokens; every rank
-plans the same quotas and each slot computes exactly its quota."""
+plans the same quotas and each slot computes exactly its quota; a recorder of the group's counts holds on every
+rank what the ranks' own recorders sum to."""
 
 import numpy as np
 import pytest
 import torch
 
 from collectives import run_local_group
-from eplb.live import MoEDecodeLayer, MoELayerConfig
+from eplb.live import LoadRecorder, MoEDecodeLayer, MoELayerConfig
 from eplb.live.dense_reference import dense_moe
 from eplb.live.experts import ExpertWeights
 from placement import ClusterSpec, PlacementFormatError, fit_placement
@@ -85,6 +86,30 @@ def test_layer_equals_the_dense_reference_and_computes_the_planned_tokens_in_eve
         assert quotas[0].sum().item() == sum(tokens_per_rank) * config.top_k
         for rank, (_, quota, computed) in enumerate(results):
             assert computed.tolist() == quota[rank * slots : (rank + 1) * slots].tolist(), (config_name, routing)
+
+
+def record_both_scopes(comm, placement, tokens_per_rank):
+    """This rank's window from a rank-scope recorder (all-reduced) and from a group-scope one, over 3 steps."""
+    config = CONFIGS["softmax"]
+    gate, _, experts, _ = model_weights(config)
+    mine = experts.select(MoEDecodeLayer.slots_of_rank(placement, 0, comm.rank))
+    recorders = {scope: LoadRecorder(4, 1, EXPERTS, scope=scope) for scope in ("rank", "group")}
+    layers = {scope: MoEDecodeLayer(config, placement, 0, comm, gate, mine, recorder=recorder)
+              for scope, recorder in recorders.items()}
+    for step in range(3):
+        start = sum(tokens_per_rank[: comm.rank])
+        x = tokens_of(tokens_per_rank, seed=step)[start : start + tokens_per_rank[comm.rank]]
+        for scope in layers:
+            layers[scope](x)
+            recorders[scope].next_step()
+    return comm.all_reduce_sum(recorders["rank"].counts_TLE()), recorders["group"].counts_TLE()
+
+
+def test_a_group_recorder_holds_the_groups_counts_on_every_rank():
+    placement = placement_for(3, 4, "deepseek")
+    for summed, group in run_local_group(record_both_scopes, 3, placement, [5, 0, 7]):
+        assert group.sum() == 3 * 12 * CONFIGS["softmax"].top_k
+        assert torch.equal(summed, group)
 
 
 def raise_on_rank_one(comm, placement):

@@ -37,10 +37,10 @@ def setup_for(world_size: int, steps: int, slots: int | None = None) -> DecodeSe
 
 
 def run(world_size: int, steps: int, faults: Faults = Faults(), config: RebalanceConfig = CONFIG, loads=(),
-        setup: DecodeSetup | None = None):
+        setup: DecodeSetup | None = None, recorder_scope: str = "group"):
     setup = setup or setup_for(world_size, steps)
     reports = run_local_group(run_rebalancing_loop, world_size, setup, steps, config, faults, tuple(loads),
-                              timeout_s=TIMEOUT_S, deadline_s=240, allow_failures=True)
+                              recorder_scope, timeout_s=TIMEOUT_S, deadline_s=240, allow_failures=True)
     killed = {rank for rank, _ in faults.kills}
     for rank, report in enumerate(reports):
         assert isinstance(report, LoopReport) or rank in killed, f"rank {rank} failed: {report!r}"
@@ -110,9 +110,11 @@ def test_survivors_of_a_killed_rank_finish_the_run_exactly_and_requeue_its_reque
 
 
 def test_two_ranks_killed_one_after_the_other():
+    # Each rank records its own tokens here (the others the group's): the window and the load a recovery fits on
+    # are all-reduced.
     steps = 34
     _, _, summary = run(4, steps, faults=Faults(kills=((1, 10), (3, 22))),
-                        config=CONFIG.model_copy(update={"interval": 100}))
+                        config=CONFIG.model_copy(update={"interval": 100}), recorder_scope="rank")
     assert_exact_and_complete(summary, steps)
     assert summary["survivors"] == [0, 2]
     assert [rec["lost_ranks"] for rec in summary["recoveries"]] == [[1], [3]]
