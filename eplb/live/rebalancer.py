@@ -9,9 +9,9 @@ same messages and takes the same decision. Over the steps:
 
 1. idle: every `interval` steps (or at once when some rank saw the imbalance drift), take the group's window
    [T, L, E] (all-reduced, unless the recorder keeps the group's counts) and start the policy on rank 0 in the
-   background (`BackgroundSolver`: a helper process at a
-   low CPU priority, or a thread; no collective runs there: every collective stays on the worker's thread, in
-   step order); `load(file)` starts the same way with a given placement;
+   background (`BackgroundSolver`: a helper process at a low CPU priority, or a thread; no collective runs there:
+   every collective stays on the worker's thread, in step order); `load(file)` starts the same way with a given
+   placement;
 2. solving: rank 0's message says whether the solve is running, failed or done, and the size of its answer; when
    done, rank 0 broadcasts, in one collective, the placement relabelled to move the fewest experts
    (`plan_migration`) and the weight moves planned beside the solve (`weight_moves.plan_rebalance`: moved slots
