@@ -16,14 +16,20 @@
    placement-oblivious (slot-by-slot) remap of the same target, the lag from the end of the fit window to the
    switch (steps and seconds: what `eplb replay --lag` should be given), and, in a second run, the time from a
    rank's SIGKILL to the first step the survivors complete, against the collective timeout.
+4. Planning a rebalance's weight moves at the full shape (`--section plan`: 58 layers x 256 experts on 64 GPUs x 5
+   slots, DeepSeek-V3 experts, D = 7168, F = 2048, fp8, 64 MB per rank per step; a greedy placement replaced by a
+   greedy fit on other traffic): the plan's time (what every rank used to spend at one decode step, now the
+   helper's, beside the solve), its encoding, and what a rank spends at that step now (decoding its own part)
+   against decoding the whole plan, in the same process.
 The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `scripts/bench_router.py`.
 
-Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5] [--section all|overhead|rebalance]
+Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5] [--section all|overhead|rebalance|plan]
        [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--quick]
 """
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectives import run_local_group  # noqa: E402
 from eplb.live import MoELayerConfig, RebalanceConfig  # noqa: E402
+from eplb.live.rebalance_config import default_solve_cpu_share  # noqa: E402
 from eplb.live.rebalancing_loop import (  # noqa: E402
     Faults, run_rebalancing_loop, shifting_traffic_setup, summarize_rebalancing)
 from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
-from placement import ClusterSpec, fit_placement  # noqa: E402
+from eplb.live.weight_moves import (  # noqa: E402
+    TransferShape, decode_fills, decode_for_rank, decode_rounds, encode_fills, encode_rounds, plan_rebalance)
+from placement import ClusterSpec, fit_placement, plan_migration  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
 
 VARIANTS = {  # name -> (routing, record); the first is the baseline
@@ -73,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cpu: a Gloo group; cuda: an NCCL group, one GPU per rank (default cpu)")
     parser.add_argument("--eager", action="store_true", help="run the replica choice eagerly (default: compiled)")
-    parser.add_argument("--section", default="all", choices=("all", "overhead", "rebalance"))
+    parser.add_argument("--section", default="all", choices=("all", "overhead", "rebalance", "plan"))
     parser.add_argument("--rebalance-steps", type=int, default=600, help="steps of the rebalancing run (default 600: "
                         "a p99 needs a few hundred steps on each side)")
     parser.add_argument("--rebalance-every", type=int, default=30)
@@ -90,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         overhead_section(args)
     if args.section in ("all", "rebalance"):
         rebalance_section(args)
+    if args.section in ("all", "plan"):
+        plan_section(args)
     return 0
 
 
@@ -99,7 +110,8 @@ def rebalance_section(args) -> None:
     setup = shifting_traffic_setup(args.world_size, steps, experts=args.experts, top_k=args.top_k,
                                    tokens=args.tokens_per_step, hidden=args.hidden_size, layers=args.layers,
                                    slots=args.slots_per_gpu)
-    share = args.solve_cpu_share or (0.25 if args.device == "cpu" and args.solve_in == "process" else 1.0)
+    share = (default_solve_cpu_share(args.device, args.solve_in) if args.solve_cpu_share is None
+             else args.solve_cpu_share)
     config = RebalanceConfig(window=min(args.rebalance_every, 50), interval=args.rebalance_every,
                              policy=args.rebalance_policy, solve_in=args.solve_in, solve_cpu_share=share,
                              time_limit_s=0.5, max_bytes_per_step=256 << 10, transfer_timeout_s=args.timeout / 2)
@@ -154,6 +166,41 @@ def rebalance_section(args) -> None:
           f"{killed['seconds_from_kill_to_first_step']:.2f} s later (collective timeout {args.timeout:g} s, goal "
           f"< {2 * args.timeout:g} s); error vs dense {killed['max_abs_err_vs_dense']:.1e}, tokens lost "
           f"{killed['tokens_lost']}, requests re-queued {killed['requests_requeued']}")
+
+
+def plan_section(args) -> None:
+    """The weight moves' plan at the full shape: planned in the helper, broadcast, each rank's part decoded."""
+    layers, experts, gpus, slots = (4, 64, 16, 5) if args.quick else (58, 256, 64, 5)
+    trace = generate_trace(SyntheticConfig(num_steps=100, num_layers=layers, num_experts=experts, top_k=8,
+                                           tokens_per_step=4096, seed=0))
+    cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
+    current = fit_placement("deepseek", trace.counts_TLE[:50], cluster)
+    target = plan_migration(current, fit_placement("deepseek", trace.counts_TLE[50:], cluster)).realised
+    shape = TransferShape(hidden_size=7168, intermediate_size=2048, element_size=1, max_bytes_per_round=64 << 20)
+    began = time.perf_counter()
+    fills, rounds = plan_rebalance(current, target, shape)
+    planned = time.perf_counter() - began
+    began = time.perf_counter()
+    fills_N8, chunks_C6 = encode_fills(fills), encode_rounds(rounds)
+    encoded = time.perf_counter() - began
+    began = time.perf_counter()
+    decode_fills(fills_N8), decode_rounds(chunks_C6)
+    whole = time.perf_counter() - began
+    began = time.perf_counter()
+    for rank in range(gpus):
+        decode_for_rank(fills_N8, chunks_C6, rank)
+    per_rank = (time.perf_counter() - began) / gpus
+    megabytes = (fills_N8.nbytes + chunks_C6.nbytes) / 1e6
+    print(f"\nPlanning the weight moves: {layers} layers x {experts} experts on {gpus} x {slots}, {len(fills):,} "
+          f"fills, {len(rounds)} rounds of {shape.max_bytes_per_round >> 20} MB, {len(chunks_C6):,} chunks "
+          f"({megabytes:.1f} MB broadcast)\n")
+    print("| work | where | seconds |")
+    print("|---|---|---|")
+    print(f"| plan (fills and rounds) | the helper, beside the solve (every rank at one step before) | {planned:.2f} |")
+    print(f"| encode | the helper | {encoded:.2f} |")
+    print(f"| decode the whole plan | nowhere (what decoding instead of filtering would cost) | {whole:.3f} |")
+    print(f"| decode this rank's part | every rank, at the step the answer arrives | {per_rank:.4f} |")
+    print(f"\nat that step a rank spends {per_rank / planned:.4f}x the time of planning the moves itself")
 
 
 def _figure(value) -> str:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectives import run_local_group  # noqa: E402
 from eplb.live import ROUTING_MODES, MoELayerConfig  # noqa: E402
-from eplb.live.rebalance_config import RebalanceConfig  # noqa: E402
+from eplb.live.rebalance_config import RebalanceConfig, default_solve_cpu_share  # noqa: E402
 from eplb.live.rebalancing_loop import (  # noqa: E402
     Faults, run_rebalancing_loop, shifting_traffic_setup, summarize_rebalancing)
 from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
@@ -115,14 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def default_cpu_share(args) -> float:
-    """--solve-cpu-share, or its default: on CPU the ranks fill the cores, so the solve is capped at a quarter of
-    the time (`RebalanceConfig.solve_cpu_share`); a GPU host has cores to spare. A thread cannot be capped."""
-    if args.solve_cpu_share is not None:
-        return args.solve_cpu_share
-    return 0.25 if args.device == "cpu" and args.solve_in == "process" else 1.0
-
-
 def rebalancing_demo(args) -> int:
     """The loop with a rebalancer, shifting traffic and an optional killed rank; prints the JSON object last."""
     slots = args.slots_per_gpu or args.experts // args.world_size + 2
@@ -133,7 +125,8 @@ def rebalancing_demo(args) -> int:
     interval = args.rebalance_every or 10 * args.steps  # without --rebalance-every only drift and recovery refit
     rebalance = RebalanceConfig(window=max(4, min(interval, 50)), interval=interval, policy=args.rebalance_policy,
                                 time_limit_s=args.rebalance_time_limit, solve_in=args.solve_in,
-                                solve_cpu_share=default_cpu_share(args),
+                                solve_cpu_share=default_solve_cpu_share(args.device, args.solve_in)
+                                if args.solve_cpu_share is None else args.solve_cpu_share,
                                 routing="static" if args.routing == "static" else "dynamic",
                                 max_bytes_per_step=args.max_bytes_per_step,
                                 transfer_timeout_s=min(5.0, args.timeout / 2))

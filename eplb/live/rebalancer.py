@@ -161,17 +161,15 @@ class Rebalancer:
             self._poll_solve(received)
         elif self._state == "moving":
             self._move_round(step, received)
-        self._send(solve_status=self._solve_status(), ok=int(self._solve.get("ok", True)),
-                   accept=int(accept_switch), drifted=drifted)
+        self._send(*self._solve_status(), ok=int(self._solve.get("ok", True)), accept=int(accept_switch),
+                   drifted=drifted)
 
     # Each step every rank sends [attempt, solve status (rank 0), transfers ok, accepts a switch, drifted, fills and
     # chunks in rank 0's answer] along with its counts in the first layer's all-gather; the next step every rank
     # reads the same [W, 7] and decides.
 
-    def _send(self, solve_status: int, ok: int, accept: int, drifted: int) -> None:
-        answer = self._solver_here().poll().get("result") if solve_status == 1 else None
-        sizes = [len(answer.fills_N8), len(answer.chunks_C6)] if answer is not None else [0, 0]
-        message = [self.stats.attempts, solve_status, ok, accept, drifted, *sizes]
+    def _send(self, solve_status: int, answer_sizes: tuple[int, int], ok: int, accept: int, drifted: int) -> None:
+        message = [self.stats.attempts, solve_status, ok, accept, drifted, *answer_sizes]
         self.layers[0].piggyback = torch.tensor(message, dtype=torch.int64)
 
     def _received(self) -> np.ndarray | None:
@@ -180,19 +178,20 @@ class Rebalancer:
         self.layers[0].piggyback_received = None
         return None if received is None else received.cpu().numpy()
 
-    def _solve_status(self) -> int:
-        """Rank 0's view of the background solve: 0 running (or none), 1 done, 2 failed."""
+    def _solve_status(self) -> tuple[int, tuple[int, int]]:
+        """Rank 0's view of the background solve: 0 running (or none), 1 done, 2 failed; and when done, the fills
+        and chunks of its answer (what the others allocate for its broadcast)."""
         if self._state != "solving" or self.comm.rank != 0:
-            return 0
+            return 0, (0, 0)
         job = self._solver_here().poll()
         if "error" in job:
-            return 2
+            return 2, (0, 0)
         if "result" in job:
-            return 1
+            return 1, (len(job["result"].fills_N8), len(job["result"].chunks_C6))
         if time.monotonic() - job["started"] > self.config.solve_timeout_s:
             job["error"] = f"the solve ran past solve_timeout_s={self.config.solve_timeout_s:g}"
-            return 2
-        return 0
+            return 2, (0, 0)
+        return 0, (0, 0)
 
     def _solver_here(self) -> BackgroundSolver:
         """This rank's background solver (rank 0 solves; after a regroup rank 0 may be another process)."""
