@@ -24,7 +24,7 @@
 The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `scripts/bench_router.py`.
 
 Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5] [--section all|overhead|rebalance|plan]
-       [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--quick]
+       [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--good-enough X] [--quick]
 """
 
 import argparse
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebalance-every", type=int, default=30)
     parser.add_argument("--rebalance-policy", default="cpsat", choices=("cpsat", "deepseek"))
     parser.add_argument("--solve-in", default="process", choices=("process", "thread"))
+    parser.add_argument("--good-enough", type=float, default=1.001,
+                        help="cpsat stops a layer's search at this fitted max/mean (default 1.001; 0: the whole "
+                             "budget)")
     parser.add_argument("--solve-cpu-share", type=float, default=None,
                         help="the solve's share of the time (default 0.25 on cpu with a process, else 1)")
     parser.add_argument("--timeout", type=float, default=5.0, help="collective timeout of the kill run, seconds")
@@ -114,6 +117,7 @@ def rebalance_section(args) -> None:
              else args.solve_cpu_share)
     config = RebalanceConfig(window=min(args.rebalance_every, 50), interval=args.rebalance_every,
                              policy=args.rebalance_policy, solve_in=args.solve_in, solve_cpu_share=share,
+                             good_enough=args.good_enough or None,
                              time_limit_s=0.5, max_bytes_per_step=256 << 10, transfer_timeout_s=args.timeout / 2)
     reports = run_local_group(run_rebalancing_loop, args.world_size, setup, steps, config, Faults(),
                               timeout_s=args.timeout, deadline_s=120 + 5 * steps, device=args.device)
@@ -124,7 +128,8 @@ def rebalance_section(args) -> None:
     backend = "NCCL" if args.device == "cuda" else "Gloo"
     print(f"\nRebalancing while decoding: {args.world_size} {backend} ranks, {steps} steps, traffic shift at step "
           f"{steps // 3}, {args.rebalance_policy} (0.5 s budget) in a background {args.solve_in} (CPU share "
-          f"{share:g}) every {args.rebalance_every} steps, "
+          f"{share:g}; a layer's search stops at {args.good_enough or 'no'} fitted max/mean) every "
+          f"{args.rebalance_every} steps, "
           f"{config.max_bytes_per_step >> 10} KiB per rank per step\n")
     print("| steps | p50 ms | p99 ms |")
     print("|---|---|---|")

@@ -17,6 +17,7 @@ decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they rest on (se
 
 Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dynamic] [--layers 2] [--json]
        [--rebalance-every R] [--fail-rank K [--fail-at-step N]] [--rebalance-policy cpsat|deepseek]
+       [--rebalance-good-enough X]
 """
 
 import argparse
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="policy of the rebalances (default cpsat)")
     parser.add_argument("--rebalance-time-limit", type=float, default=0.5,
                         help="cpsat budget of each rebalance, seconds (default 0.5)")
+    parser.add_argument("--rebalance-good-enough", type=float, default=1.001, metavar="X",
+                        help="cpsat stops a layer's search once a candidate fits the window to max/mean X (default "
+                             "1.001; 0: search for the whole budget)")
     parser.add_argument("--solve-in", default="process", choices=("process", "thread"),
                         help="where rank 0 solves: a helper process (default) or a thread")
     parser.add_argument("--solve-cpu-share", type=float, default=None, metavar="F",
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--solve-cpu-share must be in (0, 1]; got {args.solve_cpu_share:g}")
     if args.solve_cpu_share is not None and args.solve_cpu_share < 1 and args.solve_in != "process":
         parser.error("--solve-cpu-share below 1 needs --solve-in process (a thread cannot be paused)")
+    if args.rebalance_good_enough != 0 and args.rebalance_good_enough < 1:
+        parser.error(f"--rebalance-good-enough must be 0 (off) or >= 1; got {args.rebalance_good_enough:g}")
     if args.fail_rank is not None and not 0 <= args.fail_rank < args.world_size:
         parser.error(f"--fail-rank must be a rank in [0, {args.world_size}); got {args.fail_rank}")
     if args.fail_rank is not None and args.world_size < 2:
@@ -125,6 +131,7 @@ def rebalancing_demo(args) -> int:
     interval = args.rebalance_every or 10 * args.steps  # without --rebalance-every only drift and recovery refit
     rebalance = RebalanceConfig(window=max(4, min(interval, 50)), interval=interval, policy=args.rebalance_policy,
                                 time_limit_s=args.rebalance_time_limit, solve_in=args.solve_in,
+                                good_enough=args.rebalance_good_enough or None,
                                 solve_cpu_share=default_solve_cpu_share(args.device, args.solve_in)
                                 if args.solve_cpu_share is None else args.solve_cpu_share,
                                 routing="static" if args.routing == "static" else "dynamic",

@@ -40,8 +40,10 @@ class SolveResult:
     Attributes:
         placement: the new placement, relabelled to move the fewest experts from the one serving.
         moves: (experts moved, experts a slot-by-slot remap would move).
-        fitted_imbalance: mean over the window's last steps and its layers, under the routing the layers run: the
-            level the refit-on-drift trigger compares served steps with (None for a placement given, not fitted).
+        fitted_imbalance: mean over the window's last steps and its layers, under the routing the layers run (the
+            optimal per-step split standing for the live router, which is within a token of it on chain layouts
+            and takes a step at a time): the level the refit-on-drift trigger compares served steps with (None for
+            a placement given, not fitted).
         fills_N8, chunks_C6: the weight moves (`weight_moves.plan_rebalance`, encoded).
     """
 
@@ -64,7 +66,7 @@ def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, option
             target = fit_placement(policy, counts_TLE, current.cluster, **(options if policy == "cpsat" else {}))
     plan = plan_migration(current, target)
     if counts_TLE is not None:
-        routing = "static" if options.get("routing") == "static" else "live"
+        routing = "static" if options.get("routing") == "static" else "dynamic"
         fitted = float(score_placement(plan.realised, counts_TLE[-SCORED_STEPS:], routing).imbalance_TL.mean())
     fills, rounds = plan_rebalance(current, plan.realised, shape)
     return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), fitted,

@@ -24,6 +24,12 @@ class RebalanceConfig(BaseModel):
     policy: Literal["cpsat", "deepseek"] = Field("cpsat", description="Placement policy of the background solve.")
     time_limit_s: float = Field(1.0, gt=0, description="The cpsat policy's budget for one fit of all layers.")
     solve_threads: int = Field(1, ge=1, description="Threads of the cpsat solve (layers at once).")
+    good_enough: float | None = Field(
+        1.001, ge=1, description="The cpsat policy stops a layer's search once a candidate fits the window this well "
+                                 "(mean max / mean GPU load; None: search for the whole time_limit_s). The solve's "
+                                 "CPU is taken from serving, and a search below such a level gains nothing the next "
+                                 "traffic keeps."
+    )
     solve_in: Literal["process", "thread"] = Field(
         "process", description="Where rank 0 solves: a helper process (no lock shared with decode) or a thread; "
                                "either at a low CPU priority (nice 10)."

@@ -197,7 +197,7 @@ class Rebalancer:
         """This rank's background solver (rank 0 solves; after a regroup rank 0 may be another process)."""
         if self._solver is None:
             options = {"time_limit_s": self.config.time_limit_s, "routing": self.config.routing,
-                       "workers": self.config.solve_threads}
+                       "workers": self.config.solve_threads, "good_enough": self.config.good_enough}
             first = self.layers[0].config
             shape = TransferShape(first.hidden_size, first.intermediate_size,
                                   self.layers[0].slot_experts.gate_ADF.element_size(), self.config.max_bytes_per_step)

@@ -16,7 +16,7 @@ one rank to a peer meets that peer's k-th receive from it.
 """
 
 from collections.abc import Callable
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -226,7 +226,8 @@ def decode_fills(fills_N8: np.ndarray) -> list[Fill]:
 def encode_rounds(rounds: list[list[Chunk]]) -> np.ndarray:
     """[C, 6] int64: (round, fill, matrix, row_start, row_end, nbytes) per chunk, rounds in order (an empty round
     of none is kept as the count of rounds being at least one)."""
-    rows = [(index, *astuple(chunk)) for index, chunks in enumerate(rounds) for chunk in chunks]
+    rows = [(index, chunk.fill, chunk.matrix, chunk.row_start, chunk.row_end, chunk.nbytes)
+            for index, chunks in enumerate(rounds) for chunk in chunks]
     return np.array(rows, dtype=np.int64).reshape(-1, 6)
 
 

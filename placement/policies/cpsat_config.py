@@ -33,6 +33,14 @@ class CpSatConfig(BaseModel):
         description="Dynamic routing: swap the replica sets of the best chain layout's experts to fit the window's "
         "steps (up to half of each layer's time; skipped where too slow to pay off).",
     )
+    good_enough: float | None = Field(
+        None,
+        ge=1,
+        description="Stop a layer's search once a candidate's fitted objective (with its move penalty) is at most "
+        "this, e.g. 1.001 for within 0.1% of perfect balance (None: search for the whole budget). Where the budget "
+        "is CPU taken from serving (a live rebalance), a search past such a level gains nothing that new traffic "
+        "keeps. Not with node awareness (its CP-SAT model is the only candidate that keeps groups within nodes).",
+    )
     extra_candidates: int = Field(
         2, ge=0, description="GPUs beyond the hint's and the construction's that each expert may move to."
     )
@@ -59,4 +67,6 @@ class CpSatConfig(BaseModel):
             raise ValueError("groups and nodes_per_group go together: set both for node awareness, or neither")
         if self.gpu_capacity is not None and min(self.gpu_capacity) <= 0:
             raise ValueError("every gpu_capacity must be > 0")
+        if self.good_enough is not None and self.groups is not None:
+            raise ValueError("good_enough stops before CP-SAT, which node awareness needs: unset one of them")
         return self

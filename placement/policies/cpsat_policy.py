@@ -13,6 +13,7 @@ Per layer, in parallel threads within one wall-clock budget:
 4. The fitted objective, the mean over the window's steps of max / mean GPU load under the router that will
    run, is evaluated for every candidate (the dynamic router with `ROUTER_ROUNDS` water-filling rounds, or the
    static weights); the best is kept, so the result is never worse than the greedy on that objective.
+With `good_enough` set, a layer stops after any step whose best candidate's fitted objective is already that low.
 
 The budget holds when other processes share the cores: the fixed work of steps 1, 3 and 4 (everything but the two
 searches) is measured as layers run; a layer takes the best of `LEVELS` at which it and the layers not yet started
@@ -57,6 +58,7 @@ class LayerResult:
     solve_seconds: float = 0.0  # wall time inside CP-SAT
     search_seconds: float = 0.0  # wall time inside the ring search
     level: str = "full"  # one of LEVELS: how much of the work the budget let this layer do
+    good_enough: bool = False  # a candidate met `CpSatConfig.good_enough`: the rest of the search was skipped
 
 
 def fitted_objective(counts_TE: np.ndarray, phy2log_P, weights_P, cluster: ClusterSpec, routing: str,
@@ -191,6 +193,9 @@ def _solve_layer(layer, counts_TE, mean_E, replicas_E, greedy: Placement, cluste
     def penalised(name: str) -> float:
         return fitted[name] + _move_penalty(starts[name][0], current, layer, config, slots)
 
+    def good_enough() -> bool:
+        return config.good_enough is not None and min(map(penalised, fitted)) <= config.good_enough
+
     # The first chain start with the other candidates; the other chain starts if the time left still allows.
     _add_starts(counts_TE, mean_E, replicas_E, cluster, config, speed_G, orders[:1], starts, fitted, budget)
     # Under dynamic routing the greedy is scored only if no start provably beats it: its experts with one replica
@@ -201,18 +206,20 @@ def _solve_layer(layer, counts_TE, mean_E, replicas_E, greedy: Placement, cluste
                         + _move_penalty(starts["deepseek"][0], current, layer, config, slots))
         if not fitted or min(map(penalised, fitted)) > greedy_floor:
             fitted["deepseek"] = fitted_objective(counts_TE, *starts["deepseek"], cluster, config.routing, speed_G)
-    if level != "one-chain" and len(orders) > 1:
+    enough = good_enough()
+    if level != "one-chain" and len(orders) > 1 and not enough:
         if config.groups is None:
             rest = (len(orders) - 1) * (budget.estimate("chain") + budget.estimate("score"))
             level = budget.resume(layer, level, "one-chain",
                                   [rest + budget.estimate("model") + MIN_SOLVE_S, rest, 0.0, 0.0], *work)
         if level != "one-chain":
             _add_starts(counts_TE, mean_E, replicas_E, cluster, config, speed_G, orders[1:], starts, fitted, budget)
+            enough = good_enough()
 
     search_seconds = 0.0
     chains = [name for name in fitted if name.startswith("chain")]
-    if (level == "full" and config.routing == "dynamic" and config.ring_search and config.groups is None and chains
-            and search_pays_off(len(counts_TE), num_gpus)):
+    if (level == "full" and not enough and config.routing == "dynamic" and config.ring_search and config.groups is None
+            and chains and search_pays_off(len(counts_TE), num_gpus)):
         searched = budget.clock()
         start = min(chains, key=fitted.get)
         # Half the spare time: the searched layout is then weighted and scored like a chain start, and the model built.
@@ -222,10 +229,11 @@ def _solve_layer(layer, counts_TE, mean_E, replicas_E, greedy: Placement, cluste
         starts["chain-search"] = (phy2log, fitted_weights(phy2log, mean_E, num_gpus, slots))
         fitted["chain-search"] = fitted_objective(counts_TE, *starts["chain-search"], cluster, config.routing, speed_G)
         search_seconds = budget.clock() - searched
-    if level == "full" and config.groups is None:
+        enough = good_enough()
+    if level == "full" and not enough and config.groups is None:
         level = budget.resume(layer, level, "starts", [budget.estimate("model") + MIN_SOLVE_S, 0.0, 0.0, 0.0], *work)
     status, objective, bound, seconds = "skipped", None, None, 0.0
-    if level == "full":
+    if level == "full" and not enough:
         status, objective, bound, seconds = _add_cpsat_candidate(
             layer, counts_TE, mean_E, starts, fitted, min(fitted, key=penalised), cluster, config, speed_G, current,
             budget, work)
@@ -236,7 +244,7 @@ def _solve_layer(layer, counts_TE, mean_E, replicas_E, greedy: Placement, cluste
     chosen = min(fitted, key=penalised) if config.groups is None else "cpsat"
     phy2log, weights = starts[chosen]
     return LayerResult(np.asarray(phy2log), np.asarray(weights), chosen, status, fitted, objective, bound, seconds,
-                       search_seconds, level)
+                       search_seconds, level, enough)
 
 
 def _add_cpsat_candidate(layer, counts_TE, mean_E, starts: dict, fitted: dict, best_start: str, cluster: ClusterSpec,
@@ -397,6 +405,8 @@ def _summary(results: list[LayerResult], seconds: float, config: CpSatConfig, bu
         "cpsat_seconds_total": float(sum(r.solve_seconds for r in results)),
         "search_seconds_total": float(sum(r.search_seconds for r in results)),
         "levels": {name: levels.count(name) for name in LEVELS},
+        # Layers whose search stopped at a candidate within `good_enough`.
+        "good_enough_layers": sum(r.good_enough for r in results),
         "layer_levels": levels,
         "degraded_layers": degraded,
         "degraded_reason": None if not degraded else (

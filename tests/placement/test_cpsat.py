@@ -154,3 +154,32 @@ def test_ring_search_joins_the_candidates_under_dynamic_routing_only():
     # The search starts from the best chain layout and keeps only improvements.
     fitted = searched.info["fitted_mean"]
     assert fitted["chain-search"] <= min(v for k, v in fitted.items() if k.startswith("chain-")) + 1e-3
+
+
+def test_a_layer_stops_searching_once_a_candidate_is_good_enough():
+    counts = skewed_counts(12, 2, 24, 4)
+    cluster = ClusterSpec(num_gpus=8, slots_per_gpu=4)
+    full = fit_placement("cpsat", counts, cluster, time_limit_s=2.0)
+    assert full.info["good_enough_layers"] == 0 and "cpsat" in full.info["fitted_mean"]
+    # Met by the first chain start: no other chain start, no ring search, no CP-SAT model.
+    first = fit_placement("cpsat", counts, cluster, time_limit_s=2.0, good_enough=10.0)
+    assert first.info["good_enough_layers"] == 2
+    assert set(first.info["fitted_mean"]) <= {"chain-random0", "deepseek"}
+    assert first.info["cpsat_seconds_total"] == 0 and first.info["search_seconds_total"] == 0
+    # A level between the first start and the full search's result: a layer goes on past the first start until a
+    # candidate meets it (or the search ends), so the result is never worse than stopping at the first start.
+    level = (first.info["fitted_chosen"] + full.info["fitted_chosen"]) / 2
+    between = fit_placement("cpsat", counts, cluster, time_limit_s=2.0, good_enough=level)
+    assert len(between.info["fitted_mean"]) > len(first.info["fitted_mean"])
+    assert between.info["fitted_chosen"] <= first.info["fitted_chosen"] + 1e-12
+    if between.info["good_enough_layers"] == 2:
+        assert between.info["fitted_chosen"] <= level
+
+
+def test_good_enough_is_refused_below_one_and_with_node_awareness():
+    counts = skewed_counts(4, 1, 16, 1)
+    cluster = ClusterSpec(num_gpus=8, slots_per_gpu=3, gpus_per_node=4)
+    with pytest.raises(ValueError, match="good_enough"):
+        fit_placement("cpsat", counts, cluster, good_enough=0.9)
+    with pytest.raises(ValueError, match="good_enough"):
+        fit_placement("cpsat", counts, cluster, good_enough=1.01, groups=2, nodes_per_group=1)
