@@ -42,7 +42,7 @@ from eplb.live.rebalance_config import default_solve_cpu_share  # noqa: E402
 from eplb.live.rebalancing_loop import (  # noqa: E402
     Faults, run_rebalancing_loop, shifting_traffic_setup, summarize_rebalancing)
 from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
-from eplb.live.weight_moves import (  # noqa: E402
+from eplb.live.move_plan import (  # noqa: E402
     TransferShape, decode_fills, decode_for_rank, decode_rounds, encode_fills, encode_rounds, plan_rebalance)
 from placement import ClusterSpec, fit_placement, plan_migration  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402

@@ -2,27 +2,33 @@
 
 A process shares neither the interpreter lock nor the scheduler's favour with decode: the `cpsat` policy's Python
 parts (building models, scoring candidates) would otherwise hold the lock for milliseconds at a time while the
-decode thread waits for it. The process starts once (its imports take a second or two, in the background) and
-solves one job at a time, optionally paced to a share of the time (`eplb.live.cpu_pacer`: where decode ranks fill
-every core, a low priority alone does not keep background work from delaying them). A job is the recorder's window
+decode thread waits for it. The process starts once, as `python -m eplb.live.background_solver` (so it imports
+only what solving needs: no torch, and not the worker's main module, which a multiprocessing spawn would run
+again; under a second of imports, in the background), talks over a socket pair, and solves one job at a time,
+optionally paced to a share of the time (`eplb.live.cpu_pacer`: where decode ranks fill every core, a low
+priority alone does not keep background work from delaying them). A job is the recorder's window
 (or a placement loaded from a file) and the placement serving now; its answer the new placement relabelled to move
 the fewest experts, the move counts, and the weight moves planned (seconds of Python at the full shape, which
-would otherwise stall a decode step on every rank). The process ends when its parent does (its pipe closes), even
+would otherwise stall a decode step on every rank). The process ends when its parent does (its socket closes), even
 if the parent was killed.
 """
 
-import multiprocessing as mp
 import os
 import pickle
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
 
 import numpy as np
 
 from eplb.live.cpu_pacer import Pacer
-from eplb.live.weight_moves import TransferShape, encode_fills, encode_rounds, plan_rebalance
+from eplb.live.move_plan import TransferShape, encode_fills, encode_rounds, plan_rebalance
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
 from placement.scoring import score_placement
 
@@ -44,7 +50,7 @@ class SolveResult:
             optimal per-step split standing for the live router, which is within a token of it on chain layouts
             and takes a step at a time): the level the refit-on-drift trigger compares served steps with (None for
             a placement given, not fitted).
-        fills_N8, chunks_C6: the weight moves (`weight_moves.plan_rebalance`, encoded).
+        fills_N8, chunks_C6: the weight moves (`move_plan.plan_rebalance`, encoded).
     """
 
     placement: Placement
@@ -104,14 +110,9 @@ class BackgroundSolver:
         self._job = 0
         self._box: dict = {}
         self._conn = None
+        self._process: subprocess.Popen | None = None
         if in_process == "process":
-            parent, child = mp.get_context("spawn").Pipe()
-            process = mp.get_context("spawn").Process(target=_serve, args=(child, policy, options, policy_fn, shape,
-                                                                                cpu_share),
-                                                      name="eplb-solver", daemon=True)
-            process.start()
-            child.close()
-            self._conn, self._process = parent, process
+            self._conn, self._process = _start_helper((policy, options, policy_fn, shape, cpu_share))
 
     def submit(self, counts_TLE: np.ndarray | None, current: Placement, target: Placement | None = None) -> None:
         """Start a job: fit on the window `counts_TLE`, or take `target` (a loaded placement), and plan the moves
@@ -138,10 +139,19 @@ class BackgroundSolver:
                 self._box["result" if ok else "error"] = payload
         return self._box
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the helper process (a job in flight is abandoned) and reap it."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._process is not None:
+            self._process.terminate()  # a paused helper takes it when its watcher resumes it, within a cycle
+            try:
+                self._process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
 
     def _solve_in_thread(self, box: dict, counts_TLE: np.ndarray | None, current: Placement,
                          target: Placement | None) -> None:
@@ -152,10 +162,27 @@ class BackgroundSolver:
             box["error"] = f"{type(exc).__name__}: {exc}"
 
 
+def _start_helper(settings: tuple) -> tuple[Connection, subprocess.Popen]:
+    """Start the helper process and hand it `settings` (policy, options, policy_fn, shape, cpu_share): the
+    connection to it and the process."""
+    ours, theirs = socket.socketpair()
+    package_root = str(Path(__file__).resolve().parents[2])  # where `eplb` imports from, as in this process
+    paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
+                                                                                                  "1")}
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "eplb.live.background_solver", str(theirs.fileno())],
+                                   pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+    finally:
+        theirs.close()
+    conn = Connection(ours.detach())
+    conn.send(settings)
+    return conn, process
+
+
 def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None, shape: TransferShape,
            cpu_share: float) -> None:
-    """The helper process: answer jobs until the pipe closes, paced to `cpu_share` while it solves."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    """The helper process: answer jobs until the connection closes, paced to `cpu_share` while it solves."""
     low_priority()
     pacer = Pacer(cpu_share)
     try:
@@ -186,3 +213,20 @@ def low_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOW_PRIORITY_NICE)
     except (AttributeError, OSError):
         pass
+
+
+def helper_main(fd: int) -> None:
+    """The helper process's entry: read the settings from the connection on `fd`, then serve jobs."""
+    conn = Connection(fd)
+    try:
+        settings = conn.recv()
+    except (EOFError, OSError):
+        return
+    _serve(conn, *settings)
+
+
+if __name__ == "__main__":
+    # Run through the module's own name, so that answers pickle as `eplb.live.background_solver.SolveResult`.
+    from eplb.live.background_solver import helper_main as main
+
+    main(int(sys.argv[1]))

@@ -14,7 +14,7 @@ same messages and takes the same decision. Over the steps:
    placement;
 2. solving: rank 0's message says whether the solve is running, failed or done, and the size of its answer; when
    done, rank 0 broadcasts, in one collective, the placement relabelled to move the fewest experts
-   (`plan_migration`) and the weight moves planned beside the solve (`weight_moves.plan_rebalance`: moved slots
+   (`plan_migration`) and the weight moves planned beside the solve (`move_plan.plan_rebalance`: moved slots
    into staging buffers, and the host copies the new placement needs, in rounds); each rank keeps its part;
 3. moving: one round of chunks per step (no rank sends or receives more than `max_bytes_per_step`), posted before
    the decode step and completed before the next (it moves while the step runs), and one layer's routing tables
@@ -47,11 +47,12 @@ from eplb.live.background_solver import BackgroundSolver, PolicyFn, SolveResult
 from eplb.live.experts import ExpertWeights
 from eplb.live.load_recorder import LoadRecorder
 from eplb.live.moe_layer import MoEDecodeLayer, check_placement_fits
+from eplb.live.move_plan import (Chunk, Fill, TransferShape, backup_wanted, decode_for_rank, holders_of, plan_fills,
+                                 schedule_chunks)
 from eplb.live.rebalance_config import RebalanceConfig
 from eplb.live.replica_assignment import ReplicaTables
 from eplb.live.survivor_placement import placement_without
-from eplb.live.weight_moves import (Chunk, Fill, TransferShape, backup_wanted, decode_for_rank, holders_of, matrix_of,
-                                    plan_fills, run_round, schedule_chunks, start_round)
+from eplb.live.weight_moves import matrix_of, run_round, start_round
 from placement import Placement, PlacementFormatError, load_placement
 from placement.replay import drifted_steps
 

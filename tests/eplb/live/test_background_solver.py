@@ -3,6 +3,7 @@ fewest experts with its fitted imbalance (the drift trigger's level) and its wei
 placement planned the same way, a policy's error reported as text, an abandoned job's answer ignored, a policy a
 process cannot take refused up front, and a helper paced to a share of the time answering all the same."""
 
+import os
 import time
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from eplb.live.background_solver import BackgroundSolver
 from eplb.live.rebalancing_loop import failing_policy
-from eplb.live.weight_moves import TransferShape, decode_fills, decode_rounds, plan_rebalance
+from eplb.live.move_plan import TransferShape, decode_fills, decode_rounds, plan_rebalance
 from placement import ClusterSpec, fit_placement, plan_migration
 from placement.scoring import score_placement
 
@@ -98,3 +99,20 @@ def test_a_paced_helper_answers_and_is_left_running(window):
             assert "result" in wait_for(solver)
     finally:
         solver.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the helper's memory map (Linux)")
+def test_the_helper_process_solves_without_torch_and_is_reaped_on_close(window):
+    counts, current = window
+    import torch  # noqa: F401  (the parent has torch loaded, as a decode worker does)
+
+    solver = BackgroundSolver("process", "cpsat", {"time_limit_s": 0.5, "good_enough": 1.001}, SHAPE)
+    process = solver._process
+    try:
+        solver.submit(counts, current)
+        assert "result" in wait_for(solver)
+        with open(f"/proc/{process.pid}/maps") as maps:
+            assert "libtorch" not in maps.read()
+    finally:
+        solver.close()
+    assert process.poll() is not None and solver._process is None

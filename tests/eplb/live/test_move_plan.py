@@ -6,9 +6,9 @@ as one rank's part."""
 import numpy as np
 import pytest
 
-from eplb.live.weight_moves import (Chunk, Fill, TransferShape, backup_wanted, decode_fills, decode_for_rank,
-                                    decode_rounds, encode_fills, encode_rounds, plan_fills, plan_rebalance,
-                                    schedule_chunks)
+from eplb.live.move_plan import (Chunk, Fill, TransferShape, backup_wanted, decode_fills, decode_for_rank,
+                                 decode_rounds, encode_fills, encode_rounds, plan_fills, plan_rebalance,
+                                 schedule_chunks)
 from placement import ClusterSpec, fit_placement, plan_migration
 
 

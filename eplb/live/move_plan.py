@@ -1,0 +1,249 @@
+"""Planning the weight moves of a placement change: what each rank must receive, from whom, in bounded rounds.
+
+Legend: G ranks (one GPU each), S slots per rank, D hidden size, F expert inner size.
+
+A rank holds, per layer, the weights of its slots (on its device) and a host copy of the experts that only its
+predecessor on the ring holds (`backup_wanted`: when a rank dies, its successor still has every expert the dead
+rank alone served; the memory is at most one rank's slots per layer, in host memory). A change of placement is a
+list of `Fill`s, each one expert's weights of one layer copied into one slot or one host copy, from a rank that
+holds them now: the destination rank itself when it can (no bytes on the wire), else the holder with the fewest
+sends so far. `schedule_chunks` cuts the fills into row ranges and packs them into rounds so that no rank sends or
+receives more than a byte budget per round (one round between two decode steps). A rebalance's fills and rounds
+are planned once, off the decode path, by `plan_rebalance`, and travel to every rank as int64 arrays
+(`encode_fills`, `encode_rounds`; each rank decodes its own part, `decode_for_rank`). NumPy only: the rebalancer's
+helper process plans without importing torch. `weight_moves` carries the rounds out.
+"""
+
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from placement import Placement
+
+MATRICES = ("gate", "up", "down")  # gate [D, F], up [D, F], down [F, D]
+
+
+@dataclass(frozen=True)
+class Fill:
+    """Copy expert `expert` of layer `layer` from (src_rank, src_kind, src_index) to (dst_rank, dst_kind,
+    dst_index); a kind is "slot" (index: the slot on that rank) or "backup" (index: the expert)."""
+
+    layer: int
+    expert: int
+    dst_rank: int
+    dst_kind: str
+    dst_index: int
+    src_rank: int
+    src_kind: str
+    src_index: int
+
+    @property
+    def is_local(self) -> bool:
+        return self.src_rank == self.dst_rank
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows [row_start, row_end) of one weight matrix (`MATRICES[matrix]`) of fill `fill`."""
+
+    fill: int
+    matrix: int
+    row_start: int
+    row_end: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class TransferShape:
+    """What the schedule of a move needs to know of the weights: D, F, bytes per element, and the byte budget a
+    rank may send or receive per round (per decode step)."""
+
+    hidden_size: int
+    intermediate_size: int
+    element_size: int
+    max_bytes_per_round: int
+
+
+KINDS = ("slot", "backup")  # a kind's code in the encoded fills
+
+
+def backup_wanted(experts_GS: np.ndarray) -> list[tuple[int, int]]:
+    """(rank, expert) pairs: rank g keeps a host copy of each expert all of whose replicas are on rank g - 1 (mod G).
+    Empty for one rank (nothing survives its loss)."""
+    num_gpus = experts_GS.shape[0]
+    if num_gpus < 2:
+        return []
+    wanted = []
+    for gpu in range(num_gpus):
+        predecessor = experts_GS[(gpu - 1) % num_gpus]
+        elsewhere = set(np.delete(experts_GS, (gpu - 1) % num_gpus, axis=0).reshape(-1).tolist())
+        wanted += [(gpu, expert) for expert in sorted(set(predecessor.tolist()) - elsewhere)]
+    return wanted
+
+
+def plan_fills(
+    layer: int,
+    wanted: list[tuple[int, str, int, int]],
+    holders: dict[int, dict[int, tuple[str, int]]],
+    sends_so_far: dict[int, int] | None = None,
+) -> list[Fill]:
+    """One layer's fills.
+
+    Args:
+        wanted: (dst_rank, dst_kind, dst_index, expert) for each slot or host copy to fill.
+        holders: rank -> expert -> (kind, index) of a copy that rank holds now (prefer a slot).
+        sends_so_far: rank -> copies it sends in the plan so far (updated), to spread the sends over layers.
+
+    Raises:
+        LookupError: an expert wanted that no rank holds (its every copy was lost).
+    """
+    sends = {} if sends_so_far is None else sends_so_far
+    fills = []
+    for dst_rank, dst_kind, dst_index, expert in wanted:
+        if expert in holders.get(dst_rank, {}):
+            src_rank = dst_rank
+        else:
+            candidates = [rank for rank, held in sorted(holders.items()) if expert in held]
+            if not candidates:
+                raise LookupError(f"expert {expert} of layer {layer} has no copy left on any rank")
+            src_rank = min(candidates, key=lambda rank: (sends.get(rank, 0), rank))
+            sends[src_rank] = sends.get(src_rank, 0) + 1
+        src_kind, src_index = holders[src_rank][expert]
+        fills.append(Fill(layer, expert, dst_rank, dst_kind, dst_index, src_rank, src_kind, src_index))
+    return fills
+
+
+def schedule_chunks(
+    fills: list[Fill], hidden_size: int, intermediate_size: int, element_size: int, max_bytes_per_round: int
+) -> list[list[Chunk]]:
+    """Rounds of chunks: each rank sends at most, and receives at most, `max_bytes_per_round` per round over the
+    wire. Local fills (no wire) all go in the first round. A matrix is cut into row ranges of at most the budget
+    (at least one row), and each chunk goes to the earliest round where its two ranks have room (first fit), so
+    the rounds number about the most bytes one rank sends or receives over the budget. The result depends only on
+    the fills' order, so every rank builds the same rounds.
+
+    Raises:
+        ValueError: the budget is below one row of a weight matrix.
+    """
+    row_bytes = {0: intermediate_size * element_size, 1: intermediate_size * element_size,
+                 2: hidden_size * element_size}
+    rows = {0: hidden_size, 1: hidden_size, 2: intermediate_size}
+    if max_bytes_per_round < max(row_bytes.values()):
+        raise ValueError(f"max_bytes_per_step={max_bytes_per_round} is below one row of an expert's weights "
+                         f"({max(row_bytes.values())} bytes); raise it")
+    local = [Chunk(index, matrix, 0, rows[matrix], 0) for index, fill in enumerate(fills) if fill.is_local
+             for matrix in range(3)]
+    rounds: list[list[Chunk]] = [local]
+    sent: list[dict[int, int]] = [{}]
+    received: list[dict[int, int]] = [{}]
+    # Rounds before first_open[(side, rank)] have no room for even the smallest chunk at that end: the first-fit
+    # scan starts after them (the same rounds as scanning from 0, without the quadratic cost at the full shape).
+    smallest = min(row_bytes.values())
+    first_open: dict[tuple[int, int], int] = {}
+
+    def open_from(side: int, rank: int, used: list[dict[int, int]]) -> int:
+        r = first_open.get((side, rank), 0)
+        while r < len(rounds) and used[r].get(rank, 0) + smallest > max_bytes_per_round:
+            r += 1
+        first_open[(side, rank)] = r
+        return r
+
+    for index, fill in enumerate(fills):
+        if fill.is_local:
+            continue
+        for matrix in range(3):
+            per_chunk = max(1, max_bytes_per_round // row_bytes[matrix])
+            for start in range(0, rows[matrix], per_chunk):
+                end = min(rows[matrix], start + per_chunk)
+                nbytes = (end - start) * row_bytes[matrix]
+                # First fit: the earliest round where both ends still have room.
+                begin = max(open_from(0, fill.src_rank, sent), open_from(1, fill.dst_rank, received))
+                slot = next((r for r in range(begin, len(rounds))
+                             if sent[r].get(fill.src_rank, 0) + nbytes <= max_bytes_per_round
+                             and received[r].get(fill.dst_rank, 0) + nbytes <= max_bytes_per_round), None)
+                if slot is None:
+                    rounds.append([])
+                    sent.append({})
+                    received.append({})
+                    slot = len(rounds) - 1
+                rounds[slot].append(Chunk(index, matrix, start, end, nbytes))
+                sent[slot][fill.src_rank] = sent[slot].get(fill.src_rank, 0) + nbytes
+                received[slot][fill.dst_rank] = received[slot].get(fill.dst_rank, 0) + nbytes
+    return [chunks for chunks in rounds if chunks] or [[]]
+
+
+def holders_of(experts_GS: np.ndarray, with_backups: bool = True) -> dict[int, dict[int, tuple[str, int]]]:
+    """GPU -> expert -> where that GPU's rank holds it under the placement `experts_GS` [G, S]: ("slot", its first
+    slot), else ("backup", expert) for the host copies the ring gives it (left out before they are built)."""
+    holders: dict[int, dict[int, tuple[str, int]]] = {}
+    for gpu, row in enumerate(experts_GS.tolist()):
+        held = holders.setdefault(gpu, {})
+        for slot, expert in enumerate(row):
+            held.setdefault(int(expert), ("slot", slot))
+    for gpu, expert in backup_wanted(experts_GS) if with_backups else ():
+        holders[gpu].setdefault(expert, ("backup", expert))
+    return holders
+
+
+def plan_rebalance(current: Placement, target: Placement, shape: TransferShape) -> tuple[list[Fill], list[list[Chunk]]]:
+    """The fills and rounds that take a group from `current` to `target` (same GPUs and slots): every slot whose
+    expert changes, and the host copies the new ring wants that the old one did not keep; then the rounds. Pure
+    (the same on any process), and at the full shape seconds of Python: the rebalancer runs it beside the solve,
+    never on the decode path."""
+    grid = (current.cluster.num_gpus, current.cluster.slots_per_gpu)
+    fills: list[Fill] = []
+    sends: dict[int, int] = {}
+    for layer in range(current.num_layers):
+        old_GS, new_GS = current.phy2log_LP[layer].reshape(grid), target.phy2log_LP[layer].reshape(grid)
+        old_backup = set(backup_wanted(old_GS))
+        wanted = [(int(gpu), "slot", int(slot), int(new_GS[gpu, slot])) for gpu, slot in np.argwhere(new_GS != old_GS)]
+        wanted += [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(new_GS)
+                   if (gpu, expert) not in old_backup]
+        fills += plan_fills(layer, wanted, holders_of(old_GS), sends)
+    rounds = schedule_chunks(fills, shape.hidden_size, shape.intermediate_size, shape.element_size,
+                             shape.max_bytes_per_round)
+    return fills, rounds
+
+
+def encode_fills(fills: list[Fill]) -> np.ndarray:
+    """[N, 8] int64: (layer, expert, dst_rank, dst kind, dst_index, src_rank, src kind, src_index) per fill, kinds
+    as their index in `KINDS`."""
+    rows = [(f.layer, f.expert, f.dst_rank, KINDS.index(f.dst_kind), f.dst_index, f.src_rank,
+             KINDS.index(f.src_kind), f.src_index) for f in fills]
+    return np.array(rows, dtype=np.int64).reshape(-1, 8)
+
+
+def decode_fills(fills_N8: np.ndarray) -> list[Fill]:
+    """The inverse of `encode_fills`."""
+    return [Fill(layer, expert, dst_rank, KINDS[dst_kind], dst_index, src_rank, KINDS[src_kind], src_index)
+            for layer, expert, dst_rank, dst_kind, dst_index, src_rank, src_kind, src_index in fills_N8.tolist()]
+
+
+def encode_rounds(rounds: list[list[Chunk]]) -> np.ndarray:
+    """[C, 6] int64: (round, fill, matrix, row_start, row_end, nbytes) per chunk, rounds in order (an empty round
+    of none is kept as the count of rounds being at least one)."""
+    rows = [(index, chunk.fill, chunk.matrix, chunk.row_start, chunk.row_end, chunk.nbytes)
+            for index, chunks in enumerate(rounds) for chunk in chunks]
+    return np.array(rows, dtype=np.int64).reshape(-1, 6)
+
+
+def decode_rounds(chunks_C6: np.ndarray, num_rounds: int | None = None) -> list[list[Chunk]]:
+    """The inverse of `encode_rounds` (no chunks: one empty round, as `schedule_chunks` gives); `num_rounds`
+    keeps trailing rounds with no chunk of these."""
+    count = max(num_rounds or 0, int(chunks_C6[:, 0].max()) + 1 if len(chunks_C6) else 1)
+    rounds: list[list[Chunk]] = [[] for _ in range(count)]
+    for index, fill, matrix, start, end, nbytes in chunks_C6.tolist():
+        rounds[index].append(Chunk(fill, matrix, start, end, nbytes))
+    return rounds
+
+
+def decode_for_rank(fills_N8: np.ndarray, chunks_C6: np.ndarray, rank: int) -> tuple[dict[int, Fill],
+                                                                                     list[list[Chunk]]]:
+    """One rank's part of an encoded plan: its fills (by their index in the plan: it sends or receives them) and
+    every round with only its chunks (the same number of rounds on every rank). Filtering before decoding keeps
+    this to milliseconds at the full shape, where decoding the whole plan takes most of a second."""
+    mine = np.flatnonzero((fills_N8[:, 2] == rank) | (fills_N8[:, 5] == rank))
+    fills = dict(zip(mine.tolist(), decode_fills(fills_N8[mine])))
+    num_rounds = int(chunks_C6[:, 0].max()) + 1 if len(chunks_C6) else 1
+    return fills, decode_rounds(chunks_C6[np.isin(chunks_C6[:, 1], mine)], num_rounds)
