@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.live.cpu_pacer import Pacer
+from eplb.live.cpu_pacer import Pacer, stop_process
 from eplb.live.move_plan import TransferShape, encode_fills, encode_rounds, plan_rebalance
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
 from placement.scoring import score_placement
@@ -145,12 +145,7 @@ class BackgroundSolver:
             self._conn.close()
             self._conn = None
         if self._process is not None:
-            self._process.terminate()  # a paused helper takes it when its watcher resumes it, within a cycle
-            try:
-                self._process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            stop_process(self._process, timeout_s)  # a paused helper ends when its watcher resumes it (one cycle)
             self._process = None
 
     def _solve_in_thread(self, box: dict, counts_TLE: np.ndarray | None, current: Placement,

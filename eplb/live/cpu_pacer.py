@@ -54,17 +54,22 @@ class Pacer:
         """Stop the watcher; the helper is left running."""
         if self.watcher is None:
             return
-        self.watcher.terminate()
-        try:
-            self.watcher.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.watcher.kill()
-            self.watcher.wait()
+        stop_process(self.watcher, timeout_s)
         self.watcher = None
 
     def _signal(self, signum: int) -> None:
         if self.watcher is not None and self.watcher.poll() is None:
             self.watcher.send_signal(signum)
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float) -> None:
+    """Ask `process` to end (SIGTERM), kill it if it has not within `timeout_s`, and reap it."""
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def pace(target_pid: int, share: float, period_s: float) -> None:
