@@ -16,18 +16,23 @@
    placement-oblivious (slot-by-slot) remap of the same target, the lag from the end of the fit window to the
    switch (steps and seconds: what `eplb replay --lag` should be given), and, in a second run, the time from a
    rank's SIGKILL to the first step the survivors complete, against the collective timeout.
-4. Planning a rebalance's weight moves at the full shape (`--section plan`: 58 layers x 256 experts on 64 GPUs x 5
+4. The machine's own slow steps (`--section noise`), against which the rebalance section's p99 figures read: the
+   share of steps over 1.5x the median and p99 / median, for the same W-rank decode loop with no rebalancer (no
+   helper, no heartbeat), and for a fixed piece of single-threaded compute timed in 1 and in W processes at once.
+5. Planning a rebalance's weight moves at the full shape (`--section plan`: 58 layers x 256 experts on 64 GPUs x 5
    slots, DeepSeek-V3 experts, D = 7168, F = 2048, fp8, 64 MB per rank per step; a greedy placement replaced by a
    greedy fit on other traffic): the plan's time (what every rank used to spend at one decode step, now the
    helper's, beside the solve), its encoding, and what a rank spends at that step now (decoding its own part)
    against decoding the whole plan, in the same process.
 The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `scripts/bench_router.py`.
 
-Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5] [--section all|overhead|rebalance|plan]
+Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5]
+       [--section all|overhead|rebalance|noise|plan]
        [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--good-enough X] [--quick]
 """
 
 import argparse
+import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cpu: a Gloo group; cuda: an NCCL group, one GPU per rank (default cpu)")
     parser.add_argument("--eager", action="store_true", help="run the replica choice eagerly (default: compiled)")
-    parser.add_argument("--section", default="all", choices=("all", "overhead", "rebalance", "plan"))
+    parser.add_argument("--section", default="all", choices=("all", "overhead", "rebalance", "noise", "plan"))
     parser.add_argument("--rebalance-steps", type=int, default=600, help="steps of the rebalancing run (default 600: "
                         "a p99 needs a few hundred steps on each side)")
     parser.add_argument("--rebalance-every", type=int, default=30)
@@ -102,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         overhead_section(args)
     if args.section in ("all", "rebalance"):
         rebalance_section(args)
+    if args.section in ("all", "noise"):
+        noise_section(args)
     if args.section in ("all", "plan"):
         plan_section(args)
     return 0
@@ -143,8 +150,10 @@ def rebalance_section(args) -> None:
     for name, row in summary["step_time_ms_by_phase"].items():
         versus = f"{row['p50'] / quiet_p50 - 1:+.0%}" if quiet_p50 else "n/a"
         print(f"| {name} | {row['steps']} | {row['p50']} | {versus} | {row['p90']} |")
-    print(f"\nstep_time_p99_ratio {_figure(summary['step_time_p99_ratio'])}; decode steps waiting on a rebalance: "
-          f"{summary['decode_steps_waiting_on_rebalance']}; rebalances {summary['rebalances']}; imbalance "
+    interval = summary["step_time_p99_ratio_interval"]
+    spread = f" (bootstrap 90% interval {interval[0]:.3f}-{interval[1]:.3f})" if interval else ""
+    print(f"\nstep_time_p99_ratio {_figure(summary['step_time_p99_ratio'])}{spread}; decode steps waiting on a "
+          f"rebalance: {summary['decode_steps_waiting_on_rebalance']}; rebalances {summary['rebalances']}; imbalance "
           f"{_figure(summary['imbalance_before'])} (start placement) -> {_figure(summary['imbalance_after'])}")
     moves, oblivious = stats["expert_moves"], stats["oblivious_moves"]
     if moves:
@@ -171,6 +180,55 @@ def rebalance_section(args) -> None:
           f"{killed['seconds_from_kill_to_first_step']:.2f} s later (collective timeout {args.timeout:g} s, goal "
           f"< {2 * args.timeout:g} s); error vs dense {killed['max_abs_err_vs_dense']:.1e}, tokens lost "
           f"{killed['tokens_lost']}, requests re-queued {killed['requests_requeued']}")
+
+
+def noise_section(args) -> None:
+    """Slow steps that are the machine's: the decode loop without a rebalancer, and fixed compute in 1 and W
+    processes."""
+    steps = args.rebalance_steps
+    setup = shifting_traffic_setup(args.world_size, steps, experts=args.experts, top_k=args.top_k,
+                                   tokens=args.tokens_per_step, hidden=args.hidden_size, layers=args.layers,
+                                   slots=args.slots_per_gpu)
+    reports = run_local_group(run_decode_loop, args.world_size, setup, steps, deadline_s=120 + 5 * steps,
+                              device=args.device)
+    rows = [(f"decode loop, {args.world_size} ranks, no rebalancer ({steps} steps, slowest rank)",
+             np.max([report.seconds_per_step for report in reports], axis=0))]
+    repeats = max(10, steps // 2)
+    context = mp.get_context("spawn")
+    for processes in sorted({1, args.world_size}):
+        results = context.Queue()
+        workers = [context.Process(target=_timed_compute, args=(repeats, results)) for _ in range(processes)]
+        for worker in workers:
+            worker.start()
+        times = [results.get(timeout=600) for _ in workers]
+        for worker in workers:
+            worker.join()
+        rows.append((f"fixed compute, {processes} process(es) at once ({repeats} times, one process)",
+                     np.asarray(times[0])))
+    print(f"\nThe machine's slow steps ({mp.cpu_count()} cores)\n")
+    print("| what | median ms | over 1.5x the median | p99 / median |")
+    print("|---|---|---|---|")
+    for name, seconds in rows:
+        median = float(np.median(seconds))
+        print(f"| {name} | {median * 1e3:.1f} | {np.mean(seconds > 1.5 * median):.1%} | "
+              f"{np.percentile(seconds, 99) / median:.2f} |")
+
+
+def _timed_compute(repeats: int, results) -> None:
+    """Put on `results` the seconds of each of `repeats` runs of the same single-threaded matrix work (about 10 ms
+    here)."""
+    import torch
+
+    torch.set_num_threads(1)
+    matrix = torch.randn(200, 200, generator=torch.Generator().manual_seed(0))
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        value = matrix
+        for _ in range(60):
+            value = (value @ matrix).tanh()
+        times.append(time.perf_counter() - began)
+    results.put(times)
 
 
 def plan_section(args) -> None:

@@ -276,6 +276,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "seconds_from_kill_to_first_step": kill_to_step,
         "decode_steps_waiting_on_rebalance": int(waited),
         "step_time_p99_ratio": float(np.percentile(busy, 99) / np.percentile(quiet, 99)) if busy and quiet else None,
+        "step_time_p99_ratio_interval": p99_ratio_interval(busy, quiet),
         "step_time_ms": {"p50_quiet": _ms(quiet, 50), "p99_quiet": _ms(quiet, 99), "p50_rebalancing": _ms(busy, 50),
                          "p99_rebalancing": _ms(busy, 99), "steps_rebalancing": len(busy)},
         "step_time_ms_by_phase": _by_phase(finished[0], worst_time),
@@ -323,6 +324,20 @@ def _by_phase(report: LoopReport, worst_time: dict[int, float]) -> dict[str, dic
             groups.setdefault(PHASES.get(report.steps[step]["phase"], report.steps[step]["phase"]), []).append(seconds)
     return {name: {"steps": len(values), "p50": _ms(values, 50), "p90": _ms(values, 90)}
             for name, values in groups.items()}
+
+
+def p99_ratio_interval(busy: list[float], quiet: list[float], draws: int = 1000,
+                       seed: int = 0) -> list[float] | None:
+    """A 90% bootstrap interval of p99(busy) / p99(quiet): both groups of step times resampled with replacement
+    `draws` times (seeded, so a run's figures repeat). Where a few slow steps set each p99, the interval shows how
+    far the ratio moves with which of them fall in a run."""
+    if len(busy) < 2 or len(quiet) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    busy_p99 = np.percentile(rng.choice(np.asarray(busy), (draws, len(busy))), 99, axis=1)
+    quiet_p99 = np.percentile(rng.choice(np.asarray(quiet), (draws, len(quiet))), 99, axis=1)
+    low, high = np.percentile(busy_p99 / quiet_p99, [5, 95])
+    return [round(float(low), 4), round(float(high), 4)]
 
 
 def _ms(values: list[float], q: float) -> float | None:

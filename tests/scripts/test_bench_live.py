@@ -1,8 +1,10 @@
-"""The live bench's planning section runs end to end on its quick shape (a smoke test, not a timing test): every
-row printed, and a rank's part of the plan decodes in less time than planning the moves itself."""
+"""The live bench's planning and noise sections run end to end on their quick shapes (smoke tests, not timing
+tests): every row printed, and a rank's part of the plan decodes in less time than planning the moves itself."""
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_live.py"
@@ -18,3 +20,15 @@ def test_plan_section_prints_every_row(capsys):
         assert row in out, row
     ratio = float(re.search(r"a rank spends ([\d.]+)x the time", out).group(1))
     assert ratio < 1
+
+
+def test_noise_section_prints_every_row():
+    # A process of its own: the timed compute runs in spawned processes, which import the script by its path.
+    result = subprocess.run([sys.executable, str(SCRIPT), "--section", "noise", "--quick", "--world-size", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith(("| decode loop", "| fixed compute"))]
+    assert len(rows) == 3, result.stdout
+    for row in rows:
+        median, share, tail = (cell.strip() for cell in row.strip("|").split("|")[1:])
+        assert float(median) > 0 and 0 <= float(share.rstrip("%")) <= 100 and float(tail) >= 1

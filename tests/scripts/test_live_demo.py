@@ -44,3 +44,5 @@ def test_live_demo_rebalances_and_survives_a_killed_rank():
     assert report["survivors"] == [0, 2]
     phases = report["step_time_ms_by_phase"]
     assert phases["quiet"]["steps"] > 0 and sum(row["steps"] for row in phases.values()) == report["steps"]
+    low, high = report["step_time_p99_ratio_interval"]
+    assert 0 < low <= high
