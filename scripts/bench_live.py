@@ -28,7 +28,8 @@ The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `
 
 Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5]
        [--section all|overhead|rebalance|noise|plan]
-       [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--good-enough X] [--quick]
+       [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--good-enough X]
+       [--max-bytes-per-step B] [--quick]
 """
 
 import argparse
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                              "budget)")
     parser.add_argument("--solve-cpu-share", type=float, default=None,
                         help="the solve's share of the time (default 0.25 on cpu with a process, else 1)")
+    parser.add_argument("--max-bytes-per-step", type=int, default=256 << 10,
+                        help="expert bytes a rank sends or receives between two steps (default 256 KiB)")
     parser.add_argument("--timeout", type=float, default=5.0, help="collective timeout of the kill run, seconds")
     parser.add_argument("--quick", action="store_true", help="tiny run, for a smoke test")
     args = parser.parse_args(argv)
@@ -125,7 +128,8 @@ def rebalance_section(args) -> None:
     config = RebalanceConfig(window=min(args.rebalance_every, 50), interval=args.rebalance_every,
                              policy=args.rebalance_policy, solve_in=args.solve_in, solve_cpu_share=share,
                              good_enough=args.good_enough or None,
-                             time_limit_s=0.5, max_bytes_per_step=256 << 10, transfer_timeout_s=args.timeout / 2)
+                             time_limit_s=0.5, max_bytes_per_step=args.max_bytes_per_step,
+                             transfer_timeout_s=args.timeout / 2)
     reports = run_local_group(run_rebalancing_loop, args.world_size, setup, steps, config, Faults(),
                               timeout_s=args.timeout, deadline_s=120 + 5 * steps, device=args.device)
     summary = summarize_rebalancing(reports, setup)
