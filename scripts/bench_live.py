@@ -29,7 +29,7 @@ The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `
 Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5]
        [--section all|overhead|rebalance|noise|plan]
        [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--good-enough X]
-       [--max-bytes-per-step B] [--quick]
+       [--max-bytes-per-step B] [--min-gain G] [--quick]
 """
 
 import argparse
@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                              "budget)")
     parser.add_argument("--solve-cpu-share", type=float, default=None,
                         help="the solve's share of the time (default 0.25 on cpu with a process, else 1)")
+    parser.add_argument("--min-gain", type=float, default=0.005,
+                        help="switch only to a fit that beats the placement serving by this much (default 0.005; "
+                             "0: always)")
     parser.add_argument("--max-bytes-per-step", type=int, default=256 << 10,
                         help="expert bytes a rank sends or receives between two steps (default 256 KiB)")
     parser.add_argument("--timeout", type=float, default=5.0, help="collective timeout of the kill run, seconds")
@@ -128,6 +131,7 @@ def rebalance_section(args) -> None:
     config = RebalanceConfig(window=min(args.rebalance_every, 50), interval=args.rebalance_every,
                              policy=args.rebalance_policy, solve_in=args.solve_in, solve_cpu_share=share,
                              good_enough=args.good_enough or None,
+                             min_gain=args.min_gain,
                              time_limit_s=0.5, max_bytes_per_step=args.max_bytes_per_step,
                              transfer_timeout_s=args.timeout / 2)
     reports = run_local_group(run_rebalancing_loop, args.world_size, setup, steps, config, Faults(),
@@ -158,7 +162,8 @@ def rebalance_section(args) -> None:
     spread = f" (bootstrap 90% interval {interval[0]:.3f}-{interval[1]:.3f})" if interval else ""
     print(f"\nstep_time_p99_ratio {_figure(summary['step_time_p99_ratio'])}{spread}; decode steps waiting on a "
           f"rebalance: {summary['decode_steps_waiting_on_rebalance']}; rebalances {summary['rebalances']}; imbalance "
-          f"{_figure(summary['imbalance_before'])} (start placement) -> {_figure(summary['imbalance_after'])}")
+          f"{_figure(summary['imbalance_before'])} (start placement) -> {_figure(summary['imbalance_after'])}; "
+          f"attempts that kept the placement (a fit gaining under {args.min_gain:g}): {summary['rebalances_kept']}")
     moves, oblivious = stats["expert_moves"], stats["oblivious_moves"]
     if moves:
         print(f"experts moved per rebalance: {np.mean(moves):.1f} ({np.mean(moves) * expert_bytes / 1e6:.2f} MB) "

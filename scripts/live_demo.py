@@ -11,13 +11,13 @@ With --rebalance-every R and/or --fail-rank K [--fail-at-step N] it runs the loo
 traffic shifts a third of the way in (a new mix of experts), a rebalance starts every R steps (or when the imbalance
 drifts), moves the weights in chunks between steps and switches every rank at once; rank K's process is killed
 outright (SIGKILL) in the middle of step N and the survivors recover and finish the run. The JSON object then also
-holds imbalance_before, imbalance_after, rebalances, bytes_moved, requests_requeued, failed_rank,
-decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they rest on (see
+holds imbalance_before, imbalance_after, rebalances (and rebalances_kept: fits not worth moving to), bytes_moved,
+requests_requeued, failed_rank, decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they rest on (see
 `eplb.live.rebalancing_loop.summarize_rebalancing`).
 
 Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dynamic] [--layers 2] [--json]
        [--rebalance-every R] [--fail-rank K [--fail-at-step N]] [--rebalance-policy cpsat|deepseek]
-       [--rebalance-good-enough X]
+       [--rebalance-good-enough X] [--rebalance-min-gain G]
 """
 
 import argparse
@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebalance-good-enough", type=float, default=1.001, metavar="X",
                         help="cpsat stops a layer's search once a candidate fits the window to max/mean X (default "
                              "1.001; 0: search for the whole budget)")
+    parser.add_argument("--rebalance-min-gain", type=float, default=0.005, metavar="G",
+                        help="switch only to a fit that beats the placement serving by G on the window (relative; "
+                             "default 0.005; 0: always)")
     parser.add_argument("--solve-in", default="process", choices=("process", "thread"),
                         help="where rank 0 solves: a helper process (default) or a thread")
     parser.add_argument("--solve-cpu-share", type=float, default=None, metavar="F",
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--solve-cpu-share must be in (0, 1]; got {args.solve_cpu_share:g}")
     if args.solve_cpu_share is not None and args.solve_cpu_share < 1 and args.solve_in != "process":
         parser.error("--solve-cpu-share below 1 needs --solve-in process (a thread cannot be paused)")
+    if args.rebalance_min_gain < 0:
+        parser.error(f"--rebalance-min-gain must be >= 0; got {args.rebalance_min_gain:g}")
     if args.rebalance_good_enough != 0 and args.rebalance_good_enough < 1:
         parser.error(f"--rebalance-good-enough must be 0 (off) or >= 1; got {args.rebalance_good_enough:g}")
     if args.fail_rank is not None and not 0 <= args.fail_rank < args.world_size:
@@ -132,6 +137,7 @@ def rebalancing_demo(args) -> int:
     rebalance = RebalanceConfig(window=max(4, min(interval, 50)), interval=interval, policy=args.rebalance_policy,
                                 time_limit_s=args.rebalance_time_limit, solve_in=args.solve_in,
                                 good_enough=args.rebalance_good_enough or None,
+                                min_gain=args.rebalance_min_gain,
                                 solve_cpu_share=default_solve_cpu_share(args.device, args.solve_in)
                                 if args.solve_cpu_share is None else args.solve_cpu_share,
                                 routing="static" if args.routing == "static" else "dynamic",

@@ -51,6 +51,10 @@ class SolveResult:
             and takes a step at a time): the level the refit-on-drift trigger compares served steps with (None for
             a placement given, not fitted).
         fills_N8, chunks_C6: the weight moves (`move_plan.plan_rebalance`, encoded).
+        kept: the new placement fits the window less than `min_gain` better than the one serving, which keeps
+            serving: `placement` is the serving one, nothing to move, and `fitted_imbalance` the serving one's level.
+        gain: the new placement's fitted level against the serving one's on the same steps (serving / new - 1;
+            None for a placement given).
     """
 
     placement: Placement
@@ -58,13 +62,16 @@ class SolveResult:
     fitted_imbalance: float | None
     fills_N8: np.ndarray
     chunks_C6: np.ndarray
+    kept: bool = False
+    gain: float | None = None
 
 
 def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, options: dict, policy_fn: PolicyFn | None,
-          shape: TransferShape, target: Placement | None = None) -> SolveResult:
+          shape: TransferShape, target: Placement | None = None, min_gain: float = 0.0) -> SolveResult:
     """Fit a placement on the window `counts_TLE` (or take `target` as it is), relabel it to move the fewest experts
-    from `current`, and plan the weight moves."""
-    fitted = None
+    from `current`, and plan the weight moves; with `min_gain` > 0, a fit that beats `current` on the window by
+    less than that (relative) is not worth moving weights for, and comes back `kept`."""
+    fitted = gain = None
     if target is None:
         if policy_fn is not None:
             target = policy_fn(counts_TLE, current.cluster)
@@ -73,10 +80,16 @@ def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, option
     plan = plan_migration(current, target)
     if counts_TLE is not None:
         routing = "static" if options.get("routing") == "static" else "dynamic"
-        fitted = float(score_placement(plan.realised, counts_TLE[-SCORED_STEPS:], routing).imbalance_TL.mean())
+        scored = counts_TLE[-SCORED_STEPS:]
+        fitted = float(score_placement(plan.realised, scored, routing).imbalance_TL.mean())
+        serving = float(score_placement(current, scored, routing).imbalance_TL.mean())
+        gain = serving / fitted - 1
+        if min_gain > 0 and gain < min_gain:
+            empty = np.zeros((0, 8), dtype=np.int64), np.zeros((0, 6), dtype=np.int64)
+            return SolveResult(current, (0, 0), serving, *empty, kept=True, gain=gain)
     fills, rounds = plan_rebalance(current, plan.realised, shape)
     return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), fitted,
-                       encode_fills(fills), encode_rounds(rounds))
+                       encode_fills(fills), encode_rounds(rounds), gain=gain)
 
 
 class BackgroundSolver:
@@ -88,10 +101,11 @@ class BackgroundSolver:
         policy_fn: a custom policy; with a process it must be picklable (a module-level function).
         cpu_share: the share of the time the helper process may run while it solves (1: no cap; below 1 needs
             `in_process="process"` and a POSIX OS).
+        min_gain: a fit must beat the placement serving by this much on the window to be moved to (see `solve`).
     """
 
     def __init__(self, in_process: str, policy: str, options: dict, shape: TransferShape,
-                 policy_fn: PolicyFn | None = None, cpu_share: float = 1.0) -> None:
+                 policy_fn: PolicyFn | None = None, cpu_share: float = 1.0, min_gain: float = 0.0) -> None:
         if in_process not in ("process", "thread"):
             raise ValueError(f"in_process must be 'process' or 'thread'; got {in_process!r}")
         if not 0 < cpu_share <= 1:
@@ -106,13 +120,13 @@ class BackgroundSolver:
                 raise ValueError("policy_fn must be picklable (a module-level function) to solve in a process; "
                                  "or set solve_in='thread'") from exc
         self.in_process, self.policy, self.options, self.policy_fn = in_process, policy, options, policy_fn
-        self.shape = shape
+        self.shape, self.min_gain = shape, min_gain
         self._job = 0
         self._box: dict = {}
         self._conn = None
         self._process: subprocess.Popen | None = None
         if in_process == "process":
-            self._conn, self._process = _start_helper((policy, options, policy_fn, shape, cpu_share))
+            self._conn, self._process = _start_helper((policy, options, policy_fn, shape, cpu_share, min_gain))
 
     def submit(self, counts_TLE: np.ndarray | None, current: Placement, target: Placement | None = None) -> None:
         """Start a job: fit on the window `counts_TLE`, or take `target` (a loaded placement), and plan the moves
@@ -152,14 +166,15 @@ class BackgroundSolver:
                          target: Placement | None) -> None:
         low_priority()
         try:
-            box["result"] = solve(counts_TLE, current, self.policy, self.options, self.policy_fn, self.shape, target)
+            box["result"] = solve(counts_TLE, current, self.policy, self.options, self.policy_fn, self.shape, target,
+                                  self.min_gain)
         except Exception as exc:  # reported to every rank by the next poll
             box["error"] = f"{type(exc).__name__}: {exc}"
 
 
 def _start_helper(settings: tuple) -> tuple[Connection, subprocess.Popen]:
-    """Start the helper process and hand it `settings` (policy, options, policy_fn, shape, cpu_share): the
-    connection to it and the process."""
+    """Start the helper process and hand it `settings` (policy, options, policy_fn, shape, cpu_share, min_gain):
+    the connection to it and the process."""
     ours, theirs = socket.socketpair()
     package_root = str(Path(__file__).resolve().parents[2])  # where `eplb` imports from, as in this process
     paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -176,7 +191,7 @@ def _start_helper(settings: tuple) -> tuple[Connection, subprocess.Popen]:
 
 
 def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None, shape: TransferShape,
-           cpu_share: float) -> None:
+           cpu_share: float, min_gain: float) -> None:
     """The helper process: answer jobs until the connection closes, paced to `cpu_share` while it solves."""
     low_priority()
     pacer = Pacer(cpu_share)
@@ -188,7 +203,7 @@ def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None, shape: 
                 return
             pacer.on()
             try:
-                answer = (job, True, solve(counts_TLE, current, policy, options, policy_fn, shape, target))
+                answer = (job, True, solve(counts_TLE, current, policy, options, policy_fn, shape, target, min_gain))
             except Exception as exc:
                 answer = (job, False, f"{type(exc).__name__}: {exc}")
             finally:

@@ -30,6 +30,12 @@ class RebalanceConfig(BaseModel):
                                  "CPU is taken from serving, and a search below such a level gains nothing the next "
                                  "traffic keeps."
     )
+    min_gain: float = Field(
+        0.005, ge=0, description="A fitted placement replaces the one serving only when it fits the window at least "
+                                 "this much better (relative, mean max / mean GPU load; 0: always). A refit of "
+                                 "traffic that has not changed otherwise moves experts for nothing. A placement "
+                                 "loaded from a file always switches."
+    )
     solve_in: Literal["process", "thread"] = Field(
         "process", description="Where rank 0 solves: a helper process (no lock shared with decode) or a thread; "
                                "either at a low CPU priority (nice 10)."

@@ -12,8 +12,9 @@ same messages and takes the same decision. Over the steps:
    background (`BackgroundSolver`: a helper process at a low CPU priority, or a thread; no collective runs there:
    every collective stays on the worker's thread, in step order); `load(file)` starts the same way with a given
    placement;
-2. solving: rank 0's message says whether the solve is running, failed or done, and the size of its answer; when
-   done, rank 0 broadcasts, in one collective, the placement relabelled to move the fewest experts
+2. solving: rank 0's message says whether the solve is running, failed or done, and the size of its answer; a
+   fit that beats the placement serving by less than `min_gain` on the window ends the attempt there (nothing is
+   worth moving); when done, rank 0 broadcasts, in one collective, the placement relabelled to move the fewest experts
    (`plan_migration`) and the weight moves planned beside the solve (`move_plan.plan_rebalance`: moved slots
    into staging buffers, and the host copies the new placement needs, in rounds); each rank keeps its part;
 3. moving: one round of chunks per step (no rank sends or receives more than `max_bytes_per_step`), posted before
@@ -70,6 +71,7 @@ class RebalanceStats:
     switch_steps: list[int] = field(default_factory=list)
     lag_steps: list[int] = field(default_factory=list)  # from the end of the fit window to the switch
     lag_seconds: list[float] = field(default_factory=list)
+    kept: int = 0  # attempts whose fit gained less than min_gain: the placement serving kept serving
     expert_moves: list[int] = field(default_factory=list)  # per switch: slots filled from another slot or rank
     oblivious_moves: list[int] = field(default_factory=list)  # per switch: slots a slot-by-slot remap would fill
     recoveries: list[dict] = field(default_factory=list)
@@ -180,14 +182,17 @@ class Rebalancer:
         return None if received is None else received.cpu().numpy()
 
     def _solve_status(self) -> tuple[int, tuple[int, int]]:
-        """Rank 0's view of the background solve: 0 running (or none), 1 done, 2 failed; and when done, the fills
-        and chunks of its answer (what the others allocate for its broadcast)."""
+        """Rank 0's view of the background solve: 0 running (or none), 1 done, 2 failed, 3 done with nothing worth
+        moving (the fit gained less than min_gain); and when done, the fills and chunks of its answer (what the
+        others allocate for its broadcast)."""
         if self._state != "solving" or self.comm.rank != 0:
             return 0, (0, 0)
         job = self._solver_here().poll()
         if "error" in job:
             return 2, (0, 0)
         if "result" in job:
+            if job["result"].kept:
+                return 3, (0, 0)
             return 1, (len(job["result"].fills_N8), len(job["result"].chunks_C6))
         if time.monotonic() - job["started"] > self.config.solve_timeout_s:
             job["error"] = f"the solve ran past solve_timeout_s={self.config.solve_timeout_s:g}"
@@ -203,7 +208,7 @@ class Rebalancer:
             shape = TransferShape(first.hidden_size, first.intermediate_size,
                                   self.layers[0].slot_experts.gate_ADF.element_size(), self.config.max_bytes_per_step)
             self._solver = BackgroundSolver(self.config.solve_in, self.config.policy, options, shape, self.policy_fn,
-                                            cpu_share=self.config.solve_cpu_share)
+                                            cpu_share=self.config.solve_cpu_share, min_gain=self.config.min_gain)
         return self._solver
 
     def load(self, placement: Placement | str, step: int) -> None:
@@ -273,6 +278,9 @@ class Rebalancer:
         if status == 2:
             self._fail(f"the solve failed on rank 0: {job.get('error', 'see rank 0 log')}" if comm.rank == 0
                        else "the solve failed on rank 0")
+            return
+        if status == 3:
+            self._keep(job.get("result"))
             return
         num_fills, num_chunks = int(received[0, 5]), int(received[0, 6])
         answer = comm.broadcast(_pack(job["result"]) if comm.rank == 0
@@ -360,6 +368,18 @@ class Rebalancer:
         self._imbalance.clear()
         self._solve, self._state = {}, "idle"
         logger.info("switched to the new placement at step %d (%d fills)", step, len(box["fills"]))
+
+    def _keep(self, answer: SolveResult | None) -> None:
+        """End the attempt with the placement serving unchanged (the fit gained less than min_gain; `answer` is
+        rank 0's). The drift trigger's level is then measured again on the steps served from here, so that traffic
+        no placement serves better does not start attempt after attempt."""
+        self.stats.kept += 1
+        if answer is not None:
+            logger.info("kept the placement serving: a new fit would gain %.2f%% on the window (min_gain %.2f%%)",
+                        100 * answer.gain, 100 * self.config.min_gain)
+        self._fitted_imbalance = None
+        self._imbalance.clear()
+        self._solve, self._state, self._steps_since_attempt = {}, "idle", 0
 
     def _fail(self, reason: str) -> None:
         """Drop the attempt: the old placement keeps serving; try again at the next interval."""

@@ -268,6 +268,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "imbalance_after": float(np.mean([measured[s] for s in after_steps])) if after_steps else None,
         "rebalances": stats["rebalances"],
         "rebalance_failures": stats["failures"],
+        "rebalances_kept": stats["kept"],
         "bytes_moved": int(sum(r.stats["bytes_received"] for r in finished)),
         "tokens_lost": lost,
         "requests_requeued": finished[0].requeued,
@@ -310,7 +311,7 @@ PHASES = {  # a step's rebalancer phase before > after its work -> what the step
     "idle>solving": "start (the window taken, the solve submitted)",
     "solving>solving": "solving in the background",
     "solving>moving": "answer broadcast, staging allocated",
-    "solving>idle": "solve failed",
+    "solving>idle": "solve done, nothing worth moving (or the solve failed)",
     "moving>moving": "a round of weights moved",
     "moving>idle": "switch (or a failed move)",
 }

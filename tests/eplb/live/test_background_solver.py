@@ -116,3 +116,20 @@ def test_the_helper_process_solves_without_torch_and_is_reaped_on_close(window):
     finally:
         solver.close()
     assert process.poll() is not None and solver._process is None
+
+
+def test_a_fit_that_gains_less_than_min_gain_is_kept_with_nothing_to_move(window):
+    counts, current = window
+    for min_gain, kept in ((0.01, False), (100.0, True)):  # the current placement fits mirrored loads: a fit gains
+        solver = BackgroundSolver("thread", "deepseek", {}, SHAPE, min_gain=min_gain)
+        solver.submit(counts, current)
+        answer = wait_for(solver)["result"]
+        serving = score_placement(current, counts[-32:], "dynamic").imbalance_TL.mean()
+        assert answer.kept == kept and 0.01 < answer.gain < 100
+        if kept:
+            assert answer.placement is current or np.array_equal(answer.placement.phy2log_LP, current.phy2log_LP)
+            assert answer.moves == (0, 0) and len(answer.fills_N8) == 0 and len(answer.chunks_C6) == 0
+            assert answer.fitted_imbalance == pytest.approx(serving)
+        else:
+            assert answer.fitted_imbalance == pytest.approx(serving / (1 + answer.gain))
+            assert len(answer.fills_N8) >= answer.moves[0] > 0

@@ -18,9 +18,10 @@ from traces.synthetic import SyntheticConfig, generate_trace
 EXPERTS, TOP_K, TOKENS, FIT = 16, 4, 128, 20
 TIMEOUT_S = 3.0
 # Solves in a thread here: a helper process (the default) takes a few seconds to start on 2 busy cores, longer
-# than these runs; `test_background_solver.py` tests the process.
+# than these runs; `test_background_solver.py` tests the process. Every fit is moved to (min_gain 0), so that the
+# moves these tests follow happen whatever the fit gains; the last test keeps them.
 CONFIG = RebalanceConfig(window=8, interval=8, policy="deepseek", max_bytes_per_step=16 << 10, solve_in="thread",
-                         transfer_timeout_s=1.0, heartbeat_interval_s=0.1, heartbeat_timeout_s=0.5)
+                         transfer_timeout_s=1.0, heartbeat_interval_s=0.1, heartbeat_timeout_s=0.5, min_gain=0.0)
 
 
 def setup_for(world_size: int, steps: int, slots: int | None = None) -> DecodeSetup:
@@ -149,3 +150,16 @@ def test_load_swaps_in_a_placement_file_and_refuses_one_for_another_shape(tmp_pa
         wanted = target.phy2log_LP.reshape(2, 2, -1)
         for layer in range(2):
             assert sorted(map(sorted, served[layer].tolist())) == sorted(map(sorted, wanted[layer].tolist()))
+
+
+def test_fits_that_gain_too_little_leave_the_placement_serving_and_move_nothing():
+    steps = 30
+    config = CONFIG.model_copy(update={"min_gain": 10.0})  # no fit gains 1000%: every attempt keeps the placement
+    setup, reports, summary = run(3, steps, config=config)
+    assert_exact_and_complete(summary, steps)
+    assert summary["rebalances"] == 0 and not summary["rebalance_failures"]
+    assert summary["rebalances_kept"] >= 2  # attempts go on at the interval after one that kept
+    assert summary["bytes_moved"] == 0
+    for report in reports:
+        assert report.stats["kept"] == summary["rebalances_kept"]
+        assert np.array_equal(report.final_phy2log_LP, setup.placement.phy2log_LP)
