@@ -52,8 +52,9 @@ from eplb.live.move_plan import (Chunk, Fill, TransferShape, backup_wanted, deco
                                  schedule_chunks)
 from eplb.live.rebalance_config import RebalanceConfig
 from eplb.live.replica_assignment import ReplicaTables
-from eplb.live.survivor_placement import placement_without
-from eplb.live.weight_moves import matrix_of, run_round, start_round
+from eplb.live.solve_answer import pack_answer, packed_size, unpack_answer
+from eplb.live.survivor_placement import placement_without, survivor_fills
+from eplb.live.weight_moves import matrix_of, start_round
 from placement import Placement, PlacementFormatError, load_placement
 from placement.replay import drifted_steps
 
@@ -283,12 +284,12 @@ class Rebalancer:
             self._keep(job.get("result"))
             return
         num_fills, num_chunks = int(received[0, 5]), int(received[0, 6])
-        answer = comm.broadcast(_pack(job["result"]) if comm.rank == 0
-                                else torch.zeros(_packed_size(self.placement, num_fills, num_chunks),
+        answer = comm.broadcast(torch.from_numpy(pack_answer(job["result"])) if comm.rank == 0
+                                else torch.zeros(packed_size(self.placement, num_fills, num_chunks),
                                                  dtype=torch.int64, device=comm.device), 0).cpu().numpy()
         # Every rank holds the same bytes now, so every rank reaches the same verdict: no agreement needed.
         try:
-            target, fitted, fills_N8, chunks_C6 = _unpack(answer, self.placement, num_fills, num_chunks,
+            target, fitted, fills_N8, chunks_C6 = unpack_answer(answer, self.placement, num_fills, num_chunks,
                                                           self.config.policy)
         except PlacementFormatError as exc:
             self._fail(f"the solved placement is invalid: {exc}")
@@ -436,8 +437,8 @@ class Rebalancer:
         rounds = schedule_chunks(fills, config.hidden_size, config.intermediate_size,
                                  self.layers[0].slot_experts.gate_ADF.element_size(), budget)
         for index, chunks in enumerate(rounds):
-            self.stats.bytes_received += run_round(self.comm, chunks, fills, self._source, self._staged,
-                                                   tag_base=tag_base + index * 10_000)
+            self.stats.bytes_received += start_round(self.comm, chunks, fills, self._source, self._staged,
+                                                     tag_base=tag_base + index * 10_000).finish()
 
     def _staging_for(self, fills: list[Fill]) -> dict[tuple[str, int, int], ExpertWeights]:
         """Empty buffers for this rank's fills: (kind, layer, index) -> one expert, slots on the device, host copies
@@ -525,22 +526,10 @@ class Rebalancer:
         target = placement_without(old, lost, load)
         old_shape = (old.cluster.num_gpus, old.cluster.slots_per_gpu)
         new_shape = (target.cluster.num_gpus, target.cluster.slots_per_gpu)
-        fills, sends, restored = [], {}, 0
-        for layer in range(old.num_layers):
-            old_GS, new_GS = old.phy2log_LP[layer].reshape(old_shape), target.phy2log_LP[layer].reshape(new_shape)
-            all_holders = holders_of(old_GS)
-            holders = {rank: all_holders[gpu] for rank, gpu in enumerate(kept)}
-            restored += len(set(old_GS[lost].reshape(-1).tolist()) - set(old_GS[kept].reshape(-1).tolist()))
-            # Slots that change (or are new) and the host copies of the new ring; the rest stays where it is.
-            wanted = [(rank, "slot", slot, int(new_GS[rank, slot])) for rank in range(new_shape[0])
-                      for slot in range(new_shape[1])
-                      if slot >= old_shape[1] or new_GS[rank, slot] != old_GS[kept[rank], slot]]
-            wanted += [(rank, "backup", expert, expert) for rank, expert in backup_wanted(new_GS)
-                       if all_holders[kept[rank]].get(expert, ("slot",))[0] != "backup"]
-            try:
-                fills += plan_fills(layer, wanted, holders, sends)
-            except LookupError as exc:
-                raise CollectiveError(f"cannot recover: {exc} (its ranks and their successors were lost)") from exc
+        try:
+            fills, restored = survivor_fills(old, target, lost, kept)
+        except LookupError as exc:
+            raise CollectiveError(f"cannot recover: {exc} (its ranks and their successors were lost)") from exc
         staging = self._staging_for(fills)
         self._solve = {"staging": staging}
         self._run_all(fills, max(self.config.max_bytes_per_step, 1 << 30), tag_base=_tag_base(comm.generation, 0))
@@ -579,36 +568,6 @@ class Rebalancer:
 
 def _stacks(weights: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return weights.gate_ADF, weights.up_ADF, weights.down_AFD
-
-
-def _packed_size(current: Placement, num_fills: int, num_chunks: int) -> int:
-    """Length of `_pack`'s array for a placement of `current`'s shape."""
-    return 2 * current.phy2log_LP.size + 1 + 8 * num_fills + 6 * num_chunks
-
-
-def _pack(answer: SolveResult) -> torch.Tensor:
-    """One int64 array for one broadcast: phy2log [L, P], the static weights [L, P] and the fitted imbalance (NaN:
-    none) as float64 bit patterns, the fills [N, 8], the chunks [C, 6]."""
-    placement = answer.placement
-    floats = np.append(placement.weights_LP.reshape(-1).astype(np.float64),
-                       np.nan if answer.fitted_imbalance is None else answer.fitted_imbalance)
-    return torch.from_numpy(np.concatenate([placement.phy2log_LP.reshape(-1).astype(np.int64),
-                                            floats.view(np.int64), answer.fills_N8.reshape(-1),
-                                            answer.chunks_C6.reshape(-1)]))
-
-
-def _unpack(packed: np.ndarray, current: Placement, num_fills: int, num_chunks: int,
-            policy: str) -> tuple[Placement, float | None, np.ndarray, np.ndarray]:
-    """The inverse of `_pack`, the placement checked (`PlacementFormatError` when it is not one for this group)."""
-    cells = current.phy2log_LP.size
-    phy2log = packed[:cells].reshape(current.phy2log_LP.shape)
-    floats = packed[cells : 2 * cells + 1].view(np.float64)
-    fills_N8 = packed[2 * cells + 1 : 2 * cells + 1 + 8 * num_fills].reshape(num_fills, 8)
-    chunks_C6 = packed[2 * cells + 1 + 8 * num_fills :].reshape(num_chunks, 6)
-    target = Placement(phy2log, floats[:-1].reshape(phy2log.shape), current.cluster, current.num_experts,
-                       policy=policy)
-    fitted = None if np.isnan(floats[-1]) else float(floats[-1])
-    return target, fitted, fills_N8, chunks_C6
 
 
 def _tag_base(attempt: int, round_index: int) -> int:

@@ -1,9 +1,9 @@
 """Moving expert weights inside a running EP group, by the rounds `move_plan` schedules.
 
 `start_round` posts one round on this rank (local copies at once, then one exchange of its sends and receives),
-which then moves while a decode step runs, and `PendingRound.finish` completes it (`run_round`: both at once).
-Every rank moves by the same fills and rounds, so the k-th send of one rank to a peer meets that peer's k-th receive
-from it.
+which then moves while a decode step runs, and `PendingRound.finish` completes it (a round run whole is
+`start_round(...).finish()`). Every rank moves by the same fills and rounds, so the k-th send of one rank to a peer
+meets that peer's k-th receive from it.
 """
 
 from collections.abc import Callable
@@ -13,20 +13,6 @@ import torch
 
 from collectives import Communicator, PendingExchange
 from eplb.live.move_plan import Chunk, Fill
-
-
-def run_round(
-    comm: Communicator,
-    chunks: list[Chunk],
-    fills: list[Fill] | dict[int, Fill],
-    source: Callable[[Fill, int], torch.Tensor],
-    destination: Callable[[Fill, int], torch.Tensor],
-    *,
-    tag_base: int = 0,
-    timeout_s: float | None = None,
-) -> int:
-    """Move one round on this rank and wait for it (`start_round`, then `finish`); the bytes received."""
-    return start_round(comm, chunks, fills, source, destination, tag_base=tag_base).finish(timeout_s)
 
 
 @dataclass

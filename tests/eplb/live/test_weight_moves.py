@@ -7,7 +7,7 @@ import torch
 from collectives import run_local_group
 from eplb.live.experts import ExpertWeights
 from eplb.live.move_plan import Fill, schedule_chunks
-from eplb.live.weight_moves import matrix_of, run_round, start_round
+from eplb.live.weight_moves import matrix_of, start_round
 
 HIDDEN, INNER = 6, 10
 
@@ -45,7 +45,7 @@ def move_everything(comm, budget: int, overlap: bool):
             pending = start_round(comm, chunks, fills, source, destination, tag_base=index * 10_000)
             assert comm.all_reduce_sum(torch.ones(1)).item() == comm.world_size
         else:
-            received += run_round(comm, chunks, fills, source, destination, tag_base=index * 10_000, timeout_s=10.0)
+            received += start_round(comm, chunks, fills, source, destination, tag_base=index * 10_000).finish(10.0)
     if pending is not None:
         received += pending.finish(10.0)
     comm.barrier()
