@@ -13,11 +13,11 @@ drifts), moves the weights in chunks between steps and switches every rank at on
 outright (SIGKILL) in the middle of step N and the survivors recover and finish the run. The JSON object then also
 holds imbalance_before, imbalance_after, rebalances (and rebalances_kept: fits not worth moving to), bytes_moved,
 requests_requeued, failed_rank, decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they rest on (see
-`eplb.live.rebalancing_loop.summarize_rebalancing`).
+`eplb.live.rebalancing_summary.summarize_rebalancing`).
 
 Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dynamic] [--layers 2] [--json]
        [--rebalance-every R] [--fail-rank K [--fail-at-step N]] [--rebalance-policy cpsat|deepseek]
-       [--rebalance-good-enough X] [--rebalance-min-gain G]
+       [--rebalance-good-enough X] [--rebalance-min-gain G] [--step-times FILE]
 """
 
 import argparse
@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from collectives import run_local_group  # noqa: E402
 from eplb.live import ROUTING_MODES, MoELayerConfig  # noqa: E402
 from eplb.live.rebalance_config import RebalanceConfig, default_solve_cpu_share  # noqa: E402
-from eplb.live.rebalancing_loop import (  # noqa: E402
-    Faults, run_rebalancing_loop, shifting_traffic_setup, summarize_rebalancing)
+from eplb.live.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup  # noqa: E402
+from eplb.live.rebalancing_summary import group_step_times, summarize_rebalancing  # noqa: E402
 from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
 from placement import ClusterSpec, fit_placement  # noqa: E402
+from traces.atomic_file import write_text_atomically  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
 
 
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-rank", type=int, default=None, metavar="K", help="kill rank K's process (SIGKILL)")
     parser.add_argument("--fail-at-step", type=int, default=None, metavar="N",
                         help="the step rank K dies in (default: half way)")
+    parser.add_argument("--step-times", type=Path, default=None, metavar="FILE",
+                        help="with a rebalancer: also write each step's time (slowest rank), whether a rebalance was "
+                             "in progress, its phase and group size, as JSON to FILE (written whole or not at all)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last, nothing else")
     args = parser.parse_args(argv)
     if args.hidden_size < args.experts:
@@ -98,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fail-at-step needs --fail-rank")
     if args.fail_at_step is not None and not 0 <= args.fail_at_step < args.steps:
         parser.error(f"--fail-at-step must be in [0, --steps={args.steps}); got {args.fail_at_step}")
+    if args.step_times is not None and args.rebalance_every is None and args.fail_rank is None:
+        parser.error("--step-times needs --rebalance-every or --fail-rank (the times are the rebalancing loop's)")
+    if args.step_times is not None and args.step_times.is_dir():
+        parser.error(f"--step-times: {args.step_times} is a folder; give a file path in it")
+    if args.step_times is not None and not args.step_times.resolve().parent.is_dir():
+        parser.error(f"--step-times: folder {args.step_times.resolve().parent} does not exist; create it first")
     if args.rebalance_every is not None or args.fail_rank is not None:
         return rebalancing_demo(args)
     slots = args.slots_per_gpu or args.experts // args.world_size + 2
@@ -154,6 +164,8 @@ def rebalancing_demo(args) -> int:
     result = {**summarize_rebalancing(reports, setup, args.fail_rank), "device": args.device,
               "placement": {"policy": "cpsat", "gpus": args.world_size, "slots_per_gpu": slots},
               "rebalance": rebalance.model_dump(), "traffic_shift_step": args.steps // 3}
+    if args.step_times is not None:
+        write_text_atomically(args.step_times, json.dumps({"steps": group_step_times(reports)}) + "\n")
     if not args.json:
         print(f"{args.world_size} ranks x {slots} slots, {args.layers} layers x {args.experts} experts, "
               f"top-{args.top_k}, {args.tokens_per_step} tokens per step, routing {args.routing}, rebalance every "

@@ -36,6 +36,7 @@ LOW_PRIORITY_NICE = 10  # CPU share about 1/10 of a decode process when they com
 PolicyFn = Callable[[np.ndarray, ClusterSpec], Placement]  # (counts_TLE, cluster) -> placement
 
 
+READY_JOB = 0  # the job number of the helper's first message, "imports done, ready" (jobs count from 1)
 SCORED_STEPS = 32  # the last steps of the window the fitted imbalance is measured on (the drift trigger's level)
 
 
@@ -123,6 +124,7 @@ class BackgroundSolver:
         self.shape, self.min_gain = shape, min_gain
         self._job = 0
         self._box: dict = {}
+        self._ready = False
         self._conn = None
         self._process: subprocess.Popen | None = None
         if in_process == "process":
@@ -138,6 +140,20 @@ class BackgroundSolver:
         else:
             threading.Thread(target=self._solve_in_thread, args=(self._box, counts_TLE, current, target),
                              name="eplb-solve", daemon=True).start()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the helper process to have imported what it solves with and started its pacer
+        (under a second; call once, before the first `submit`, where a wait costs nothing, so that its start-up
+        does not run beside the first decode steps); True when it is ready (a thread always is)."""
+        if self._conn is None or self._ready:
+            return True
+        try:
+            if self._conn.poll(timeout_s):
+                job, _, _ = self._conn.recv()
+                self._ready = job == READY_JOB
+        except (EOFError, OSError):
+            return False
+        return self._ready
 
     def poll(self) -> dict:
         """The current job's state: {} before any, else with "result" (a `SolveResult`) or "error" (text) once
@@ -196,6 +212,7 @@ def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None, shape: 
     low_priority()
     pacer = Pacer(cpu_share)
     try:
+        conn.send((READY_JOB, True, None))
         while True:
             try:
                 job, counts_TLE, current, target = conn.recv()

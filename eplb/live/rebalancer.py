@@ -129,13 +129,16 @@ class Rebalancer:
         self._solve: dict = {}
         self._solver: BackgroundSolver | None = None
         if comm.rank == 0:
-            self._solver_here()  # start the helper process now: its imports take a moment
+            # Start the helper process now and let its imports finish before decode starts (the other ranks wait
+            # for this rank in the collectives below: at most half their timeout), not beside the first steps.
+            self._solver_here().wait_ready(comm.timeout_s / 2)
         self._heartbeat = None
         if comm.store is not None and comm.world_size > 1:
             self._heartbeat = Heartbeat(f"{comm.store.host}:{comm.store.port}", comm.original_rank,
                                         config.heartbeat_interval_s)
         self._sync_backups()
         self.stats.backup_bytes_at_start, self.stats.bytes_received = self.stats.bytes_received, 0
+        comm.barrier()  # every rank leaves here together, so no rank's first decode step waits on the start-up
 
     # ----- the per-step entry point -----
 

@@ -1,5 +1,6 @@
-"""The live bench's planning and noise sections run end to end on their quick shapes (smoke tests, not timing
-tests): every row printed, and a rank's part of the plan decodes in less time than planning the moves itself."""
+"""The live bench's planning, noise and demo-runs sections run end to end on their quick shapes (smoke tests, not
+timing tests): every row printed, a rank's part of the plan decodes in less time than planning the moves itself,
+and the demo's repeated runs lose no token and pool into one ratio with an interval, beside a placebo's."""
 
 import importlib.util
 import re
@@ -32,3 +33,21 @@ def test_noise_section_prints_every_row():
     for row in rows:
         median, share, tail = (cell.strip() for cell in row.strip("|").split("|")[1:])
         assert float(median) > 0 and 0 <= float(share.rstrip("%")) <= 100 and float(tail) >= 1
+
+
+def test_demo_runs_section_reports_every_run_and_the_pooled_ratio(capsys):
+    spec = importlib.util.spec_from_file_location("bench_live", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--section", "demo-runs", "--quick"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert len(rows) == 2, out
+    assert all(row.rstrip().endswith("| 0 |") for row in rows)  # no token lost in any run
+    under, runs = map(int, re.search(r"runs under 1.10: (\d+) of (\d+)", out).groups())
+    assert runs == 2 and 0 <= under <= 2
+    ratio, low, high = map(float, re.search(
+        r"p99 ratio ([\d.]+) \(90% interval over runs ([\d.]+)-([\d.]+)\)", out).groups())
+    assert ratio > 0 and 0 < low <= high
+    placebo = re.search(r"placebo .* runs under 1.10: (\d+) of (\d+) .* pooled p99 ratio ([\d.]+)", out)
+    assert placebo and int(placebo.group(2)) == 2 and float(placebo.group(3)) > 0

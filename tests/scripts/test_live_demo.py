@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "live_demo.py"
@@ -26,11 +27,12 @@ def test_live_demo_prints_the_contract_keys_last_with_no_token_lost(routing):
     assert report["imbalance_measured"] == report["imbalance_planned"]
 
 
-def test_live_demo_rebalances_and_survives_a_killed_rank():
+def test_live_demo_rebalances_and_survives_a_killed_rank(tmp_path):
+    times_file = tmp_path / "step_times.json"
     result = subprocess.run([sys.executable, str(SCRIPT), "--world-size", "3", "--steps", "36", "--experts", "12",
                              "--hidden-size", "16", "--tokens-per-step", "60", "--time-limit", "0.5",
                              "--rebalance-every", "6", "--rebalance-policy", "deepseek", "--solve-in", "thread",
-                             "--fail-rank", "1",
+                             "--fail-rank", "1", "--step-times", str(times_file),
                              "--fail-at-step", "26", "--timeout", "4", "--json"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -46,3 +48,9 @@ def test_live_demo_rebalances_and_survives_a_killed_rank():
     assert phases["quiet"]["steps"] > 0 and sum(row["steps"] for row in phases.values()) == report["steps"]
     low, high = report["step_time_p99_ratio_interval"]
     assert 0 < low <= high
+    times = json.loads(times_file.read_text())["steps"]
+    assert [row["step"] for row in times] == list(range(36))
+    assert [row["world_size"] for row in times] == [3] * 26 + [2] * 10
+    busy = [row["seconds"] for row in times if row["rebalancing"]]
+    assert len(busy) == report["step_time_ms"]["steps_rebalancing"]
+    assert round(1e3 * float(np.percentile(busy, 99)), 3) == report["step_time_ms"]["p99_rebalancing"]

@@ -1,7 +1,8 @@
 """The rebalancer's background solve, in a helper process and in a thread: an answer relabelled to move the
 fewest experts with its fitted imbalance (the drift trigger's level) and its weight moves planned, a loaded
 placement planned the same way, a policy's error reported as text, an abandoned job's answer ignored, a policy a
-process cannot take refused up front, and a helper paced to a share of the time answering all the same."""
+process cannot take refused up front, a helper that says when its start-up is done, and a helper paced to a share of
+the time answering all the same."""
 
 import os
 import time
@@ -73,6 +74,12 @@ def test_a_policy_that_raises_is_reported_as_text(where, window):
         solver.close()
 
 
+def test_a_thread_is_ready_at_once():
+    solver = BackgroundSolver("thread", "deepseek", {}, SHAPE)
+    assert solver.wait_ready(0)
+    solver.close()
+
+
 def test_a_policy_a_process_cannot_take_is_refused():
     with pytest.raises(ValueError, match="picklable"):
         BackgroundSolver("process", "deepseek", {}, SHAPE, policy_fn=lambda counts, cluster: None)
@@ -90,10 +97,11 @@ def test_a_loaded_placement_is_relabelled_and_planned_without_a_fit(window):
     assert answer.fitted_imbalance is None and len(answer.fills_N8) >= answer.moves[0]
 
 
-def test_a_paced_helper_answers_and_is_left_running(window):
+def test_a_paced_helper_says_when_it_is_ready_then_answers_and_is_left_running(window):
     counts, current = window
     solver = BackgroundSolver("process", "cpsat", {"time_limit_s": 0.5}, SHAPE, cpu_share=0.3)
     try:
+        assert solver.wait_ready(120) and solver.wait_ready(0)  # imports done, pacer started; asked again: at once
         for _ in range(2):  # the pacer of each job stops with it, leaving the helper able to take the next
             solver.submit(counts, current)
             assert "result" in wait_for(solver)

@@ -10,7 +10,8 @@ import pytest
 from collectives import run_local_group
 from eplb.live import MoELayerConfig
 from eplb.live.rebalance_config import RebalanceConfig
-from eplb.live.rebalancing_loop import Faults, LoopReport, run_rebalancing_loop, summarize_rebalancing
+from eplb.live.rebalancing_loop import Faults, LoopReport, run_rebalancing_loop
+from eplb.live.rebalancing_summary import summarize_rebalancing
 from eplb.live.synthetic_decode import DecodeSetup
 from placement import ClusterSpec, fit_placement, save_placement
 from traces.synthetic import SyntheticConfig, generate_trace
