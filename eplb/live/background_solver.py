@@ -30,6 +30,7 @@ import numpy as np
 from eplb.live.cpu_pacer import Pacer, stop_process
 from eplb.live.move_plan import TransferShape, encode_fills, encode_rounds, plan_rebalance
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
+from placement.bounds import imbalance_lower_bound
 from placement.scoring import score_placement
 
 LOW_PRIORITY_NICE = 10  # CPU share about 1/10 of a decode process when they compete (19 starves it)
@@ -55,7 +56,9 @@ class SolveResult:
         kept: the new placement fits the window less than `min_gain` better than the one serving, which keeps
             serving: `placement` is the serving one, nothing to move, and `fitted_imbalance` the serving one's level.
         gain: the new placement's fitted level against the serving one's on the same steps (serving / new - 1;
-            None for a placement given).
+            None for a placement given); with `fit_skipped`, the most any placement could gain (serving / the
+            window's lower bound - 1).
+        fit_skipped: kept without fitting: the serving placement is within min_gain of the window's lower bound.
     """
 
     placement: Placement
@@ -65,32 +68,48 @@ class SolveResult:
     chunks_C6: np.ndarray
     kept: bool = False
     gain: float | None = None
+    fit_skipped: bool = False
 
 
 def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, options: dict, policy_fn: PolicyFn | None,
           shape: TransferShape, target: Placement | None = None, min_gain: float = 0.0) -> SolveResult:
     """Fit a placement on the window `counts_TLE` (or take `target` as it is), relabel it to move the fewest experts
     from `current`, and plan the weight moves; with `min_gain` > 0, a fit that beats `current` on the window by
-    less than that (relative) is not worth moving weights for, and comes back `kept`."""
-    fitted = gain = None
+    less than that (relative) is not worth moving weights for, and comes back `kept`, as does a window on which
+    `current` is already within `min_gain` of the lower bound (`placement.bounds`), without a fit."""
+    fitted = gain = serving = None
+    routing = "static" if options.get("routing") == "static" else "dynamic"
+    scored = None if counts_TLE is None else counts_TLE[-SCORED_STEPS:]
+    if scored is not None:
+        serving = float(score_placement(current, scored, routing).imbalance_TL.mean())
+    if target is None and min_gain > 0:
+        # No placement fits the window better than the per-step lower bound: when the one serving is already
+        # within min_gain of it, no fit can be worth moving to, and the fit (the job's main cost) is skipped.
+        cluster = current.cluster
+        bound = float(imbalance_lower_bound(scored.reshape(-1, scored.shape[-1]),
+                                            cluster.num_gpus * cluster.slots_per_gpu, cluster.num_gpus).mean())
+        if serving / bound - 1 < min_gain:
+            return _kept(current, serving, serving / bound - 1, fit_skipped=True)
     if target is None:
         if policy_fn is not None:
             target = policy_fn(counts_TLE, current.cluster)
         else:
             target = fit_placement(policy, counts_TLE, current.cluster, **(options if policy == "cpsat" else {}))
     plan = plan_migration(current, target)
-    if counts_TLE is not None:
-        routing = "static" if options.get("routing") == "static" else "dynamic"
-        scored = counts_TLE[-SCORED_STEPS:]
+    if scored is not None:
         fitted = float(score_placement(plan.realised, scored, routing).imbalance_TL.mean())
-        serving = float(score_placement(current, scored, routing).imbalance_TL.mean())
         gain = serving / fitted - 1
         if min_gain > 0 and gain < min_gain:
-            empty = np.zeros((0, 8), dtype=np.int64), np.zeros((0, 6), dtype=np.int64)
-            return SolveResult(current, (0, 0), serving, *empty, kept=True, gain=gain)
+            return _kept(current, serving, gain)
     fills, rounds = plan_rebalance(current, plan.realised, shape)
     return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), fitted,
                        encode_fills(fills), encode_rounds(rounds), gain=gain)
+
+
+def _kept(current: Placement, serving: float, gain: float, fit_skipped: bool = False) -> SolveResult:
+    """The answer that keeps `current` serving (nothing to move)."""
+    empty = np.zeros((0, 8), dtype=np.int64), np.zeros((0, 6), dtype=np.int64)
+    return SolveResult(current, (0, 0), serving, *empty, kept=True, gain=gain, fit_skipped=fit_skipped)
 
 
 class BackgroundSolver:

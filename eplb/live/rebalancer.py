@@ -379,8 +379,8 @@ class Rebalancer:
         no placement serves better does not start attempt after attempt."""
         self.stats.kept += 1
         if answer is not None:
-            logger.info("kept the placement serving: a new fit would gain %.2f%% on the window (min_gain %.2f%%)",
-                        100 * answer.gain, 100 * self.config.min_gain)
+            logger.info("kept the placement serving: a new fit would gain %s%.2f%% on the window (min_gain %.2f%%)",
+                        "at most " if answer.fit_skipped else "", 100 * answer.gain, 100 * self.config.min_gain)
         self._fitted_imbalance = None
         self._imbalance.clear()
         self._solve, self._state, self._steps_since_attempt = {}, "idle", 0

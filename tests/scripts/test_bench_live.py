@@ -11,11 +11,16 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_live.py"
 
 
-def test_plan_section_prints_every_row(capsys):
+def run_bench(*argv: str) -> int:
+    """The bench's `main` in this process, the script loaded by its path."""
     spec = importlib.util.spec_from_file_location("bench_live", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.main(["--section", "plan", "--quick"]) == 0
+    return module.main(list(argv))
+
+
+def test_plan_section_prints_every_row(capsys):
+    assert run_bench("--section", "plan", "--quick") == 0
     out = capsys.readouterr().out
     for row in ("| plan (fills and rounds) |", "| encode |", "| decode the whole plan |", "| decode this rank's part |"):
         assert row in out, row
@@ -36,10 +41,7 @@ def test_noise_section_prints_every_row():
 
 
 def test_demo_runs_section_reports_every_run_and_the_pooled_ratio(capsys):
-    spec = importlib.util.spec_from_file_location("bench_live", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(["--section", "demo-runs", "--quick"]) == 0
+    assert run_bench("--section", "demo-runs", "--quick") == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if re.match(r"\| \d+ \|", line)]
     assert len(rows) == 2, out

@@ -1,8 +1,8 @@
 """The rebalancer's background solve, in a helper process and in a thread: an answer relabelled to move the
 fewest experts with its fitted imbalance (the drift trigger's level) and its weight moves planned, a loaded
 placement planned the same way, a policy's error reported as text, an abandoned job's answer ignored, a policy a
-process cannot take refused up front, a helper that says when its start-up is done, and a helper paced to a share of
-the time answering all the same."""
+process cannot take refused up front, a helper that says when its start-up is done, a helper paced to a share of
+the time answering all the same, and fits kept (gaining under min_gain) or not even run (no placement could)."""
 
 import os
 import time
@@ -14,6 +14,7 @@ from eplb.live.background_solver import BackgroundSolver
 from eplb.live.rebalancing_loop import failing_policy
 from eplb.live.move_plan import TransferShape, decode_fills, decode_rounds, plan_rebalance
 from placement import ClusterSpec, fit_placement, plan_migration
+from placement.bounds import imbalance_lower_bound
 from placement.scoring import score_placement
 
 
@@ -141,3 +142,22 @@ def test_a_fit_that_gains_less_than_min_gain_is_kept_with_nothing_to_move(window
         else:
             assert answer.fitted_imbalance == pytest.approx(serving / (1 + answer.gain))
             assert len(answer.fills_N8) >= answer.moves[0] > 0
+
+
+def test_a_fit_no_placement_could_make_worth_moving_to_is_not_even_run(window):
+    counts, current = window
+    scored = counts[-32:]
+    serving = score_placement(current, scored, "dynamic").imbalance_TL.mean()
+    room = serving / imbalance_lower_bound(scored.reshape(-1, scored.shape[-1]), 20, 4).mean() - 1
+    assert room > 0.01
+    for min_gain in (1.01 * room, 0.99 * room):  # the policy raises: the fit runs only if it could gain min_gain
+        solver = BackgroundSolver("thread", "deepseek", {}, SHAPE, policy_fn=failing_policy, min_gain=min_gain)
+        solver.submit(counts, current)
+        job = wait_for(solver)
+        if min_gain > room:
+            answer = job["result"]
+            assert answer.kept and answer.fit_skipped and answer.gain == pytest.approx(room)
+            assert answer.moves == (0, 0) and len(answer.fills_N8) == 0
+            assert answer.fitted_imbalance == pytest.approx(serving)
+        else:
+            assert "injected solver failure" in job["error"]
