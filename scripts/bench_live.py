@@ -17,8 +17,9 @@
    switch (steps and seconds: what `eplb replay --lag` should be given), and, in a second run, the time from a
    rank's SIGKILL to the first step the survivors complete, against the collective timeout.
 4. The live demo's command of issue 11 run `--runs` times, each as a user runs it (`--section demo-runs`): each
-   run's step_time_p99_ratio (120 steps: its p99s rest on a step or two each), how many runs come under 1.10, and
-   the ratio over the steps of every run pooled, with an interval that resamples whole runs.
+   run's step_time_p99_ratio (120 steps: its p99s rest on a step or two each), how many runs come under 1.10, the
+   ratio over the steps of every run pooled (with an interval that resamples whole runs), the tail by phase, and a
+   placebo: the same loop with a rebalancer that never rebalances, its steps labelled as each run's were.
 5. The machine's own slow steps (`--section noise`), against which the rebalance section's p99 figures read: the
    share of steps over 1.5x the median and p99 / median, for the same W-rank decode loop with no rebalancer (no
    helper, no heartbeat), and for a fixed piece of single-threaded compute timed in 1 and in W processes at once.
@@ -214,8 +215,9 @@ QUICK_DEMO = ("--world-size", "3", "--steps", "24", "--experts", "12", "--hidden
 
 def demo_runs_section(runs: int, demo_args: tuple[str, ...]) -> None:
     """The live demo run `runs` times as a user runs it (`scripts/live_demo.py` with `demo_args`, one process
-    each): every run's p99 ratio and how many come under the 1.10 goal, then the ratio over the steps of every run
-    pooled, with an interval that resamples whole runs."""
+    each): every run's p99 ratio and how many come under the 1.10 goal, the ratio over the steps of every run
+    pooled (all steps, and the whole group's only), with an interval that resamples whole runs, the same for a
+    placebo (`placebo_runs`), and each phase's steps against its run's quiet median."""
     script = Path(__file__).resolve().parent / "live_demo.py"
     rows, pooled, whole, by_phase, labelled = [], [], [], {}, []
     with tempfile.TemporaryDirectory() as folder:

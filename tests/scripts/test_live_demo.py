@@ -1,5 +1,6 @@
 """`scripts/live_demo.py` runs a real 3-process Gloo decode loop and reports the contract keys: outputs equal the
-dense layer, no token lost, the measured imbalance equal to the planned one."""
+dense layer, no token lost, the measured imbalance equal to the planned one; with a rebalancer, its per-step times
+written where asked, and a path it cannot write refused before anything runs."""
 
 import json
 import subprocess
@@ -54,3 +55,15 @@ def test_live_demo_rebalances_and_survives_a_killed_rank(tmp_path):
     busy = [row["seconds"] for row in times if row["rebalancing"]]
     assert len(busy) == report["step_time_ms"]["steps_rebalancing"]
     assert round(1e3 * float(np.percentile(busy, 99)), 3) == report["step_time_ms"]["p99_rebalancing"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--step-times", "times.json"], "--step-times needs --rebalance-every or --fail-rank"),
+    (["--rebalance-every", "5", "--step-times", "missing/times.json"], "does not exist; create it first"),
+    (["--rebalance-every", "5", "--step-times", "."], "is a folder"),
+])
+def test_live_demo_refuses_a_step_times_file_it_cannot_write(tmp_path, extra, message):
+    result = subprocess.run([sys.executable, str(SCRIPT), "--steps", "3", *extra], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
