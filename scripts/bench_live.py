@@ -229,17 +229,13 @@ def demo_runs_section(runs: int, demo_args: tuple[str, ...]) -> None:
                 raise RuntimeError(f"the live demo failed (run {run}): {result.stderr[-2000:]}")
             report = json.loads(result.stdout.strip().splitlines()[-1])
             steps = json.loads(times_file.read_text())["steps"]
-            quiet_median = np.median([row["seconds"] for row in steps if not row["rebalancing"]])
+            pooled.append(_busy_and_quiet(steps))
+            quiet_median = np.median(pooled[-1][1])
             for row in steps:
                 group = "whole group" if row["world_size"] == report["world_size"] else "after a kill"
                 name = PHASES.get(row["phase"], row["phase"])
                 by_phase.setdefault((group, name), []).append(row["seconds"] / quiet_median)
-            pooled.append(([row["seconds"] for row in steps if row["rebalancing"]],
-                           [row["seconds"] for row in steps if not row["rebalancing"]]))
-            whole.append(([row["seconds"] for row in steps if row["rebalancing"]
-                           and row["world_size"] == report["world_size"]],
-                          [row["seconds"] for row in steps if not row["rebalancing"]
-                           and row["world_size"] == report["world_size"]]))
+            whole.append(_busy_and_quiet([row for row in steps if row["world_size"] == report["world_size"]]))
             rows.append(report)
             labelled.append(steps)
     print(f"\nThe live demo, {runs} runs: scripts/live_demo.py {' '.join(demo_args)} --json\n")
@@ -279,6 +275,12 @@ def demo_runs_section(runs: int, demo_args: tuple[str, ...]) -> None:
     for (group, name), values in sorted(by_phase.items()):
         print(f"| {group} | {name} | {len(values)} | {np.median(values):.2f} | {np.mean(np.array(values) > 1.5):.1%} "
               f"| {np.percentile(values, 99):.2f} |")
+
+
+def _busy_and_quiet(steps: list[dict]) -> tuple[list[float], list[float]]:
+    """The seconds of the steps (rows of `--step-times`) with a rebalance in progress, and of the others."""
+    return ([row["seconds"] for row in steps if row["rebalancing"]],
+            [row["seconds"] for row in steps if not row["rebalancing"]])
 
 
 def placebo_runs(labels: list[list[bool]], demo_args: tuple[str, ...]) -> list[tuple[list[float], list[float]]]:

@@ -30,7 +30,6 @@ import numpy as np
 from eplb.live.cpu_pacer import Pacer, stop_process
 from eplb.live.move_plan import TransferShape, encode_fills, encode_rounds, plan_rebalance
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
-from placement.bounds import imbalance_lower_bound
 from placement.scoring import score_placement
 
 LOW_PRIORITY_NICE = 10  # CPU share about 1/10 of a decode process when they compete (19 starves it)
@@ -81,15 +80,15 @@ def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, option
     routing = "static" if options.get("routing") == "static" else "dynamic"
     scored = None if counts_TLE is None else counts_TLE[-SCORED_STEPS:]
     if scored is not None:
-        serving = float(score_placement(current, scored, routing).imbalance_TL.mean())
+        scores = score_placement(current, scored, routing)
+        serving = float(scores.imbalance_TL.mean())
     if target is None and min_gain > 0:
-        # No placement fits the window better than the per-step lower bound: when the one serving is already
-        # within min_gain of it, no fit can be worth moving to, and the fit (the job's main cost) is skipped.
-        cluster = current.cluster
-        bound = float(imbalance_lower_bound(scored.reshape(-1, scored.shape[-1]),
-                                            cluster.num_gpus * cluster.slots_per_gpu, cluster.num_gpus).mean())
-        if serving / bound - 1 < min_gain:
-            return _kept(current, serving, serving / bound - 1, fit_skipped=True)
+        # No placement fits the window better than its per-step lower bound (`placement.bounds`, scored beside
+        # the imbalance): when the one serving is already within min_gain of it, no fit can be worth moving to,
+        # and the fit (the job's main cost) is skipped.
+        most = serving / float(scores.lower_bound_TL.mean()) - 1
+        if most < min_gain:
+            return _kept(current, serving, most, fit_skipped=True)
     if target is None:
         if policy_fn is not None:
             target = policy_fn(counts_TLE, current.cluster)
