@@ -3,8 +3,12 @@
 from traces.errors import EplbError
 
 
-class PlacementInfeasibleError(EplbError):
-    """The requested cluster cannot hold the model, or a solver found no placement under the constraints."""
+class PlacementInfeasibleError(EplbError, ValueError):
+    """The requested cluster cannot hold the model, or a solver found no placement under the constraints.
+
+    Also a `ValueError`: it always comes from the arguments (a shape, a count, an option), and callers of the drop-in
+    policies (vLLM, SGLang) catch the built-in error for bad arguments.
+    """
 
 
 class PlacementFormatError(EplbError):

@@ -115,7 +115,17 @@ class MoEDecodeLayer(nn.Module):
         slots = placement.cluster.slots_per_gpu
         return torch.as_tensor(placement.phy2log_LP[layer, rank * slots : (rank + 1) * slots], dtype=torch.int64)
 
-    def forward(self, x_ND: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for the tokens of `x` [..., D], in the shape of `x`.
+
+        Leading dimensions are flattened into one token axis and restored on the output, as transformers' MoE blocks
+        do, so that [batch, seq, D] and [N, D] both work; every token is routed independently either way.
+        """
+        if x.dim() == 0:
+            raise ValueError(f"x must be a tensor [..., hidden_size={self.config.hidden_size}]; got a scalar")
+        return self._forward_ND(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+
+    def _forward_ND(self, x_ND: torch.Tensor) -> torch.Tensor:
         config, comm, tables = self.config, self.comm, self.tables
         num_tokens, top_k = x_ND.shape[0], config.top_k
         # Step 1: gate, count and record.

@@ -2,7 +2,9 @@
 
 It mirrors the structure and speed of the public Python implementation (a Python loop over layers, items and
 packs) and serves two purposes: the oracle that tests compare the vectorised `deepseek` policy against, and the
-in-process baseline that `scripts/bench_placement.py` times it against. Not for production use.
+in-process baseline that `scripts/bench_placement.py` times it against. Not for production use. It computes in
+float64 and visits equal items in index order, as the vectorised policy does by default (`FLOAT64_STABLE`); the
+drop-in's float32, `torch.sort` order is checked against a torch rendering in `tests/eplb/live`.
 """
 
 import numpy as np

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from placement import ClusterSpec, Placement, PlacementInfeasibleError, fit_placement, static_gpu_loads
-from placement.policies.deepseek import deepseek_rebalance, pack_balanced, replicate_greedy
+from placement.policies.deepseek import Arithmetic, deepseek_rebalance, pack_balanced, replicate_greedy
 from placement.policies.deepseek_reference import reference_rebalance
 
 README_LOAD = np.array(
@@ -65,6 +65,22 @@ def test_packing_fills_every_pack_exactly_and_heaviest_first():
     assert sorted(np.bincount(pack[0])) == [2, 2, 2]
     assert pack[0, :3].tolist() == [0, 1, 2]
     assert rank[0, :3].tolist() == [0, 0, 0]
+
+
+def test_packing_visits_equal_items_in_the_order_it_is_given():
+    weight = np.ones((1, 6))
+    stable, _ = pack_balanced(weight, 3)
+    reversed_order, _ = pack_balanced(weight, 3, lambda w: np.argsort(-w, axis=1, kind="stable")[:, ::-1])
+    assert stable[0].tolist() == [0, 1, 2, 0, 1, 2]
+    assert reversed_order[0].tolist() == [2, 1, 0, 2, 1, 0]
+
+
+def test_the_arithmetic_sets_the_float_type_of_the_loads():
+    # 16777217 is no float32: read as one it ties with 16777216, and the lower index takes the redundant slot.
+    load = np.array([[16777216.0, 16777217.0]])
+    _, _, float64_logcnt = deepseek_rebalance(load, 3, 1, 1, 1)
+    _, _, float32_logcnt = deepseek_rebalance(load, 3, 1, 1, 1, Arithmetic(dtype=np.float32))
+    assert float64_logcnt.tolist() == [[1, 2]] and float32_logcnt.tolist() == [[2, 1]]
 
 
 def test_fit_placement_refuses_too_few_slots_with_advice():

@@ -1,7 +1,7 @@
 """The MoE decode layer on real Gloo processes equals the single-process dense layer (fp32, max error <= 1e-5) in
 every routing mode, with and without shared experts, with uneven token counts and a rank with no tokens; every rank
 plans the same quotas and each slot computes exactly its quota; a recorder of the group's counts holds on every
-rank what the ranks' own recorders sum to."""
+rank what the ranks' own recorders sum to; tokens shaped [batch, seq, hidden] give the flattened tokens' output."""
 
 import numpy as np
 import pytest
@@ -110,6 +110,24 @@ def test_a_group_recorder_holds_the_groups_counts_on_every_rank():
     for summed, group in run_local_group(record_both_scopes, 3, placement, [5, 0, 7]):
         assert group.sum() == 3 * 12 * CONFIGS["softmax"].top_k
         assert torch.equal(summed, group)
+
+
+def batched_and_flat(comm, placement):
+    """This rank's output for its tokens as [batch, seq, D] (2 x 3 on rank 0, 1 x 2 on rank 1), and for the same
+    tokens flattened to [N, D]."""
+    config = CONFIGS["deepseek-v3-like"]
+    gate, bias, experts, shared = model_weights(config)
+    mine = experts.select(MoEDecodeLayer.slots_of_rank(placement, 0, comm.rank))
+    layer = MoEDecodeLayer(config, placement, 0, comm, gate, mine, shared_experts=shared, correction_bias_E=bias)
+    batch, seq = [(2, 3), (1, 2)][comm.rank]
+    x_BSD = tokens_of([batch * seq], seed=comm.rank).view(batch, seq, HIDDEN)
+    return layer(x_BSD), layer(x_BSD.reshape(-1, HIDDEN))
+
+
+def test_tokens_shaped_batch_seq_hidden_give_the_flattened_tokens_output_in_their_shape():
+    for batched, flat in run_local_group(batched_and_flat, 2, placement_for(2, 5, "deepseek")):
+        assert batched.shape[:-1] in ((2, 3), (1, 2)) and batched.shape[-1] == HIDDEN
+        assert torch.equal(batched.reshape(-1, HIDDEN), flat)
 
 
 def raise_on_rank_one(comm, placement):
