@@ -28,10 +28,15 @@
    greedy fit on other traffic): the plan's time (what every rank used to spend at one decode step, now the
    helper's, beside the solve), its encoding, and what a rank spends at that step now (decoding its own part)
    against decoding the whole plan, in the same process.
+7. Host copies at the full shape (`--section host-copies`: 61 layers x 256 experts on 64 GPUs x 5 slots and 128 x 3,
+   greedy and cpsat placements of synthetic traffic): for each number of ranks that may die at once
+   (`failures_tolerated` 1-3), the host copies a rank keeps (mean and most over ranks, all layers) and their bytes
+   with DeepSeek-V3's experts (D = 7168, F = 2048, three matrices: 44 MB in fp8, 88 MB in bf16), beside the
+   bytes of the rank's own slots; and the time to work out every layer's copies.
 The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `scripts/bench_router.py`.
 
 Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5]
-       [--section all|overhead|rebalance|demo-runs|noise|plan]
+       [--section all|overhead|rebalance|demo-runs|noise|plan|host-copies]
        [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--good-enough X]
        [--max-bytes-per-step B] [--min-gain G] [--runs 10] [--quick]
 """
@@ -57,7 +62,8 @@ from eplb.live.rebalancing_loop import Faults, run_rebalancing_loop, shifting_tr
 from eplb.live.rebalancing_summary import PHASES, pooled_p99_ratio, summarize_rebalancing  # noqa: E402
 from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
 from eplb.live.move_plan import (  # noqa: E402
-    TransferShape, decode_fills, decode_for_rank, decode_rounds, encode_fills, encode_rounds, plan_rebalance)
+    TransferShape, backup_wanted, decode_fills, decode_for_rank, decode_rounds, encode_fills, encode_rounds,
+    plan_rebalance)
 from placement import ClusterSpec, fit_placement, plan_migration  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
 
@@ -97,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu: a Gloo group; cuda: an NCCL group, one GPU per rank (default cpu)")
     parser.add_argument("--eager", action="store_true", help="run the replica choice eagerly (default: compiled)")
     parser.add_argument("--section", default="all",
-                        choices=("all", "overhead", "rebalance", "demo-runs", "noise", "plan"))
+                        choices=("all", "overhead", "rebalance", "demo-runs", "noise", "plan", "host-copies"))
     parser.add_argument("--rebalance-steps", type=int, default=600, help="steps of the rebalancing run (default 600: "
                         "a p99 needs a few hundred steps on each side)")
     parser.add_argument("--rebalance-every", type=int, default=30)
@@ -132,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         noise_section(args)
     if args.section in ("all", "plan"):
         plan_section(args)
+    if args.section in ("all", "host-copies"):
+        host_copies_section(args)
     return 0
 
 
@@ -393,6 +401,35 @@ def plan_section(args) -> None:
     print(f"| decode the whole plan | nowhere (what decoding instead of filtering would cost) | {whole:.3f} |")
     print(f"| decode this rank's part | every rank, at the step the answer arrives | {per_rank:.4f} |")
     print(f"\nat that step a rank spends {per_rank / planned:.4f}x the time of planning the moves itself")
+
+
+def host_copies_section(args) -> None:
+    """The host memory that any f ranks dying at once costs a rank, at the full shape."""
+    layers, experts = (4, 64) if args.quick else (61, 256)
+    shapes = [(16, 5)] if args.quick else [(64, 5), (128, 3)]
+    expert_bytes = 7168 * 2048 * 3  # DeepSeek-V3's routed expert, fp8 (x2 in bf16)
+    trace = generate_trace(SyntheticConfig(num_steps=50, num_layers=layers, num_experts=experts, top_k=8,
+                                           tokens_per_step=8192, seed=0))
+    print(f"\nHost copies: {layers} layers x {experts} experts; an expert is {expert_bytes / 1e6:.0f} MB in fp8, "
+          f"{2 * expert_bytes / 1e6:.0f} MB in bf16\n")
+    print("| GPUs x slots | policy | failures tolerated | host copies per rank, mean | most | GB per rank, fp8 | "
+          "bf16 | vs the rank's slots | seconds for every layer's copies |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for gpus, slots in shapes:
+        cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
+        for policy in ("deepseek", "cpsat"):
+            options = {"time_limit_s": 2.0 if args.quick else 10.0} if policy == "cpsat" else {}
+            placement = fit_placement(policy, trace.counts_TLE, cluster, **options)
+            grid = placement.phy2log_LP.reshape(layers, gpus, slots)
+            for tolerated in (1, 2, 3):
+                began = time.perf_counter()
+                copies = [gpu for layer in range(layers) for gpu, _ in backup_wanted(grid[layer], tolerated)]
+                seconds = time.perf_counter() - began
+                per_rank = np.bincount(copies, minlength=gpus)
+                most = int(per_rank.max())
+                print(f"| {gpus} x {slots} | {policy} | {tolerated} | {per_rank.mean():.1f} | {most} | "
+                      f"{most * expert_bytes / 1e9:.1f} | {2 * most * expert_bytes / 1e9:.1f} | "
+                      f"{most / (slots * layers):.2f}x | {seconds:.2f} |")
 
 
 def _figure(value) -> str:

@@ -2,9 +2,10 @@
 
 Legend: G ranks (one GPU each), S slots per rank, D hidden size, F expert inner size.
 
-A rank holds, per layer, the weights of its slots (on its device) and a host copy of the experts that only its
-predecessor on the ring holds (`backup_wanted`: when a rank dies, its successor still has every expert the dead
-rank alone served; the memory is at most one rank's slots per layer, in host memory). A change of placement is a
+A rank holds, per layer, the weights of its slots (on its device) and host copies of some experts it serves nowhere
+(`backup_wanted`): enough that every expert has a copy, in a slot or in host memory, on `failures_tolerated` + 1
+ranks, so that any `failures_tolerated` ranks may die at once and every expert still has a copy on a survivor.
+The host copies are spread evenly over the ranks. A change of placement is a
 list of `Fill`s, each one expert's weights of one layer copied into one slot or one host copy, from a rank that
 holds them now: the destination rank itself when it can (no bytes on the wire), else the holder with the fewest
 sends so far. `schedule_chunks` cuts the fills into row ranges and packs them into rounds so that no rank sends or
@@ -56,30 +57,52 @@ class Chunk:
 
 @dataclass(frozen=True)
 class TransferShape:
-    """What the schedule of a move needs to know of the weights: D, F, bytes per element, and the byte budget a
-    rank may send or receive per round (per decode step)."""
+    """What the plan of a move needs to know: the weights' D, F and bytes per element, the byte budget a rank may
+    send or receive per round (per decode step), and how many ranks may die at once (the host copies the new
+    placement needs, `backup_wanted`)."""
 
     hidden_size: int
     intermediate_size: int
     element_size: int
     max_bytes_per_round: int
+    failures_tolerated: int = 1
 
 
 KINDS = ("slot", "backup")  # a kind's code in the encoded fills
 
 
-def backup_wanted(experts_GS: np.ndarray) -> list[tuple[int, int]]:
-    """(rank, expert) pairs: rank g keeps a host copy of each expert all of whose replicas are on rank g - 1 (mod G).
-    Empty for one rank (nothing survives its loss)."""
-    num_gpus = experts_GS.shape[0]
-    if num_gpus < 2:
+def backup_wanted(experts_GS: np.ndarray, failures_tolerated: int = 1) -> list[tuple[int, int]]:
+    """(rank, expert) pairs, sorted: the host copies that give every expert of `experts_GS` [G, S] (-1 = empty) a
+    copy, in a slot or in host memory, on min(failures_tolerated + 1, G) ranks, so that any `failures_tolerated`
+    ranks may die at once and a survivor still holds every expert.
+
+    Experts short of copies are served in order (the most missing first, then by id); each copy goes to a rank
+    that holds the expert nowhere yet: the one with the fewest host copies of this layer so far, then the nearest
+    after the expert's first rank on the ring (so a rank's host memory stays near the mean, and with one failure
+    tolerated a lone expert's copy lies on its rank's successor when that is balanced). Pure and deterministic: every
+    rank computes the same pairs. Empty for one rank (nothing survives its loss)."""
+    num_gpus, slots = experts_GS.shape
+    copies = min(failures_tolerated + 1, num_gpus)
+    if copies < 2 or not (experts_GS >= 0).any():
         return []
+    num_experts = int(experts_GS.max()) + 1
+    flat, gpus = experts_GS.reshape(-1), np.repeat(np.arange(num_gpus), slots)
+    holds_EG = np.zeros((num_experts, num_gpus), dtype=bool)
+    holds_EG[flat[flat >= 0], gpus[flat >= 0]] = True
+    holders_E = holds_EG.sum(1)
+    need_E = np.where(holders_E > 0, np.maximum(copies - holders_E, 0), 0)
+    # key_EG: where a copy of expert e may go, lower first: never a holder, else ring distance after its first rank.
+    distance_EG = (np.arange(num_gpus)[None, :] - holds_EG.argmax(1)[:, None] - 1) % num_gpus
+    key_EG = np.where(holds_EG, 1 << 40, distance_EG)
+    host_G = np.zeros(num_gpus, dtype=np.int64)
     wanted = []
-    for gpu in range(num_gpus):
-        predecessor = experts_GS[(gpu - 1) % num_gpus]
-        elsewhere = set(np.delete(experts_GS, (gpu - 1) % num_gpus, axis=0).reshape(-1).tolist())
-        wanted += [(gpu, expert) for expert in sorted(set(predecessor.tolist()) - elsewhere)]
-    return wanted
+    order = np.lexsort((np.arange(num_experts), -need_E))[: int((need_E > 0).sum())]
+    for expert, need in zip(order.tolist(), need_E[order].tolist()):
+        key = key_EG[expert] + host_G * num_gpus
+        chosen = [int(np.argmin(key))] if need == 1 else np.argsort(key, kind="stable")[:need].tolist()
+        host_G[chosen] += 1
+        wanted += [(gpu, expert) for gpu in chosen]
+    return sorted(wanted)
 
 
 def plan_fills(
@@ -173,22 +196,23 @@ def schedule_chunks(
     return [chunks for chunks in rounds if chunks] or [[]]
 
 
-def holders_of(experts_GS: np.ndarray, with_backups: bool = True) -> dict[int, dict[int, tuple[str, int]]]:
+def holders_of(experts_GS: np.ndarray, with_backups: bool = True,
+               failures_tolerated: int = 1) -> dict[int, dict[int, tuple[str, int]]]:
     """GPU -> expert -> where that GPU's rank holds it under the placement `experts_GS` [G, S]: ("slot", its first
-    slot), else ("backup", expert) for the host copies the ring gives it (left out before they are built)."""
+    slot), else ("backup", expert) for the host copies `backup_wanted` gives it (left out before they are built)."""
     holders: dict[int, dict[int, tuple[str, int]]] = {}
     for gpu, row in enumerate(experts_GS.tolist()):
         held = holders.setdefault(gpu, {})
         for slot, expert in enumerate(row):
             held.setdefault(int(expert), ("slot", slot))
-    for gpu, expert in backup_wanted(experts_GS) if with_backups else ():
+    for gpu, expert in backup_wanted(experts_GS, failures_tolerated) if with_backups else ():
         holders[gpu].setdefault(expert, ("backup", expert))
     return holders
 
 
 def plan_rebalance(current: Placement, target: Placement, shape: TransferShape) -> tuple[list[Fill], list[list[Chunk]]]:
     """The fills and rounds that take a group from `current` to `target` (same GPUs and slots): every slot whose
-    expert changes, and the host copies the new ring wants that the old one did not keep; then the rounds. Pure
+    expert changes, and the host copies the new placement needs that the old one's did not include; then the rounds. Pure
     (the same on any process), and at the full shape seconds of Python: the rebalancer runs it beside the solve,
     never on the decode path."""
     grid = (current.cluster.num_gpus, current.cluster.slots_per_gpu)
@@ -196,11 +220,12 @@ def plan_rebalance(current: Placement, target: Placement, shape: TransferShape) 
     sends: dict[int, int] = {}
     for layer in range(current.num_layers):
         old_GS, new_GS = current.phy2log_LP[layer].reshape(grid), target.phy2log_LP[layer].reshape(grid)
-        old_backup = set(backup_wanted(old_GS))
+        tolerated = shape.failures_tolerated
+        old_backup = set(backup_wanted(old_GS, tolerated))
         wanted = [(int(gpu), "slot", int(slot), int(new_GS[gpu, slot])) for gpu, slot in np.argwhere(new_GS != old_GS)]
-        wanted += [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(new_GS)
+        wanted += [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(new_GS, tolerated)
                    if (gpu, expert) not in old_backup]
-        fills += plan_fills(layer, wanted, holders_of(old_GS), sends)
+        fills += plan_fills(layer, wanted, holders_of(old_GS, failures_tolerated=tolerated), sends)
     rounds = schedule_chunks(fills, shape.hidden_size, shape.intermediate_size, shape.element_size,
                              shape.max_bytes_per_round)
     return fills, rounds

@@ -66,10 +66,22 @@ class RebalanceConfig(BaseModel):
         5.0, gt=0, description="Each weight transfer's timeout; must be below the communicator's, so that the "
                                "agreement after it outlasts a transfer that times out."
     )
+    failures_tolerated: int | None = Field(
+        None, ge=1, le=64, description="Ranks that may die at once, any set of them, with every expert still served "
+                                       "by a survivor: each rank keeps host copies of experts it serves nowhere so "
+                                       "that every expert has a copy on this many ranks + 1 (the host memory grows "
+                                       "with it). None: 2 for groups of 8 ranks or more, else 1."
+    )
     heartbeat_interval_s: float = Field(0.2, gt=0, description="Seconds between a rank's heartbeats in the store.")
     heartbeat_timeout_s: float = Field(
         2.0, gt=0, description="A rank whose heartbeat has not moved for this long is taken for dead."
     )
+
+    def failures_tolerated_for(self, world_size: int) -> int:
+        """The failures a group of `world_size` ranks tolerates: `failures_tolerated`, or its default."""
+        if self.failures_tolerated is not None:
+            return self.failures_tolerated
+        return 2 if world_size >= 8 else 1
 
     @model_validator(mode="after")
     def _check(self) -> "RebalanceConfig":

@@ -29,8 +29,9 @@ leaves the old placement serving, is logged once, and the next attempt comes at 
 A rank that dies surfaces on the others as a `CollectiveError` from a decode or rebalance collective. The worker
 then calls `recover(step)`: the survivors agree on who is left (heartbeats in the rendezvous store,
 `collectives.membership`), re-form the group, and serve at once a placement for the survivors
-(`survivor_placement`): experts that lived only on a dead rank come back from the host copy its successor kept,
-the dead ranks' share of replicated experts goes to the surviving replicas; the step in flight is recomputed by
+(`survivor_placement`): experts that lived only on dead ranks come back from a survivor's host copy (every expert
+has copies on `failures_tolerated` + 1 ranks, so any that many ranks may die at once), the dead ranks' share of
+replicated experts goes to the surviving replicas; the step in flight is recomputed by
 the worker (`RecoveryReport.resume_step`), and the next rebalance, at once, fits the smaller group.
 `mark_failed(rank)` drains a rank the same way on purpose.
 """
@@ -118,6 +119,7 @@ class Rebalancer:
         self.config, self.comm, self.layers, self.recorder = config, comm, layers, recorder
         self.placement = placement
         self.placement_members = list(comm.members)  # original rank of each GPU of the placement
+        self.failures_tolerated = config.failures_tolerated_for(comm.world_size)
         self.policy_fn = policy_fn
         self.stats = RebalanceStats()
         self.backup: list[dict[int, ExpertWeights]] = [{} for _ in layers]
@@ -210,7 +212,8 @@ class Rebalancer:
                        "workers": self.config.solve_threads, "good_enough": self.config.good_enough}
             first = self.layers[0].config
             shape = TransferShape(first.hidden_size, first.intermediate_size,
-                                  self.layers[0].slot_experts.gate_ADF.element_size(), self.config.max_bytes_per_step)
+                                  self.layers[0].slot_experts.gate_ADF.element_size(), self.config.max_bytes_per_step,
+                                  self.failures_tolerated)
             self._solver = BackgroundSolver(self.config.solve_in, self.config.policy, options, shape, self.policy_fn,
                                             cpu_share=self.config.solve_cpu_share, min_gain=self.config.min_gain)
         return self._solver
@@ -306,7 +309,8 @@ class Rebalancer:
     def _start_moving(self, target: Placement, fills: dict[int, Fill], rounds: list[list[Chunk]]) -> None:
         """Allocate the staging buffers of this rank's fills and go to moving."""
         staging = self._staging_for(list(fills.values()))
-        self._solve.update(target=target, fills=fills, rounds=rounds, round=0, staging=staging, tables={}, ok=True)
+        self._solve.update(target=target, fills=fills, rounds=rounds, round=0, staging=staging, tables={},
+                           backups={}, ok=True)
         self._state = "moving"
 
     # ----- 3. moving -----
@@ -323,8 +327,9 @@ class Rebalancer:
             self._switch(step, bool(received[:, 3].all()))
             return
         tables = [layer for layer in range(len(self.layers)) if layer not in box["tables"]]
-        if tables:
+        if tables:  # one layer's routing tables and host copies a step, so that the switch only installs them
             box["tables"][tables[0]] = ReplicaTables.build(box["target"], tables[0], comm.device)
+            box["backups"][tables[0]] = self._backups_of(box["target"], tables[0])
         # The round posted before the last decode step has moved meanwhile: complete it, then post the next.
         if box.get("in_flight") is not None:
             in_flight, box["in_flight"] = box["in_flight"], None
@@ -355,11 +360,10 @@ class Rebalancer:
             self._fail("a rank refused the switch")
             return
         target: Placement = box["target"]
-        shape = (target.cluster.num_gpus, target.cluster.slots_per_gpu)
         for index, layer in enumerate(self.layers):
             self._copy_staged_slots(index, layer.slot_experts, box["staging"])
             layer.install(target, box["tables"][index])
-            self._keep_backups(index, target.phy2log_LP[index].reshape(shape), box["staging"])
+            self._keep_backups(index, box["backups"][index], box["staging"])
         self.placement = target
         self._fitted_imbalance = box.get("fitted_imbalance")
         self.stats.rebalances += 1
@@ -426,7 +430,8 @@ class Rebalancer:
         fills, sends = [], {}
         for layer in range(self.placement.num_layers):
             experts_GS = self.placement.phy2log_LP[layer].reshape(shape)
-            wanted = [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(experts_GS)]
+            wanted = [(gpu, "backup", expert, expert)
+                      for gpu, expert in backup_wanted(experts_GS, self.failures_tolerated)]
             fills += plan_fills(layer, wanted, holders_of(experts_GS, with_backups=False), sends)
         staging = self._staging_for(fills)
         self._solve = {"staging": staging}
@@ -457,10 +462,20 @@ class Rebalancer:
                 for matrix, stack in enumerate(_stacks(weights)):
                     stack[slot].copy_(matrix_of(staged, matrix, 0))
 
-    def _keep_backups(self, layer: int, experts_GS: np.ndarray, staging: dict) -> None:
-        """This rank's host copies of `layer` for the placement `experts_GS` [G, S]: staged ones, else kept ones."""
+    def _backups_of(self, placement: Placement, layer: int) -> list[int]:
+        """The experts of `layer` this rank keeps host copies of under `placement` (`backup_wanted`)."""
+        experts_GS = placement.phy2log_LP[layer].reshape(placement.cluster.num_gpus, placement.cluster.slots_per_gpu)
+        return [expert for rank, expert in backup_wanted(experts_GS, self.failures_tolerated) if rank == self.comm.rank]
+
+    def _keep_backups(self, layer: int, experts: list[int], staging: dict) -> None:
+        """This rank's host copies of `layer`: those of `experts`, staged ones, else kept ones."""
         self.backup[layer] = {expert: staging.get(("backup", layer, expert)) or self.backup[layer][expert]
-                              for rank, expert in backup_wanted(experts_GS) if rank == self.comm.rank}
+                              for expert in experts}
+
+    @property
+    def host_copy_bytes(self) -> int:
+        """Bytes of expert weights this rank keeps in host memory for its peers' failures."""
+        return sum(stack.nbytes for copies in self.backup for weights in copies.values() for stack in _stacks(weights))
 
     def _empty(self, layer: int, count: int, device) -> ExpertWeights:
         weights = self.layers[layer].slot_experts
@@ -530,9 +545,11 @@ class Rebalancer:
         old_shape = (old.cluster.num_gpus, old.cluster.slots_per_gpu)
         new_shape = (target.cluster.num_gpus, target.cluster.slots_per_gpu)
         try:
-            fills, restored = survivor_fills(old, target, lost, kept)
+            fills, restored = survivor_fills(old, target, lost, kept, self.failures_tolerated)
         except LookupError as exc:
-            raise CollectiveError(f"cannot recover: {exc} (its ranks and their successors were lost)") from exc
+            raise CollectiveError(f"cannot recover: {exc}: {len(lost)} ranks were lost at once, more than "
+                                  f"failures_tolerated={self.failures_tolerated} (raise it to keep more host "
+                                  "copies)") from exc
         staging = self._staging_for(fills)
         self._solve = {"staging": staging}
         self._run_all(fills, max(self.config.max_bytes_per_step, 1 << 30), tag_base=_tag_base(comm.generation, 0))
@@ -546,7 +563,7 @@ class Rebalancer:
                 weights = grown
             self._copy_staged_slots(index, weights, staging)
             layer.install(target, ReplicaTables.build(target, index, comm.device), weights)
-            self._keep_backups(index, target.phy2log_LP[index].reshape(new_shape), staging)
+            self._keep_backups(index, self._backups_of(target, index), staging)
         self.placement, self.placement_members = target, list(survivors)
         self._fitted_imbalance = None
         self.layers[0].piggyback = self.layers[0].piggyback_received = None  # messages of the old group

@@ -35,7 +35,12 @@ class Faults:
     """Faults to inject (original ranks and step indices).
 
     Attributes:
-        kills: (rank, step): that rank's process is killed outright (SIGKILL) after the first layer of that step.
+        kills: (rank, step): that rank's process is killed outright (SIGKILL) after the first layer of that step;
+            several ranks may die at the same step.
+        kills_while_moving: (rank, n): that rank is killed after the first layer of the n-th step (1: the first)
+            that runs with a round of a rebalance's weights in flight (the rebalancer's phase "moving").
+        kill_in_answer_broadcast: this rank is killed as it enters the broadcast of a solve's answer (rank 0
+            sends it; the others are waiting in the collective).
         drains: (rank, step): every rank calls `mark_failed(rank)` before that step.
         refuse_switch_rank: this rank refuses every switch.
         failing_solve: the policy raises.
@@ -43,6 +48,8 @@ class Faults:
     """
 
     kills: tuple[tuple[int, int], ...] = ()
+    kills_while_moving: tuple[tuple[int, int], ...] = ()
+    kill_in_answer_broadcast: int | None = None
     drains: tuple[tuple[int, int], ...] = ()
     refuse_switch_rank: int | None = None
     failing_solve: bool = False
@@ -64,6 +71,8 @@ class LoopReport:
     final_phy2log_LP: np.ndarray | None = None
     final_members: list[int] = field(default_factory=list)
     load_errors: list[str] = field(default_factory=list)
+    host_copy_bytes: int = 0
+    failures_tolerated: int = 1
 
 
 def shifting_traffic_setup(world_size: int, steps: int, *, experts: int = 32, top_k: int = 4, tokens: int = 256,
@@ -110,8 +119,12 @@ def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, con
                             policy_fn=failing_policy if faults.failing_solve else None)
     if faults.stalled_transfer_rank == me:
         _stall_transfers(comm, config.transfer_timeout_s)
+    if faults.kill_in_answer_broadcast == me:
+        _die_in_broadcast(comm)
     report = LoopReport(original_rank=me)
-    kills = {step: rank for rank, step in faults.kills}
+    kill_steps = {step for rank, step in faults.kills if rank == me}
+    kill_moving = {n for rank, n in faults.kills_while_moving if rank == me}
+    steps_moving = 0
     drains = {step: rank for rank, step in faults.drains}
     load_at = dict(loads)
     outputs_by_step: dict[int, list[torch.Tensor]] = {}  # checked against the dense layer after the run
@@ -138,12 +151,13 @@ def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, con
             busy_before, phase_before = rebalancer.in_progress, rebalancer.phase
             rebalancer.step(step, accept_switch=faults.refuse_switch_rank != me)
             pause = time.perf_counter() - began
+            steps_moving += rebalancer.phase == "moving"
+            doomed = step in kill_steps or (rebalancer.phase == "moving" and steps_moving in kill_moving)
             outputs = []
             for index, layer in enumerate(layers):
                 outputs.append(layer(mine[index]))
-                if index == 0 and kills.get(step) == me:
-                    comm.store.set("eplb/demo/killed_at", repr(time.time()))
-                    os.kill(os.getpid(), signal.SIGKILL)
+                if index == 0 and doomed:
+                    _die(comm)
             recorder.next_step()
             if comm.device.type == "cuda":
                 torch.cuda.synchronize(comm.device)
@@ -176,6 +190,7 @@ def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, con
     rebalancer.close()
     report.max_abs_err = _max_err_vs_dense(setup, gate, experts, outputs_by_step, me, num_ranks)
     report.stats = vars(rebalancer.stats)
+    report.host_copy_bytes, report.failures_tolerated = rebalancer.host_copy_bytes, rebalancer.failures_tolerated
     if not report.drained:
         report.slots_match_placement = all(
             torch.equal(layer.slot_experts.gate_ADF, experts[index].select(
@@ -203,6 +218,21 @@ def _max_err_vs_dense(setup: DecodeSetup, gate: torch.Tensor, experts: list, out
                 dense = dense_moe(mine[index], gate, experts[index], setup.config)
                 worst = max(worst, float((out - dense).abs().max()))
     return worst
+
+
+def _die(comm: Communicator) -> None:
+    """Kill this rank's process outright (SIGKILL), saying when in the store first."""
+    comm.store.set("eplb/demo/killed_at", repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die_in_broadcast(comm: Communicator) -> None:
+    """Make this rank die as it enters its next broadcast (the rebalancer's only one outside recovery carries a
+    solve's answer), with its peers waiting in the collective."""
+    def dying(*args, **kwargs):
+        _die(comm)
+
+    comm.broadcast = dying
 
 
 def _killed_at(comm: Communicator) -> float | None:

@@ -80,28 +80,30 @@ def _fill_layer(experts_GS: np.ndarray, load_E: np.ndarray, num_experts: int) ->
         count_E[expert] += 1
 
 
-def survivor_fills(old: Placement, target: Placement, lost: list[int], kept: list[int]) -> tuple[list[Fill], int]:
+def survivor_fills(old: Placement, target: Placement, lost: list[int], kept: list[int],
+                   failures_tolerated: int = 1) -> tuple[list[Fill], int]:
     """The fills that take the survivors from `old` to `target` (`placement_without`'s), ranks numbered in the new
     group (`kept[rank]`: its GPU in `old`): slots that change or are new, from a survivor's slot or host copy, and
-    the host copies of the new ring that no survivor keeps already; and how many experts had every replica on the
-    `lost` GPUs (restored from host copies).
+    the host copies `target` needs (`backup_wanted`, for `failures_tolerated`) that a survivor does not keep
+    already; and how many experts had every replica on the `lost` GPUs (restored from host copies).
 
     Raises:
-        LookupError: an expert has no copy left on any survivor.
+        LookupError: an expert has no copy left on any survivor (more GPUs were lost at once than
+            `failures_tolerated`).
     """
     old_shape = (old.cluster.num_gpus, old.cluster.slots_per_gpu)
     new_shape = (target.cluster.num_gpus, target.cluster.slots_per_gpu)
     fills, sends, restored = [], {}, 0
     for layer in range(old.num_layers):
         old_GS, new_GS = old.phy2log_LP[layer].reshape(old_shape), target.phy2log_LP[layer].reshape(new_shape)
-        all_holders = holders_of(old_GS)
+        all_holders = holders_of(old_GS, failures_tolerated=failures_tolerated)
         holders = {rank: all_holders[gpu] for rank, gpu in enumerate(kept)}
         restored += len(set(old_GS[lost].reshape(-1).tolist()) - set(old_GS[kept].reshape(-1).tolist()))
-        # Slots that change (or are new) and the host copies of the new ring; the rest stays where it is.
+        # Slots that change (or are new) and the host copies the target needs; the rest stays where it is.
         wanted = [(rank, "slot", slot, int(new_GS[rank, slot])) for rank in range(new_shape[0])
                   for slot in range(new_shape[1])
                   if slot >= old_shape[1] or new_GS[rank, slot] != old_GS[kept[rank], slot]]
-        wanted += [(rank, "backup", expert, expert) for rank, expert in backup_wanted(new_GS)
+        wanted += [(rank, "backup", expert, expert) for rank, expert in backup_wanted(new_GS, failures_tolerated)
                    if all_holders[kept[rank]].get(expert, ("slot",))[0] != "backup"]
         fills += plan_fills(layer, wanted, holders, sends)
     return fills, restored

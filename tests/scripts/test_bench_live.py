@@ -53,3 +53,12 @@ def test_demo_runs_section_reports_every_run_and_the_pooled_ratio(capsys):
     assert ratio > 0 and 0 < low <= high
     placebo = re.search(r"placebo .* runs under 1.10: (\d+) of (\d+) .* pooled p99 ratio ([\d.]+)", out)
     assert placebo and int(placebo.group(2)) == 2 and float(placebo.group(3)) > 0
+
+
+def test_host_copies_section_prints_a_row_per_policy_and_failures_tolerated(capsys):
+    assert run_bench("--section", "host-copies", "--quick") == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 16 x 5 |")]
+    assert len(rows) == 6
+    most = {(row.split("|")[2].strip(), int(row.split("|")[3])): int(row.split("|")[5]) for row in rows}
+    for policy in ("deepseek", "cpsat"):  # each failure more tolerated costs more host copies
+        assert 0 < most[policy, 1] < most[policy, 2] < most[policy, 3]

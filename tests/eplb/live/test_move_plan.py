@@ -3,6 +3,8 @@ and spread the sends, the rounds keep every rank within the byte budget while mo
 plain first fit's), a rebalance's plan covers every changed slot, and a plan survives its int64 encoding whole or
 as one rank's part."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -12,10 +14,38 @@ from eplb.live.move_plan import (Chunk, Fill, TransferShape, backup_wanted, deco
 from placement import ClusterSpec, fit_placement, plan_migration
 
 
-def test_each_rank_keeps_the_experts_only_its_predecessor_holds():
+def test_with_one_failure_tolerated_a_lone_expert_is_copied_to_its_ranks_successor():
     experts_GS = np.array([[0, 1], [2, 0], [3, 4]])
     assert backup_wanted(experts_GS) == [(0, 3), (0, 4), (1, 1), (2, 2)]
     assert backup_wanted(np.array([[0, 1]])) == []
+
+
+@pytest.mark.parametrize("num_gpus,slots,tolerated", [(4, 6, 1), (4, 6, 2), (8, 5, 2), (16, 3, 3), (3, 8, 5)],
+                         ids=["4x6-f1", "4x6-f2", "8x5-f2", "16x3-f3", "3x8-f5-capped"])
+def test_any_tolerated_set_of_dead_ranks_leaves_a_copy_of_every_expert(num_gpus, slots, tolerated):
+    rng = np.random.default_rng(num_gpus * slots + tolerated)
+    num_experts = 16
+    for _ in range(5):
+        flat = np.concatenate([rng.permutation(num_experts), rng.integers(0, num_experts, num_gpus * slots - 16)])
+        experts_GS = rng.permutation(flat).reshape(num_gpus, slots)
+        wanted = backup_wanted(experts_GS, tolerated)
+        held = [set(row.tolist()) for row in experts_GS]
+        for gpu, expert in wanted:
+            assert expert not in held[gpu]  # a host copy only of an expert its rank serves nowhere
+            held[gpu].add(expert)
+        assert len(wanted) == len(set(wanted))
+        for dead in itertools.combinations(range(num_gpus), min(tolerated, num_gpus - 1)):
+            alive = set().union(*(held[g] for g in range(num_gpus) if g not in dead))
+            assert alive == set(range(num_experts)), f"ranks {dead} dead"
+        per_rank = np.bincount([gpu for gpu, _ in wanted], minlength=num_gpus)
+        assert per_rank.max() - per_rank.min() <= 2  # spread over the ranks, not piled on one
+
+
+def test_two_failures_tolerated_cover_an_expert_whose_replicas_are_on_two_non_neighbours():
+    experts_GS = np.array([[0, 1], [2, 3], [0, 4], [5, 6]])  # expert 0 on ranks 0 and 2
+    assert all(expert != 0 for _, expert in backup_wanted(experts_GS))  # two copies: one rank may die
+    copies_of_0 = [gpu for gpu, expert in backup_wanted(experts_GS, 2) if expert == 0]
+    assert len(copies_of_0) == 1 and copies_of_0[0] in (1, 3)  # ranks 0 and 2 may now die at once
 
 
 def test_fills_copy_locally_first_then_from_the_least_busy_holder():

@@ -43,7 +43,7 @@ def run(world_size: int, steps: int, faults: Faults = Faults(), config: Rebalanc
     setup = setup or setup_for(world_size, steps)
     reports = run_local_group(run_rebalancing_loop, world_size, setup, steps, config, faults, tuple(loads),
                               recorder_scope, timeout_s=TIMEOUT_S, deadline_s=240, allow_failures=True)
-    killed = {rank for rank, _ in faults.kills}
+    killed = {rank for rank, _ in faults.kills + faults.kills_while_moving} | {faults.kill_in_answer_broadcast}
     for rank, report in enumerate(reports):
         assert isinstance(report, LoopReport) or rank in killed, f"rank {rank} failed: {report!r}"
     return setup, reports, summarize_rebalancing(reports, setup)
@@ -120,6 +120,39 @@ def test_two_ranks_killed_one_after_the_other():
     assert_exact_and_complete(summary, steps)
     assert summary["survivors"] == [0, 2]
     assert [rec["lost_ranks"] for rec in summary["recoveries"]] == [[1], [3]]
+
+
+def test_two_non_neighbours_killed_at_the_same_step_when_two_failures_are_tolerated():
+    steps = 30
+    config = CONFIG.model_copy(update={"interval": 100, "max_bytes_per_step": 1 << 20, "failures_tolerated": 2})
+    _, reports, summary = run(4, steps, faults=Faults(kills=((1, 12), (3, 12))), config=config)
+    assert_exact_and_complete(summary, steps)
+    assert summary["survivors"] == [0, 2]
+    assert [sorted(rec["lost_ranks"]) for rec in summary["recoveries"]] == [[1, 3]]
+    assert summary["recoveries"][0]["restored_experts"] > 0  # experts that lived only on ranks 1 and 3
+    assert summary["failures_tolerated"] == 2 and summary["host_copy_bytes_max"] > 0
+
+
+def test_two_neighbours_killed_during_one_weight_transfer():
+    steps = 36
+    config = CONFIG.model_copy(update={"failures_tolerated": 2, "refit_on_drift": None})
+    _, reports, summary = run(4, steps, faults=Faults(kills_while_moving=((1, 2), (2, 2))), config=config)
+    assert_exact_and_complete(summary, steps)
+    assert summary["survivors"] == [0, 3]
+    assert [sorted(rec["lost_ranks"]) for rec in summary["recoveries"]] == [[1, 2]]
+    # The transfer under way was dropped on the survivors, which then fitted their own group.
+    assert any("re-forming" in failure for failure in reports[0].stats["failures"])
+    assert summary["rebalances"] >= 1
+
+
+def test_rank_0_killed_while_broadcasting_a_solved_placement():
+    steps = 36
+    config = CONFIG.model_copy(update={"refit_on_drift": None})
+    _, reports, summary = run(4, steps, faults=Faults(kill_in_answer_broadcast=0), config=config)
+    assert_exact_and_complete(summary, steps)
+    assert summary["survivors"] == [1, 2, 3]
+    assert [rec["lost_ranks"] for rec in summary["recoveries"]] == [[0]]
+    assert summary["rebalances"] >= 1  # the new rank 0 (rank 1 as first formed) solves for the smaller group
 
 
 def test_mark_failed_drains_a_rank_the_same_way():

@@ -4,7 +4,7 @@ slots grow only when the survivors have too few, and the lightest redundant repl
 import numpy as np
 import pytest
 
-from eplb.live.survivor_placement import placement_without
+from eplb.live.survivor_placement import placement_without, survivor_fills
 from placement import ClusterSpec, Placement, PlacementInfeasibleError
 
 
@@ -48,3 +48,20 @@ def test_every_layer_is_refilled_and_spare_slots_replicate_the_heaviest():
 def test_no_survivor_is_refused():
     with pytest.raises(PlacementInfeasibleError, match="every GPU"):
         placement_without(placement_of([[0, 1], [1, 0]], 2), [0, 1], np.ones((1, 2)))
+
+
+def test_two_non_neighbours_lost_at_once_are_restored_from_host_copies_when_two_failures_are_tolerated():
+    # Expert 7 lives on GPUs 1 and 3 only; with one failure tolerated nobody keeps a host copy of it.
+    placement = placement_of([[0, 1, 2], [3, 4, 7], [5, 6, 0], [1, 2, 7]], 8)
+    target = placement_without(placement, [1, 3], np.arange(8, dtype=float)[None])
+    with pytest.raises(LookupError, match="expert 7 of layer 0"):
+        survivor_fills(placement, target, [1, 3], [0, 2], failures_tolerated=1)
+    fills, restored = survivor_fills(placement, target, [1, 3], [0, 2], failures_tolerated=2)
+    assert restored == 3  # experts 3, 4 and 7 had every replica on the lost GPUs
+    new_GS = target.phy2log_LP[0].reshape(2, -1)
+    for fill in fills:  # every slot that changes is filled from a survivor (new rank numbers 0 and 1)
+        assert fill.src_rank in (0, 1) and fill.dst_rank in (0, 1)
+        if fill.dst_kind == "slot":
+            assert new_GS[fill.dst_rank, fill.dst_index] == fill.expert
+    restored_slots = {fill.expert for fill in fills if fill.dst_kind == "slot"}
+    assert {3, 4, 7} <= restored_slots
