@@ -1,19 +1,31 @@
-"""A small communicator over torch.distributed for NCCL (CUDA), HCCL (Ascend, through torch_npu) and Gloo (CPU)."""
+"""A small communicator over torch.distributed for NCCL (CUDA), HCCL (Ascend, through torch_npu) and Gloo (CPU).
 
-from collectives.backend import backend_for
-from collectives.communicator import DEFAULT_TIMEOUT_S, Communicator, PendingExchange, init_communicator
-from collectives.errors import BackendUnavailableError, CollectiveError, CollectiveTimeoutError
-from collectives.local_group import free_port, run_local_group
+The names are imported on first access (PEP 562), so that a process that needs no torch (the rebalancer's solver
+helper) can import `collectives.lifeline` without it.
+"""
 
-__all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "BackendUnavailableError",
-    "CollectiveError",
-    "CollectiveTimeoutError",
-    "Communicator",
-    "PendingExchange",
-    "backend_for",
-    "free_port",
-    "init_communicator",
-    "run_local_group",
-]
+import importlib
+
+_NAMES = {  # name -> the module that defines it
+    "DEFAULT_TIMEOUT_S": "collectives.communicator",
+    "Communicator": "collectives.communicator",
+    "PendingExchange": "collectives.communicator",
+    "init_communicator": "collectives.communicator",
+    "BackendUnavailableError": "collectives.errors",
+    "CollectiveError": "collectives.errors",
+    "CollectiveTimeoutError": "collectives.errors",
+    "backend_for": "collectives.backend",
+    "end_with_parent": "collectives.lifeline",
+    "exit_on_signals": "collectives.lifeline",
+    "parent_of_child": "collectives.lifeline",
+    "free_port": "collectives.local_group",
+    "run_local_group": "collectives.local_group",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        return getattr(importlib.import_module(_NAMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

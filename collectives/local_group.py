@@ -3,24 +3,27 @@
 Each process joins the group through a rendezvous store this (launcher) process serves on a free loopback port, so
 that the store outlives any rank and survivors can regroup through it; each runs `fn(comm, *args)` and sends back
 its result or its error. The whole run has a deadline: a process still running then is killed, and the run raises,
-so a bug fails instead of hanging.
+so a bug fails instead of hanging. The ranks end with this process however it ends: an exception here (a signal
+turned into one, Ctrl-C) kills them at once, and each rank ends by itself when this process is gone, even killed
+outright (`collectives.lifeline`); multiprocessing's resource tracker then ends too, once no rank holds its pipe.
 """
 
 import multiprocessing as mp
 import os
 import pickle
-import queue
 import socket
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import torch.distributed as dist
 
 from collectives.communicator import Communicator, init_communicator
 from collectives.errors import CollectiveError
+from collectives.lifeline import end_with_parent, parent_of_child
 
 
 def free_port() -> int:
@@ -52,33 +55,51 @@ def run_local_group(
             run raise.
     """
     ctx = mp.get_context("spawn")
-    results: mp.Queue = ctx.Queue()
+    # One pipe per rank for its result (a queue would add semaphores, which the resource tracker reports as leaked
+    # when this process is killed); its end of file says that the rank is gone.
+    readers, writers = zip(*(ctx.Pipe(duplex=False) for _ in range(world_size)))
     # The rendezvous store lives here, in the launcher, so that it outlives any rank (ranks regroup through it).
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     address = f"127.0.0.1:{store.port}"
     # Not daemonic: a rank may start helper processes of its own (the rebalancer's solver); every rank is killed
-    # below if it outlives the deadline.
-    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, address, timeout_s, results, args, device))
+    # below if it outlives the deadline, and ends by itself if this process does.
+    parent = parent_of_child()
+    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, address, timeout_s, writers[rank], args,
+                                                  device, parent))
              for rank in range(world_size)]
-    for proc in procs:
-        proc.start()
     outcome: dict[int, tuple[bool, Any]] = {}
     end = time.monotonic() + deadline_s
     try:
+        for proc, writer in zip(procs, writers):
+            proc.start()
+            writer.close()  # the rank holds its own copy: once it is gone, its reader sees the end of the file
         while len(outcome) < world_size and time.monotonic() < end:
-            try:
-                rank, ok, payload = results.get(timeout=0.2)
-                outcome[rank] = (ok, pickle.loads(payload))
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if r not in outcome and p.exitcode is not None]
-                for rank in dead:
+            waiting = {readers[rank]: rank for rank in range(world_size) if rank not in outcome}
+            for reader in wait(list(waiting), timeout=min(0.2, max(0.0, end - time.monotonic()))):
+                rank = waiting[reader]
+                try:
+                    outcome[rank] = pickle.loads(reader.recv_bytes())
+                except (EOFError, OSError):  # it ended before or while it wrote
+                    procs[rank].join(timeout=1.0)
                     outcome[rank] = (False, CollectiveError(f"rank {rank} died (exit code {procs[rank].exitcode})"))
+    except BaseException:
+        # Interrupted (a signal turned into an exception, Ctrl-C) or broken here: the ranks end now, not at the
+        # deadline.
+        for proc in procs:
+            if proc.pid is not None:
+                proc.kill()
+        raise
     finally:
         for proc in procs:
+            if proc.pid is None:  # never started
+                continue
             proc.join(timeout=max(0.0, min(5.0, end - time.monotonic())))
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        for reader, writer in zip(readers, writers):
+            reader.close()
+            writer.close()
     missing = [rank for rank in range(world_size) if rank not in outcome]
     if missing and not allow_failures:
         raise TimeoutError(f"ranks {missing} of {world_size} did not finish within deadline_s={deadline_s:g}")
@@ -92,7 +113,9 @@ def run_local_group(
     return [outcome[rank][1] for rank in range(world_size)]
 
 
-def _rank_main(fn, rank: int, world_size: int, address: str, timeout_s: float, results, args, device: str) -> None:
+def _rank_main(fn, rank: int, world_size: int, address: str, timeout_s: float, results: Connection, args,
+               device: str, parent: tuple[int, bool]) -> None:
+    end_with_parent(*parent)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -102,15 +125,14 @@ def _rank_main(fn, rank: int, world_size: int, address: str, timeout_s: float, r
             device = f"cuda:{rank % max(1, torch.cuda.device_count())}"
         comm: Communicator = init_communicator(rank, world_size, device=device, store_address=address,
                                                timeout_s=timeout_s)
-        # Plain pickle, by value: the queue's own pickler would pass tensors as shared-memory handles, which die
-        # with this process.
-        payload = pickle.dumps(fn(comm, *args))
-        results.put((rank, True, payload))
+        # Plain pickle, by value: the connection's own pickler would pass tensors as shared-memory handles, which
+        # die with this process.
+        message = pickle.dumps((True, fn(comm, *args)))
     except BaseException as exc:  # report every failure, including a rank's own bug, to the parent
-        results.put((rank, False, pickle.dumps(_picklable(exc, traceback.format_exc()))))
+        message = pickle.dumps((False, _picklable(exc, traceback.format_exc())))
+    try:
+        results.send_bytes(message)
     finally:
-        results.close()
-        results.join_thread()
         # Leave at once: a clean shutdown of the group would wait for peers that may be dead.
         os._exit(0)
 

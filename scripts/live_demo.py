@@ -15,6 +15,9 @@ holds imbalance_before, imbalance_after, rebalances (and rebalances_kept: fits n
 requests_requeued, failed_rank, decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they rest on (see
 `eplb.live.rebalancing_summary.summarize_rebalancing`).
 
+A bad flag value exits 2 with one line on stderr, before any process starts. The ranks and the solver's helper end
+with this process however it ends; SIGTERM or SIGINT stops them and exits 128 + the signal's number.
+
 Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dynamic] [--layers 2] [--json]
        [--rebalance-every R] [--fail-rank K [--fail-at-step N]] [--rebalance-policy cpsat|deepseek]
        [--rebalance-good-enough X] [--rebalance-min-gain G] [--step-times FILE]
@@ -22,78 +25,150 @@ Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dyna
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectives import run_local_group  # noqa: E402
+from collectives import backend_for, exit_on_signals, run_local_group  # noqa: E402
+from collectives.errors import BackendUnavailableError  # noqa: E402
 from eplb.live import ROUTING_MODES, MoELayerConfig  # noqa: E402
 from eplb.live.rebalance_config import RebalanceConfig, default_solve_cpu_share  # noqa: E402
 from eplb.live.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup  # noqa: E402
 from eplb.live.rebalancing_summary import group_step_times, summarize_rebalancing  # noqa: E402
 from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
 from placement import ClusterSpec, fit_placement  # noqa: E402
+from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU  # noqa: E402
 from traces.atomic_file import write_text_atomically  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
 
+WEIGHT_BYTES = 4  # the experts' weights are float32
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--world-size", type=int, default=4, help="W: ranks (one per GPU) in the EP group")
-    parser.add_argument("--steps", type=int, default=20, help="decode steps to run (default 20)")
+
+def integer(low: int, high: int | None = None):
+    """An argparse type: an integer >= low (and <= high when given); a bad value names the bound and the text."""
+    bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {text}")
+        return value
+
+    return parse
+
+
+def number(low: float, *, low_open: bool = False, high: float | None = None, or_exactly: float | None = None):
+    """An argparse type: a finite number >= low (> low when `low_open`) and <= high when given, or `or_exactly`."""
+    bound = f"> {low:g}" if low_open else f">= {low:g}"
+    bound = bound if high is None else f"{bound} and <= {high:g}"
+    bound = bound if or_exactly is None else f"{or_exactly:g} or {bound}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        fits = math.isfinite(value) and (value > low if low_open else value >= low) and (high is None or value <= high)
+        if not (fits or value == or_exactly):
+            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text}")
+        return value
+
+    return parse
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as one line on stderr and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's flags, each value checked on its own (`check_args` checks them together)."""
+    count, index, seconds = integer(1), integer(0), number(0, low_open=True)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-size", type=integer(1, MAX_GPUS), default=4,
+                        help="W: ranks (one per GPU) in the EP group")
+    parser.add_argument("--steps", type=count, default=20, help="decode steps to run (default 20)")
     parser.add_argument("--routing", default="dynamic", choices=ROUTING_MODES, help="replica choice (default dynamic)")
-    parser.add_argument("--layers", type=int, default=2, help="MoE layers (default 2)")
-    parser.add_argument("--experts", type=int, default=32, help="E: routed experts per layer (default 32)")
-    parser.add_argument("--top-k", type=int, default=4, help="K: experts per token (default 4)")
-    parser.add_argument("--slots-per-gpu", type=int, default=None, help="S (default E / W + 2)")
-    parser.add_argument("--tokens-per-step", type=int, default=256, help="tokens of the whole group per step")
-    parser.add_argument("--hidden-size", type=int, default=64, help="D (>= experts; default 64)")
-    parser.add_argument("--fit-steps", type=int, default=30, help="steps the placement is fitted on (default 30)")
-    parser.add_argument("--time-limit", type=float, default=2.0, help="cpsat budget, seconds (default 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of traffic and weights (default 0)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="each collective's timeout, seconds (default 10)")
+    parser.add_argument("--layers", type=count, default=2, help="MoE layers (default 2)")
+    parser.add_argument("--experts", type=count, default=32, help="E: routed experts per layer (default 32)")
+    parser.add_argument("--top-k", type=count, default=4, help="K: experts per token (<= E; default 4)")
+    parser.add_argument("--slots-per-gpu", type=integer(1, MAX_SLOTS_PER_GPU), default=None,
+                        help="S (W x S >= E; default E / W + 2)")
+    parser.add_argument("--tokens-per-step", type=count, default=256, help="tokens of the whole group per step")
+    parser.add_argument("--hidden-size", type=count, default=64, help="D (>= experts; default 64)")
+    parser.add_argument("--fit-steps", type=count, default=30, help="steps the placement is fitted on (default 30)")
+    parser.add_argument("--time-limit", type=seconds, default=2.0, help="cpsat budget, seconds (default 2)")
+    parser.add_argument("--seed", type=index, default=0, help="seed of traffic and weights (default 0)")
+    parser.add_argument("--timeout", type=seconds, default=10.0,
+                        help="each collective's timeout, seconds (default 10)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cpu: a Gloo group; cuda: an NCCL group, one GPU per rank (default cpu)")
-    parser.add_argument("--rebalance-every", type=int, default=None, metavar="R",
+    parser.add_argument("--rebalance-every", type=count, default=None, metavar="R",
                         help="rebalance the running group every R steps (and on drift)")
     parser.add_argument("--rebalance-policy", default="cpsat", choices=("cpsat", "deepseek"),
                         help="policy of the rebalances (default cpsat)")
-    parser.add_argument("--rebalance-time-limit", type=float, default=0.5,
+    parser.add_argument("--rebalance-time-limit", type=seconds, default=0.5,
                         help="cpsat budget of each rebalance, seconds (default 0.5)")
-    parser.add_argument("--rebalance-good-enough", type=float, default=1.001, metavar="X",
+    parser.add_argument("--rebalance-good-enough", type=number(1, or_exactly=0), default=1.001, metavar="X",
                         help="cpsat stops a layer's search once a candidate fits the window to max/mean X (default "
                              "1.001; 0: search for the whole budget)")
-    parser.add_argument("--rebalance-min-gain", type=float, default=0.005, metavar="G",
+    parser.add_argument("--rebalance-min-gain", type=number(0), default=0.005, metavar="G",
                         help="switch only to a fit that beats the placement serving by G on the window (relative; "
                              "default 0.005; 0: always)")
     parser.add_argument("--solve-in", default="process", choices=("process", "thread"),
                         help="where rank 0 solves: a helper process (default) or a thread")
-    parser.add_argument("--solve-cpu-share", type=float, default=None, metavar="F",
+    parser.add_argument("--solve-cpu-share", type=number(0, low_open=True, high=1), default=None, metavar="F",
                         help="share of the time the solver's helper process may run, in (0, 1] (default: 0.25 with "
                              "--device cpu, where the ranks fill every core; 1 with cuda)")
-    parser.add_argument("--max-bytes-per-step", type=int, default=256 << 10,
+    parser.add_argument("--max-bytes-per-step", type=count, default=256 << 10,
                         help="expert bytes a rank sends or receives between two steps (default 256 KiB)")
-    parser.add_argument("--fail-rank", type=int, default=None, metavar="K", help="kill rank K's process (SIGKILL)")
-    parser.add_argument("--fail-at-step", type=int, default=None, metavar="N",
+    parser.add_argument("--fail-rank", type=index, default=None, metavar="K", help="kill rank K's process (SIGKILL)")
+    parser.add_argument("--fail-at-step", type=index, default=None, metavar="N",
                         help="the step rank K dies in (default: half way)")
     parser.add_argument("--step-times", type=Path, default=None, metavar="FILE",
                         help="with a rebalancer: also write each step's time (slowest rank), whether a rebalance was "
                              "in progress, its phase and group size, as JSON to FILE (written whole or not at all)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last, nothing else")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def slots_per_gpu(args: argparse.Namespace) -> int:
+    """S: --slots-per-gpu, or by default E / W + 2."""
+    return args.slots_per_gpu or args.experts // args.world_size + 2
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check the flags against each other; a mistake exits 2 with one line (`parser.error`), before anything runs."""
+    if args.top_k > args.experts:
+        parser.error(f"--top-k must be <= --experts (a token picks K different experts); got {args.top_k} > "
+                     f"{args.experts}")
     if args.hidden_size < args.experts:
         parser.error("--hidden-size must be >= --experts (the gate reads the first E dimensions)")
-    if args.rebalance_every is not None and args.rebalance_every < 1:
-        parser.error(f"--rebalance-every must be >= 1; got {args.rebalance_every}")
-    if args.solve_cpu_share is not None and not 0 < args.solve_cpu_share <= 1:
-        parser.error(f"--solve-cpu-share must be in (0, 1]; got {args.solve_cpu_share:g}")
+    slots = slots_per_gpu(args)
+    if args.world_size * slots < args.experts:
+        parser.error(f"--world-size x --slots-per-gpu must be >= --experts (every expert needs a slot); got "
+                     f"{args.world_size} x {slots} < {args.experts}")
+    if slots > MAX_SLOTS_PER_GPU:
+        parser.error(f"--slots-per-gpu (default E / W + 2 = {slots}) must be <= {MAX_SLOTS_PER_GPU}; give it "
+                     f"or raise --world-size")
+    try:
+        backend_for(args.device)
+    except BackendUnavailableError as exc:
+        parser.error(str(exc))
+    rebalancing = args.rebalance_every is not None or args.fail_rank is not None
+    row_bytes = 2 * args.hidden_size * WEIGHT_BYTES  # one row of an expert's widest matrix (F = 2 D)
+    if rebalancing and args.max_bytes_per_step < row_bytes:
+        parser.error(f"--max-bytes-per-step must be >= one row of an expert's weights ({2 * WEIGHT_BYTES} x "
+                     f"--hidden-size = {row_bytes} bytes); got {args.max_bytes_per_step}")
     if args.solve_cpu_share is not None and args.solve_cpu_share < 1 and args.solve_in != "process":
         parser.error("--solve-cpu-share below 1 needs --solve-in process (a thread cannot be paused)")
-    if args.rebalance_min_gain < 0:
-        parser.error(f"--rebalance-min-gain must be >= 0; got {args.rebalance_min_gain:g}")
-    if args.rebalance_good_enough != 0 and args.rebalance_good_enough < 1:
-        parser.error(f"--rebalance-good-enough must be 0 (off) or >= 1; got {args.rebalance_good_enough:g}")
     if args.fail_rank is not None and not 0 <= args.fail_rank < args.world_size:
         parser.error(f"--fail-rank must be a rank in [0, {args.world_size}); got {args.fail_rank}")
     if args.fail_rank is not None and args.world_size < 2:
@@ -108,9 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--step-times: {args.step_times} is a folder; give a file path in it")
     if args.step_times is not None and not args.step_times.resolve().parent.is_dir():
         parser.error(f"--step-times: folder {args.step_times.resolve().parent} does not exist; create it first")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
     if args.rebalance_every is not None or args.fail_rank is not None:
         return rebalancing_demo(args)
-    slots = args.slots_per_gpu or args.experts // args.world_size + 2
+    slots = slots_per_gpu(args)
     trace = generate_trace(SyntheticConfig(num_steps=args.fit_steps + args.steps, num_layers=args.layers,
                                            num_experts=args.experts, top_k=args.top_k,
                                            tokens_per_step=args.tokens_per_step, seed=args.seed))
@@ -138,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def rebalancing_demo(args) -> int:
     """The loop with a rebalancer, shifting traffic and an optional killed rank; prints the JSON object last."""
-    slots = args.slots_per_gpu or args.experts // args.world_size + 2
+    slots = slots_per_gpu(args)
     setup = shifting_traffic_setup(args.world_size, args.steps, experts=args.experts, top_k=args.top_k,
                                    tokens=args.tokens_per_step, hidden=args.hidden_size, layers=args.layers,
                                    fit_steps=args.fit_steps, slots=slots, routing=args.routing,
@@ -180,4 +261,5 @@ def rebalancing_demo(args) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_signals()  # SIGTERM, SIGINT: unwind, so that the ranks are stopped, and exit 128 + the signal's number
     sys.exit(main())

@@ -9,8 +9,8 @@ optionally paced to a share of the time (`eplb.live.cpu_pacer`: where decode ran
 priority alone does not keep background work from delaying them). A job is the recorder's window
 (or a placement loaded from a file) and the placement serving now; its answer the new placement relabelled to move
 the fewest experts, the move counts, and the weight moves planned (seconds of Python at the full shape, which
-would otherwise stall a decode step on every rank). The process ends when its parent does (its socket closes), even
-if the parent was killed.
+would otherwise stall a decode step on every rank). The process ends when its parent does, however the parent ends
+and also in the middle of a job (`collectives.lifeline`); `close` ends it sooner, by closing its socket.
 """
 
 import os
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from collectives.lifeline import end_with_parent, parent_of_child
 from eplb.live.cpu_pacer import Pacer, stop_process
 from eplb.live.move_plan import TransferShape, encode_fills, encode_rounds, plan_rebalance
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
@@ -214,8 +215,10 @@ def _start_helper(settings: tuple) -> tuple[Connection, subprocess.Popen]:
     paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
                                                                                                   "1")}
+    parent_pid, from_main_thread = parent_of_child()
     try:
-        process = subprocess.Popen([sys.executable, "-m", "eplb.live.background_solver", str(theirs.fileno())],
+        process = subprocess.Popen([sys.executable, "-m", "eplb.live.background_solver", str(theirs.fileno()),
+                                    str(parent_pid), str(int(from_main_thread))],
                                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
     finally:
         theirs.close()
@@ -260,8 +263,10 @@ def low_priority() -> None:
         pass
 
 
-def helper_main(fd: int) -> None:
-    """The helper process's entry: read the settings from the connection on `fd`, then serve jobs."""
+def helper_main(fd: int, parent_pid: int, from_main_thread: bool) -> None:
+    """The helper process's entry: end with the parent (`collectives.lifeline.end_with_parent`), read the settings
+    from the connection on `fd`, then serve jobs."""
+    end_with_parent(parent_pid, from_main_thread)
     conn = Connection(fd)
     try:
         settings = conn.recv()
@@ -274,4 +279,4 @@ if __name__ == "__main__":
     # Run through the module's own name, so that answers pickle as `eplb.live.background_solver.SolveResult`.
     from eplb.live.background_solver import helper_main as main
 
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1")

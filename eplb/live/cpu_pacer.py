@@ -7,9 +7,11 @@ runnable; a cap bounds that time, at the cost of a longer solve. A host with cor
 cap. The watcher is its own process, started once by the helper for itself (by path, so that it imports nothing
 of this package), and idle between jobs: the helper switches the pacing on (SIGUSR1) when a job starts and off
 (SIGUSR2) when it ends, so a job's start costs no process start-up beside decode. The watcher never leaves the
-helper paused: it resumes it whenever pacing stops, and exits when asked (SIGTERM) or when the helper is gone.
+helper paused: it resumes it whenever pacing stops, and exits when asked (SIGTERM) or when the helper is gone (within
+IDLE_CHECK_S, however the helper ended); it ignores SIGINT, which Ctrl-C sends the whole process group, and leaves
+that to the processes above it.
 
-Run as a script: python cpu_pacer.py TARGET_PID SHARE PERIOD_S
+Run as a script: python cpu_pacer.py TARGET_PID SHARE PERIOD_S (it prints a line once it takes the switches)
 """
 
 import os
@@ -42,7 +44,12 @@ class Pacer:
         if not hasattr(signal, "SIGSTOP"):
             raise ValueError("a CPU share below 1 needs SIGSTOP/SIGCONT (a POSIX OS); set the share to 1")
         self.watcher = subprocess.Popen([sys.executable, "-S", "-I", os.path.abspath(__file__), str(os.getpid()),
-                                         repr(share), repr(period_s)], stdin=subprocess.DEVNULL, close_fds=True)
+                                         repr(share), repr(period_s)], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, close_fds=True)
+        # Wait for the watcher to take its signals (a line, or its end): until then a switch would kill it (the
+        # default action of SIGUSR1), and the helper would go unpaced.
+        with self.watcher.stdout:
+            self.watcher.stdout.readline()
 
     def on(self) -> None:
         self._signal(ON)
@@ -78,7 +85,12 @@ def pace(target_pid: int, share: float, period_s: float) -> None:
     own watcher): once it has died this process has another parent, which is how a target that is a zombie
     (killed, not yet reaped) is noticed. Signals are taken synchronously (`sigtimedwait`), so a switch takes effect
     at once, also in the middle of a pause."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {ON, OFF, STOP})
+    try:
+        os.write(sys.stdout.fileno(), b"ready\n")  # the switches can come now (the pacer waits for this line)
+    except OSError:  # the helper is gone already
+        return
     active = False
     running_s, paused_s = share * period_s, (1 - share) * period_s
 

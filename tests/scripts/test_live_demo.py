@@ -1,10 +1,17 @@
 """`scripts/live_demo.py` runs a real 3-process Gloo decode loop and reports the contract keys: outputs equal the
 dense layer, no token lost, the measured imbalance equal to the planned one; with a rebalancer, its per-step times
-written where asked, and a path it cannot write refused before anything runs."""
+written where asked, and a path it cannot write refused before anything runs; every bad flag value refused in the
+parser with one line and exit 2, before any process starts; and a SIGTERM or SIGKILL sent to the demo's process
+alone ends every process it started (ranks, the solver's helper and its pacer, multiprocessing's resource tracker)
+within 5 s."""
 
+import importlib.util
 import json
+import multiprocessing.process
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -67,3 +74,103 @@ def test_live_demo_refuses_a_step_times_file_it_cannot_write(tmp_path, extra, me
                             timeout=300, cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """The script loaded as a module, to call its `main` in this process."""
+    spec = importlib.util.spec_from_file_location("live_demo_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BAD_FLAGS = [  # (id, argv, what the one line says)
+    ("world-size-0", ["--world-size", "0"], "argument --world-size: expected an integer in [1, 1024], got 0"),
+    ("world-size-negative", ["--world-size", "-2"], "argument --world-size: expected an integer in [1, 1024], got -2"),
+    ("world-size-not-a-number", ["--world-size", "four"], "argument --world-size: expected an integer"),
+    ("steps-0", ["--steps", "0", "--world-size", "4"], "argument --steps: expected an integer >= 1, got 0"),
+    ("steps-negative", ["--steps", "-3"], "argument --steps: expected an integer >= 1, got -3"),
+    ("timeout-0", ["--timeout", "0"], "argument --timeout: expected a number > 0, got 0"),
+    ("timeout-nan", ["--timeout", "nan"], "argument --timeout: expected a number > 0, got nan"),
+    ("top-k-0", ["--top-k", "0"], "argument --top-k: expected an integer >= 1, got 0"),
+    ("tokens-per-step-0", ["--tokens-per-step", "0"], "argument --tokens-per-step: expected an integer >= 1, got 0"),
+    ("layers-0", ["--layers", "0"], "argument --layers: expected an integer >= 1, got 0"),
+    ("experts-0", ["--experts", "0"], "argument --experts: expected an integer >= 1, got 0"),
+    ("slots-per-gpu-0", ["--slots-per-gpu", "0"], "argument --slots-per-gpu: expected an integer in [1, 256], got 0"),
+    ("hidden-size-0", ["--hidden-size", "0"], "argument --hidden-size: expected an integer >= 1, got 0"),
+    ("fit-steps-0", ["--fit-steps", "0"], "argument --fit-steps: expected an integer >= 1, got 0"),
+    ("time-limit-0", ["--time-limit", "0"], "argument --time-limit: expected a number > 0, got 0"),
+    ("seed-negative", ["--seed", "-1"], "argument --seed: expected an integer >= 0, got -1"),
+    ("rebalance-every-0", ["--rebalance-every", "0"], "argument --rebalance-every: expected an integer >= 1, got 0"),
+    ("rebalance-time-limit-negative", ["--rebalance-time-limit", "-1"],
+     "argument --rebalance-time-limit: expected a number > 0, got -1"),
+    ("good-enough-below-1", ["--rebalance-good-enough", "0.5"],
+     "argument --rebalance-good-enough: expected a number 0 or >= 1, got 0.5"),
+    ("min-gain-negative", ["--rebalance-min-gain", "-0.1"],
+     "argument --rebalance-min-gain: expected a number >= 0, got -0.1"),
+    ("solve-cpu-share-above-1", ["--solve-cpu-share", "2"],
+     "argument --solve-cpu-share: expected a number > 0 and <= 1, got 2"),
+    ("max-bytes-per-step-0", ["--max-bytes-per-step", "0"],
+     "argument --max-bytes-per-step: expected an integer >= 1, got 0"),
+    ("fail-rank-negative", ["--fail-rank", "-1"], "argument --fail-rank: expected an integer >= 0, got -1"),
+    ("top-k-above-experts", ["--experts", "8", "--top-k", "9"], "--top-k must be <= --experts"),
+    ("hidden-size-below-experts", ["--hidden-size", "16"], "--hidden-size must be >= --experts"),
+    ("fewer-slots-than-experts", ["--world-size", "2", "--slots-per-gpu", "3"], "every expert needs a slot"),
+    ("fail-rank-outside-the-group", ["--world-size", "2", "--fail-rank", "2"], "--fail-rank must be a rank in [0, 2)"),
+    ("fail-at-step-after-the-run", ["--steps", "5", "--fail-rank", "1", "--fail-at-step", "5"],
+     "--fail-at-step must be in [0, --steps=5)"),
+    ("move-budget-below-one-row", ["--rebalance-every", "5", "--max-bytes-per-step", "100"],
+     "--max-bytes-per-step must be >= one row of an expert's weights"),
+]
+
+
+@pytest.mark.parametrize("argv, message", [case[1:] for case in BAD_FLAGS], ids=[case[0] for case in BAD_FLAGS])
+def test_a_bad_flag_exits_2_with_one_line_before_any_process_starts(demo, monkeypatch, capsys, argv, message):
+    def no_process(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(demo, "run_local_group", no_process)
+    monkeypatch.setattr(subprocess.Popen, "__init__", no_process)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", no_process)
+    began = time.monotonic()
+    with pytest.raises(SystemExit) as exited:
+        demo.main(argv)
+    assert time.monotonic() - began < 2.0
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_the_script_itself_exits_2_with_one_line_on_stderr_and_nothing_on_stdout():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--steps", "-3"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == ["live_demo.py: error: argument --steps: expected an integer >= 1, got -3 "
+                                          "(see live_demo.py --help)"]
+
+
+# A run long enough to be killed in the middle: 2 ranks, rank 0 with its solver's helper and the helper's pacer.
+LONG_RUN = ["--world-size", "2", "--steps", "100000", "--experts", "8", "--hidden-size", "16",
+            "--tokens-per-step", "16", "--fit-steps", "5", "--time-limit", "0.2", "--rebalance-every", "5",
+            "--rebalance-time-limit", "0.2"]
+
+
+def _all_up(members: dict[int, str]) -> bool:
+    commands = list(members.values())
+    return (sum("spawn_main" in command for command in commands) == 2
+            and any("-m eplb.live.background_solver" in command for command in commands)
+            and any("cpu_pacer.py" in command for command in commands))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_signal_to_the_demo_process_alone_ends_every_process_it_started(tmp_path, new_session, signum):
+    with open(tmp_path / "stderr", "w") as stderr:
+        session = new_session([sys.executable, str(SCRIPT), *LONG_RUN], stdout=subprocess.DEVNULL, stderr=stderr)
+    members = session.wait_for(_all_up, timeout_s=180)
+    assert any("resource_tracker" in command for command in members.values())
+    session.process.send_signal(signum)
+    returncode = session.process.wait(timeout=60)
+    assert session.survivors_after(5.0) == {}
+    if signum == signal.SIGTERM:  # stopped its ranks, and exited quietly with the shell's status for SIGTERM
+        assert returncode == 128 + signal.SIGTERM
+        assert "Traceback" not in (tmp_path / "stderr").read_text()

@@ -2,10 +2,15 @@
 fewest experts with its fitted imbalance (the drift trigger's level) and its weight moves planned, a loaded
 placement planned the same way, a policy's error reported as text, an abandoned job's answer ignored, a policy a
 process cannot take refused up front, a helper that says when its start-up is done, a helper paced to a share of
-the time answering all the same, and fits kept (gaining under min_gain) or not even run (no placement could)."""
+the time answering all the same, fits kept (gaining under min_gain) or not even run (no placement could), and a
+helper and its pacer that end, in the middle of a job, with a parent killed outright."""
 
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,3 +166,54 @@ def test_a_fit_no_placement_could_make_worth_moving_to_is_not_even_run(window):
             assert answer.fitted_imbalance == pytest.approx(serving)
         else:
             assert "injected solver failure" in job["error"]
+
+
+# A parent that starts a paced helper (from its main thread, or from another thread that lives on) and gives it a
+# job that would run for a minute (a policy that sleeps, imported by the helper from PYTHONPATH), says so, and waits
+# to be killed.
+SLOW_POLICY = """
+import time
+
+def slow_policy(counts_TLE, cluster):
+    time.sleep(60)
+"""
+PARENT = """
+import sys, threading, time
+import numpy as np
+from eplb.live.background_solver import BackgroundSolver
+from eplb.live.move_plan import TransferShape
+from placement import ClusterSpec, fit_placement
+from slow_policy import slow_policy
+
+def start():
+    counts = np.ones((4, 1, 8), dtype=np.int64)
+    current = fit_placement("deepseek", counts, ClusterSpec(num_gpus=2, slots_per_gpu=5, gpus_per_node=2))
+    shape = TransferShape(hidden_size=8, intermediate_size=16, element_size=4, max_bytes_per_round=256)
+    solver = BackgroundSolver("process", "deepseek", dict(), shape, policy_fn=slow_policy, cpu_share=0.5)
+    assert solver.wait_ready(120)
+    solver.submit(counts, current)
+    print("solving", flush=True)
+    time.sleep(600)
+
+if {from_main_thread}:
+    start()
+else:
+    threading.Thread(target=start).start()
+"""
+
+
+@pytest.mark.parametrize("from_main_thread", [True, False], ids=["started-from-main-thread", "started-from-a-thread"])
+def test_the_helper_and_its_pacer_end_in_the_middle_of_a_job_with_a_parent_killed_outright(tmp_path, new_session,
+                                                                                           from_main_thread):
+    (tmp_path / "slow_policy.py").write_text(SLOW_POLICY)
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, str(tmp_path)])}
+    session = new_session([sys.executable, "-c", PARENT.format(from_main_thread=from_main_thread)], env=env,
+                          stdout=subprocess.PIPE, text=True)
+    assert session.process.stdout.readline() == "solving\n"
+    members = session.wait_for(lambda found: len(found) == 3, timeout_s=30)  # parent, helper, pacer
+    assert sum("-m eplb.live.background_solver" in command for command in members.values()) == 1
+    assert sum("cpu_pacer.py" in command for command in members.values()) == 1
+    session.process.send_signal(signal.SIGKILL)
+    session.process.wait()
+    assert session.survivors_after(5.0) == {}

@@ -1,5 +1,6 @@
 """The CPU pacer: a paced process runs about its share of the time while pacing is on and all of it while off, is
-left running when the watcher stops, and a watcher whose target died exits by itself."""
+left running when the watcher stops, a watcher switched on the moment it is started survives the switch, and a
+watcher whose target was killed exits by itself within 5 s."""
 
 import os
 import signal
@@ -65,13 +66,23 @@ def test_a_watcher_whose_target_died_exits_by_itself():
         time.sleep(0.5)
         parent.kill()
         parent.wait(10)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 5
         while time.monotonic() < deadline and _alive(watcher_pid):
             time.sleep(0.05)
         assert not _alive(watcher_pid)
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_a_watcher_switched_on_the_moment_it_starts_survives_the_switch():
+    pacer = Pacer(0.5)
+    try:
+        pacer.on()  # before the watcher took its signals, SIGUSR1's default action would end it
+        time.sleep(0.3)
+        assert pacer.watcher.poll() is None
+    finally:
+        pacer.close()
 
 
 def test_close_leaves_the_process_running():
