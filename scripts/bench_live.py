@@ -57,7 +57,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectives import run_local_group  # noqa: E402
 from eplb.live import MoELayerConfig, RebalanceConfig  # noqa: E402
-from eplb.live.rebalance_config import default_solve_cpu_share  # noqa: E402
 from eplb.live.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup  # noqa: E402
 from eplb.live.rebalancing_summary import PHASES, pooled_p99_ratio, summarize_rebalancing  # noqa: E402
 from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
@@ -112,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--good-enough", type=float, default=1.001,
                         help="cpsat stops a layer's search at this fitted max/mean (default 1.001; 0: the whole "
                              "budget)")
-    parser.add_argument("--solve-cpu-share", type=float, default=None,
-                        help="the solve's share of the time (default 0.25 on cpu with a process, else 1)")
+    parser.add_argument("--solve-cpu-share", type=float, default=1.0,
+                        help="the solve's share of the time (default 1: not paced, only niced)")
     parser.add_argument("--min-gain", type=float, default=0.005,
                         help="switch only to a fit that beats the placement serving by this much (default 0.005; "
                              "0: always)")
@@ -149,8 +148,7 @@ def rebalance_section(args) -> None:
     setup = shifting_traffic_setup(args.world_size, steps, experts=args.experts, top_k=args.top_k,
                                    tokens=args.tokens_per_step, hidden=args.hidden_size, layers=args.layers,
                                    slots=args.slots_per_gpu)
-    share = (default_solve_cpu_share(args.device, args.solve_in) if args.solve_cpu_share is None
-             else args.solve_cpu_share)
+    share = args.solve_cpu_share
     config = RebalanceConfig(window=min(args.rebalance_every, 50), interval=args.rebalance_every,
                              policy=args.rebalance_policy, solve_in=args.solve_in, solve_cpu_share=share,
                              good_enough=args.good_enough or None,
@@ -303,8 +301,7 @@ def placebo_runs(labels: list[list[bool]], demo_args: tuple[str, ...]) -> list[t
     parser.add_argument("--time-limit", type=float, default=2.0)
     parser.add_argument("--solve-in", default="process")
     shape, _ = parser.parse_known_args(list(demo_args))
-    config = RebalanceConfig(window=30, interval=10**9, refit_on_drift=None, solve_in=shape.solve_in,
-                             solve_cpu_share=default_solve_cpu_share("cpu", shape.solve_in))
+    config = RebalanceConfig(window=30, interval=10**9, refit_on_drift=None, solve_in=shape.solve_in)
     split = []
     for labels_of_run in labels:
         steps = len(labels_of_run)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from collectives import backend_for, exit_on_signals, run_local_group  # noqa: E402
 from collectives.errors import BackendUnavailableError  # noqa: E402
 from eplb.live import ROUTING_MODES, MoELayerConfig  # noqa: E402
-from eplb.live.rebalance_config import RebalanceConfig, default_solve_cpu_share  # noqa: E402
+from eplb.live.rebalance_config import RebalanceConfig  # noqa: E402
 from eplb.live.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup  # noqa: E402
 from eplb.live.rebalancing_summary import group_step_times, summarize_rebalancing  # noqa: E402
 from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
@@ -124,11 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "default 0.005; 0: always)")
     parser.add_argument("--solve-in", default="process", choices=("process", "thread"),
                         help="where rank 0 solves: a helper process (default) or a thread")
-    parser.add_argument("--solve-cpu-share", type=number(0, low_open=True, high=1), default=None, metavar="F",
-                        help="share of the time the solver's helper process may run, in (0, 1] (default: 0.25 with "
-                             "--device cpu, where the ranks fill every core; 1 with cuda)")
-    parser.add_argument("--max-bytes-per-step", type=count, default=256 << 10,
-                        help="expert bytes a rank sends or receives between two steps (default 256 KiB)")
+    parser.add_argument("--solve-cpu-share", type=number(0, low_open=True, high=1), default=1.0, metavar="F",
+                        help="share of the time the solver's helper process may run, in (0, 1] (default 1: not "
+                             "paced, only at a low priority)")
+    parser.add_argument("--max-bytes-per-step", type=count, default=512 << 10,
+                        help="expert bytes a rank sends or receives between two steps (default 512 KiB)")
+    parser.add_argument("--shift-at-step", type=index, default=None, metavar="N",
+                        help="with a rebalancer: the step at which the traffic's expert mix changes (default: half "
+                             "of --rebalance-every, so the first attempt's window sees it; else a third of --steps)")
     parser.add_argument("--fail-rank", type=index, default=None, metavar="K", help="kill rank K's process (SIGKILL)")
     parser.add_argument("--fail-at-step", type=index, default=None, metavar="N",
                         help="the step rank K dies in (default: half way)")
@@ -167,7 +170,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if rebalancing and args.max_bytes_per_step < row_bytes:
         parser.error(f"--max-bytes-per-step must be >= one row of an expert's weights ({2 * WEIGHT_BYTES} x "
                      f"--hidden-size = {row_bytes} bytes); got {args.max_bytes_per_step}")
-    if args.solve_cpu_share is not None and args.solve_cpu_share < 1 and args.solve_in != "process":
+    if args.solve_cpu_share < 1 and args.solve_in != "process":
         parser.error("--solve-cpu-share below 1 needs --solve-in process (a thread cannot be paused)")
     if args.fail_rank is not None and not 0 <= args.fail_rank < args.world_size:
         parser.error(f"--fail-rank must be a rank in [0, {args.world_size}); got {args.fail_rank}")
@@ -175,6 +178,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--fail-rank needs --world-size >= 2 (someone must survive)")
     if args.fail_at_step is not None and args.fail_rank is None:
         parser.error("--fail-at-step needs --fail-rank")
+    if args.shift_at_step is not None and args.shift_at_step >= args.steps:
+        parser.error(f"--shift-at-step must be in [0, --steps={args.steps}); got {args.shift_at_step}")
     if args.fail_at_step is not None and not 0 <= args.fail_at_step < args.steps:
         parser.error(f"--fail-at-step must be in [0, --steps={args.steps}); got {args.fail_at_step}")
     if args.step_times is not None and args.rebalance_every is None and args.fail_rank is None:
@@ -217,20 +222,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def shift_step(args: argparse.Namespace) -> int:
+    """The step the traffic shifts at: --shift-at-step, or half of --rebalance-every (the first attempt's window
+    then holds both mixes, and its fit is worth moving to), or a third of --steps."""
+    if args.shift_at_step is not None:
+        return args.shift_at_step
+    return min(args.rebalance_every // 2, args.steps // 3) if args.rebalance_every else args.steps // 3
+
+
 def rebalancing_demo(args) -> int:
     """The loop with a rebalancer, shifting traffic and an optional killed rank; prints the JSON object last."""
     slots = slots_per_gpu(args)
     setup = shifting_traffic_setup(args.world_size, args.steps, experts=args.experts, top_k=args.top_k,
                                    tokens=args.tokens_per_step, hidden=args.hidden_size, layers=args.layers,
                                    fit_steps=args.fit_steps, slots=slots, routing=args.routing,
-                                   time_limit_s=args.time_limit, seed=args.seed)
+                                   time_limit_s=args.time_limit, seed=args.seed, shift_step=shift_step(args))
     interval = args.rebalance_every or 10 * args.steps  # without --rebalance-every only drift and recovery refit
     rebalance = RebalanceConfig(window=max(4, min(interval, 50)), interval=interval, policy=args.rebalance_policy,
                                 time_limit_s=args.rebalance_time_limit, solve_in=args.solve_in,
                                 good_enough=args.rebalance_good_enough or None,
                                 min_gain=args.rebalance_min_gain,
-                                solve_cpu_share=default_solve_cpu_share(args.device, args.solve_in)
-                                if args.solve_cpu_share is None else args.solve_cpu_share,
+                                solve_cpu_share=args.solve_cpu_share,
                                 routing="static" if args.routing == "static" else "dynamic",
                                 max_bytes_per_step=args.max_bytes_per_step,
                                 transfer_timeout_s=min(5.0, args.timeout / 2))
@@ -244,7 +256,7 @@ def rebalancing_demo(args) -> int:
         raise errors[0]
     result = {**summarize_rebalancing(reports, setup, args.fail_rank), "device": args.device,
               "placement": {"policy": "cpsat", "gpus": args.world_size, "slots_per_gpu": slots},
-              "rebalance": rebalance.model_dump(), "traffic_shift_step": args.steps // 3}
+              "rebalance": rebalance.model_dump(), "traffic_shift_step": shift_step(args)}
     if args.step_times is not None:
         write_text_atomically(args.step_times, json.dumps({"steps": group_step_times(reports)}) + "\n")
     if not args.json:

@@ -5,12 +5,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-def default_solve_cpu_share(device_type: str, solve_in: str) -> float:
-    """The CPU cap the live demo and benchmarks use: a quarter where the ranks run on the CPU and fill its cores
-    (with a helper process; a thread cannot be capped), none on an accelerator's host."""
-    return 0.25 if device_type == "cpu" and solve_in == "process" else 1.0
-
-
 class RebalanceConfig(BaseModel):
     """When to fit a new placement, how, how fast to move the weights, and how long anything may take.
 

@@ -77,13 +77,15 @@ class LoopReport:
 
 def shifting_traffic_setup(world_size: int, steps: int, *, experts: int = 32, top_k: int = 4, tokens: int = 256,
                            hidden: int = 64, layers: int = 2, fit_steps: int = 30, slots: int | None = None,
-                           routing: str = "dynamic", time_limit_s: float = 2.0, seed: int = 0) -> DecodeSetup:
-    """The live demo's setup: skewed synthetic traffic whose expert mix changes a third of the way in (experts
-    relabelled at random), and a `cpsat` placement fitted on the `fit_steps` steps before the run."""
+                           routing: str = "dynamic", time_limit_s: float = 2.0, seed: int = 0,
+                           shift_step: int | None = None) -> DecodeSetup:
+    """The live demo's setup: skewed synthetic traffic whose expert mix changes at step `shift_step` of the run
+    (default: a third of the way in; experts relabelled at random), and a `cpsat` placement fitted on the
+    `fit_steps` steps before the run."""
     trace = generate_trace(SyntheticConfig(num_steps=fit_steps + steps, num_layers=layers, num_experts=experts,
                                            top_k=top_k, tokens_per_step=tokens, seed=seed))
     counts = trace.counts_TLE.copy()
-    shift = fit_steps + steps // 3
+    shift = fit_steps + (steps // 3 if shift_step is None else shift_step)
     counts[shift:] = counts[shift:][..., np.random.default_rng(seed + 1).permutation(experts)]
     cluster = ClusterSpec(num_gpus=world_size, slots_per_gpu=slots or experts // world_size + 2,
                           gpus_per_node=world_size)
