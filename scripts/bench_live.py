@@ -28,7 +28,9 @@
    greedy fit on other traffic): the plan's time (what every rank used to spend at one decode step, now the
    helper's, beside the solve), its encoding, and what a rank spends at that step now (decoding its own part)
    against decoding the whole plan, in the same process.
-7. Host copies at the full shape (`--section host-copies`: 61 layers x 256 experts on 64 GPUs x 5 slots and 128 x 3,
+7. The README's demo commands with a killed rank, `--runs` times each (`--section demo-switches`): how many runs
+   switched to a better placement (imbalance after below before) before the step the rank is killed in.
+8. Host copies at the full shape (`--section host-copies`: 61 layers x 256 experts on 64 GPUs x 5 slots and 128 x 3,
    greedy and cpsat placements of synthetic traffic): for each number of ranks that may die at once
    (`failures_tolerated` 1-3), the host copies a rank keeps (mean and most over ranks, all layers) and their bytes
    with DeepSeek-V3's experts (D = 7168, F = 2048, three matrices: 44 MB in fp8, 88 MB in bf16), beside the
@@ -36,7 +38,7 @@
 The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `scripts/bench_router.py`.
 
 Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5]
-       [--section all|overhead|rebalance|demo-runs|noise|plan|host-copies]
+       [--section all|overhead|rebalance|demo-runs|demo-switches|noise|plan|host-copies]
        [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--good-enough X]
        [--max-bytes-per-step B] [--min-gain G] [--runs 10] [--quick]
 """
@@ -102,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu: a Gloo group; cuda: an NCCL group, one GPU per rank (default cpu)")
     parser.add_argument("--eager", action="store_true", help="run the replica choice eagerly (default: compiled)")
     parser.add_argument("--section", default="all",
-                        choices=("all", "overhead", "rebalance", "demo-runs", "noise", "plan", "host-copies"))
+                        choices=("all", "overhead", "rebalance", "demo-runs", "demo-switches", "noise", "plan",
+                                 "host-copies"))
     parser.add_argument("--rebalance-steps", type=int, default=600, help="steps of the rebalancing run (default 600: "
                         "a p99 needs a few hundred steps on each side)")
     parser.add_argument("--rebalance-every", type=int, default=30)
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         rebalance_section(args)
     if args.section in ("all", "demo-runs"):
         demo_runs_section(args.runs, QUICK_DEMO if args.quick else ISSUE_DEMO)
+    if args.section in ("all", "demo-switches"):
+        demo_switches_section(args.runs, QUICK_KILL_DEMOS if args.quick else KILL_DEMOS)
     if args.section in ("all", "noise"):
         noise_section(args)
     if args.section in ("all", "plan"):
@@ -217,6 +222,42 @@ ISSUE_DEMO = ("--world-size", "4", "--steps", "120", "--rebalance-every", "30", 
 QUICK_DEMO = ("--world-size", "3", "--steps", "24", "--experts", "12", "--hidden-size", "16", "--tokens-per-step",
               "60", "--time-limit", "0.5", "--rebalance-every", "6", "--rebalance-policy", "deepseek", "--solve-in",
               "thread")
+
+
+KILL_DEMOS = (  # the README's demo commands with a killed rank
+    ("--world-size", "4", "--steps", "60", "--rebalance-every", "15", "--fail-rank", "2", "--fail-at-step", "45"),
+    ("--world-size", "4", "--steps", "80", "--rebalance-every", "20", "--fail-rank", "3", "--fail-at-step", "55"),
+    ISSUE_DEMO,
+)
+QUICK_KILL_DEMOS = (QUICK_DEMO + ("--fail-rank", "1", "--fail-at-step", "20"),)
+
+
+def demo_switches_section(runs: int, commands: tuple[tuple[str, ...], ...]) -> None:
+    """Each demo command run `runs` times as a user runs it: the runs that switched to a better placement (imbalance
+    after below before) before the step its rank is killed in."""
+    script = Path(__file__).resolve().parent / "live_demo.py"
+    print("\n| command | runs | switched before the kill, better | first switch step (kill at) | imbalance before -> "
+          "after (median) |")
+    print("|---|---|---|---|---|")
+    for demo_args in commands:
+        kill_at = int(demo_args[demo_args.index("--fail-at-step") + 1])
+        good, first, before, after = 0, [], [], []
+        for run in range(runs):
+            result = subprocess.run([sys.executable, str(script), *demo_args, "--json"], capture_output=True,
+                                    text=True, timeout=900)
+            if result.returncode != 0:
+                raise RuntimeError(f"the live demo failed (run {run}): {result.stderr[-2000:]}")
+            report = json.loads(result.stdout.strip().splitlines()[-1])
+            switches = report["switch_steps"]
+            first.append(switches[0] if switches else None)
+            if switches and switches[0] < kill_at and report["imbalance_after"] < report["imbalance_before"]:
+                good += 1
+                before.append(report["imbalance_before"])
+                after.append(report["imbalance_after"])
+        steps = sorted(s for s in first if s is not None)
+        span = f"{steps[0]}-{steps[-1]}" if steps else "none"
+        change = f"{np.median(before):.3f} -> {np.median(after):.3f}" if before else "n/a"
+        print(f"| `{' '.join(demo_args)}` | {runs} | {good} | {span} ({kill_at}) | {change} |")
 
 
 def demo_runs_section(runs: int, demo_args: tuple[str, ...]) -> None:

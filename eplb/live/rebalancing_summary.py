@@ -91,6 +91,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "step_time_ms": {"p50_quiet": _ms(quiet, 50), "p99_quiet": _ms(quiet, 99), "p50_rebalancing": _ms(busy, 50),
                          "p99_rebalancing": _ms(busy, 99), "steps_rebalancing": len(busy)},
         "step_time_ms_by_phase": _by_phase(finished[0], {step: row["seconds"] for step, row in times.items()}),
+        "switch_steps": switches,
         "lag_steps": stats["lag_steps"],
         "lag_seconds": [round(x, 3) for x in stats["lag_seconds"]],
         "slots_match_placement": all(r.slots_match_placement for r in finished),

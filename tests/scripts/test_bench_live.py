@@ -62,3 +62,12 @@ def test_host_copies_section_prints_a_row_per_policy_and_failures_tolerated(caps
     most = {(row.split("|")[2].strip(), int(row.split("|")[3])): int(row.split("|")[5]) for row in rows}
     for policy in ("deepseek", "cpsat"):  # each failure more tolerated costs more host copies
         assert 0 < most[policy, 1] < most[policy, 2] < most[policy, 3]
+
+
+def test_demo_switches_section_counts_the_runs_that_switched_before_the_kill(capsys):
+    assert run_bench("--section", "demo-switches", "--quick", "--runs", "1") == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| `--world-size 3")]
+    assert len(rows) == 1
+    runs, good = (int(cell) for cell in rows[0].split("|")[2:4])
+    assert runs == 1 and good in (0, 1)
+    assert "(20)" in rows[0]  # the step the rank is killed in
