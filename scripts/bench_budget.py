@@ -2,8 +2,8 @@
 
 Fits the full synthetic shape (61 layers x 256 experts, top-8, 8,192 tokens per step, one 50-step window, seed 0)
 with `cpsat` under dynamic routing and `--time-limit` seconds (default 10), on 64 GPUs x 5 slots and 128 x 3,
-idle and with `--busy` processes (default 2) spinning beside the fit (`python -c "while True: pass"`, started by
-this script before the fit and killed after it), `--repeats` times each (default 3), idle and busy fits taking
+idle and with `--busy` processes (default 2) spinning beside the fit (a `python -c` busy loop that ends with this
+script, started before the fit and killed after it), `--repeats` times each (default 3), idle and busy fits taking
 turns. Prints a markdown table per cluster and load: fit seconds (mean and max, wall clock around the whole fit),
 the worst ratio to the limit, the fitted objective (mean over layers and the window's steps of max / mean GPU
 load under the dynamic router) over all layers and as `info["fitted_chosen"]` reports it (the scored layers), the
@@ -29,6 +29,11 @@ from placement import ClusterSpec, fit_placement  # noqa: E402
 from placement.policies.cpsat_policy import LEVELS, fitted_objective  # noqa: E402
 from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
 
+ROOT = str(Path(__file__).resolve().parents[1])
+# A process that keeps one core busy until it is killed, or until this script ends however it ends.
+SPINNER = ("import sys; sys.path.insert(0, {root!r}); from collectives.lifeline import end_with_parent; "
+           "end_with_parent({parent}, True)\nwhile True: pass")
+
 CLUSTERS = [ClusterSpec(num_gpus=64, slots_per_gpu=5), ClusterSpec(num_gpus=128, slots_per_gpu=3)]
 TOKENS_PER_STEP = 8192
 WINDOW = 50
@@ -45,7 +50,8 @@ def model_fitted(counts_TLE: np.ndarray, placement, cluster: ClusterSpec) -> flo
 def timed_fit(counts_TLE: np.ndarray, cluster: ClusterSpec, time_limit: float, busy: int) -> dict:
     """One cpsat fit, with `busy` spinning processes beside it when busy > 0."""
     load_before = os.getloadavg()[0]
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    spinners = [subprocess.Popen([sys.executable, "-c", SPINNER.format(root=ROOT, parent=os.getpid())])
+                for _ in range(busy)]
     try:
         time.sleep(0.5 if busy else 0.0)  # let the spinners take their cores
         began = time.perf_counter()

@@ -58,6 +58,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectives import run_local_group  # noqa: E402
+from collectives.lifeline import end_with_parent, parent_of_child  # noqa: E402
 from eplb.live import MoELayerConfig, RebalanceConfig  # noqa: E402
 from eplb.live.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup  # noqa: E402
 from eplb.live.rebalancing_summary import PHASES, pooled_p99_ratio, summarize_rebalancing  # noqa: E402
@@ -372,7 +373,8 @@ def noise_section(args) -> None:
     context = mp.get_context("spawn")
     for processes in sorted({1, args.world_size}):
         results = context.Queue()
-        workers = [context.Process(target=_timed_compute, args=(repeats, results)) for _ in range(processes)]
+        workers = [context.Process(target=_timed_compute, args=(repeats, results, parent_of_child()))
+                   for _ in range(processes)]
         for worker in workers:
             worker.start()
         times = [results.get(timeout=600) for _ in workers]
@@ -389,9 +391,10 @@ def noise_section(args) -> None:
               f"{np.percentile(seconds, 99) / median:.2f} |")
 
 
-def _timed_compute(repeats: int, results) -> None:
+def _timed_compute(repeats: int, results, parent: tuple[int, bool]) -> None:
     """Put on `results` the seconds of each of `repeats` runs of the same single-threaded matrix work (about 10 ms
-    here)."""
+    here); the process ends with its parent (`parent`: the parent's `parent_of_child()`)."""
+    end_with_parent(*parent)
     import torch
 
     torch.set_num_threads(1)
