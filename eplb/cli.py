@@ -250,7 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with all_or_nothing():
             return HANDLERS[args.command](args)
     except (EplbError, ValueError) as exc:
-        print(f"eplb {args.command}: error: {_as_flags(_one_line(exc), args.command)}", file=sys.stderr)
+        message = _one_line(exc)
+        if args.command != "sim":  # the simulator's errors name its config keys, which no flag sets
+            message = _as_flags(message, args.command)
+        print(f"eplb {args.command}: error: {message}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"eplb {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)

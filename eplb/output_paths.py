@@ -2,7 +2,8 @@
 
 An output path that names an input (the same file after symbolic links, or a hard link to it), two outputs that
 name one file, and an output that exists but is not a regular file are refused with exit 2 before anything is
-computed or written.
+computed or written. The inputs are the files the flags name and, for `eplb sim`, every file its config names
+(the request trace, the routing trace): the config is read here for them.
 """
 
 import argparse
@@ -26,8 +27,23 @@ OUT_DIR_FILES = {
 
 
 def inputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
-    """(flag, path) of every file the command reads."""
-    return [(flag, Path(getattr(args, dest))) for dest, flag in INPUT_FLAGS.items() if getattr(args, dest, None)]
+    """(flag, path) of every file the command reads: the flags' files, and for `eplb sim` the files its config
+    names (labelled by their config keys)."""
+    found = [(flag, Path(getattr(args, dest))) for dest, flag in INPUT_FLAGS.items() if getattr(args, dest, None)]
+    if args.command == "sim" and getattr(args, "config", None):
+        found += _named_by_sim_config(args.config)
+    return found
+
+
+def _named_by_sim_config(path: str) -> list[tuple[str, Path]]:
+    """(label, path) of the files a simulator config names: its request trace, its routing trace.
+
+    Raises:
+        SimConfigError: the config cannot be read or is invalid (the message names the key).
+    """
+    from sim import load_sim_config  # imported here: the other subcommands start without the simulator
+
+    return [(f"{key} (in --config)", file) for key, file in load_sim_config(path).input_files()]
 
 
 def outputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:

@@ -10,6 +10,11 @@ section runs days of a whole fleet instead (token rates per minute through prefi
 costed by the same model, an autoscaler, faults, prices; `sim.fleet`), for `--days` days if given; it writes
 fleet_timeline.png.
 
+Every number in the config has a finite range, and a run's work (the engine's events, the decode replay's routing
+and fits, the fleet's steps and card failures, the memory) is estimated before it starts: a value out of range or a
+run over a budget is refused with one line naming the config key to change. The files the config names (request
+and routing traces) are inputs: no file written to --out-dir may replace one, through a link either.
+
 Examples:
   eplb sim
   eplb sim --config sim/configs/mooncake-conversation.yaml --json

@@ -7,7 +7,8 @@ at `target_utilisation`), then, in this order: moves surplus nodes of one stage 
 what is still surplus, only once the surplus has lasted `shrink_after_s` and never while quota use, the nodes the
 load needs now (the stages' targets and the spares) over `quota_nodes`, is above `shrink_quota_threshold`: near
 the quota a released node may not come back when the load does. (Read as the nodes held instead, the rule would
-ratchet: one burst past the threshold and the fleet could never shrink again.)
+ratchet: one burst past the threshold and the fleet could never shrink again.) The fleet's first sizing, which may
+ask for any number of nodes, is cut to the quota by `within_quota`.
 """
 
 import math
@@ -103,3 +104,35 @@ class Autoscaler:
         decision = Decision(now_s, target, moved, grown, released, quota_use)
         self.decisions.append(decision)
         return decision
+
+
+def within_quota(nodes: dict[str, int], unit_nodes: dict[str, int], room: int) -> dict[str, int]:
+    """`nodes` per stage, cut unit by unit from the larger stage (the first on a tie) until they fit in `room` nodes
+    or the larger stage is down to one unit.
+
+    Cutting always the larger stage takes the stages' successive sizes in decreasing order, so every cut from a
+    size above a level comes before any cut from a size at or below it. The cuts above the lowest level (no lower
+    than any unit, so that no stage reaches its last unit on the way) that still leaves the stages over the room
+    are therefore made at once, the level found by bisection; the few cuts left are made one by one. However far
+    the load's nodes exceed the room, this takes a few dozen turns."""
+    nodes = dict(nodes)
+    if sum(nodes.values()) > room:
+        low, high = max(unit_nodes.values()), max(nodes.values())
+        if sum(_cut_above(nodes, unit_nodes, low).values()) > room:
+            high = low
+        while high - low > 1:  # cutting above `low` fits the room, cutting above `high` does not
+            middle = (low + high) // 2
+            fits = sum(_cut_above(nodes, unit_nodes, middle).values()) <= room
+            low, high = (middle, high) if fits else (low, middle)
+        nodes = _cut_above(nodes, unit_nodes, high)
+    while sum(nodes.values()) > room:
+        stage = max(nodes, key=nodes.get)
+        if nodes[stage] <= unit_nodes[stage]:
+            break
+        nodes[stage] -= unit_nodes[stage]
+    return nodes
+
+
+def _cut_above(nodes: dict[str, int], unit_nodes: dict[str, int], level: int) -> dict[str, int]:
+    """`nodes` with whole units cut from each stage while it is above `level`."""
+    return {stage: n - max(0, -(-(n - level) // unit_nodes[stage])) * unit_nodes[stage] for stage, n in nodes.items()}

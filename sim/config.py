@@ -2,21 +2,32 @@
 
 The default (no file) is the embedded run: one minute of synthetic chat and agent traffic through a vision card,
 prefill nodes and one decode EP unit of 128 cards, a DeepSeek-V3-like model on H800s.
+
+Every number has a finite range (NaN and infinity are refused): wide enough for the shapes in service (up to
+`MAX_GPUS` cards per decode unit, a day of arrivals, a million-token prompt), narrow enough that no single value
+can make a run hang or exhaust memory. What a whole run would cost is estimated separately, before it starts
+(`sim.work_budget`). A bad value is one `SimConfigError` naming the dotted key, what was found and the range.
 """
 
 import json
-import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, get_args, get_origin
 
+import annotated_types
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
+from placement.cluster import MAX_GPUS, MAX_SLOTS, MAX_SLOTS_PER_GPU
 from sim.fleet_config import FleetConfig
 from sim.hardware import PROFILES
 from sim.model_profile import ModelProfile
 from sim.speculative import SpeculativeConfig
 from traces.errors import EplbError
+
+MAX_DURATION_S = 86_400.0  # a day of arrivals request by request; longer spans are the fleet run's (`fleet`)
+MAX_MEAN_TOKENS = 1_000_000.0  # mean prompt, turn or reply of a class
+TRAFFIC_CLASSES = ("chat", "agent")
 
 
 class SimConfigError(EplbError):
@@ -24,27 +35,44 @@ class SimConfigError(EplbError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _both_classes(values: dict[str, float]) -> dict[str, float]:
+    """`values` once it holds every traffic class: a class left out would fail only when its first session comes."""
+    missing = [name for name in TRAFFIC_CLASSES if name not in values]
+    if missing:
+        raise ValueError(f"needs a value for each traffic class, chat and agent; {' and '.join(missing)} is missing")
+    return values
+
+
+def _per_class(low: float, high: float, *, low_open: bool = False):
+    """A {chat: value, agent: value} mapping, both classes required, each value within [low, high] (or (low,
+    high] when `low_open`)."""
+    bound = Field(gt=low, le=high) if low_open else Field(ge=low, le=high)
+    return Annotated[dict[Literal["chat", "agent"], Annotated[float, bound]], AfterValidator(_both_classes)]
 
 
 class SyntheticWorkload(_Strict):
     """Generated traffic: sessions of several turns (each turn resends the history), chat and agent classes."""
 
-    sessions_per_s: float = Field(60.0, gt=0, description="New conversations per second at the daily mean.")
+    sessions_per_s: float = Field(60.0, gt=0, le=100_000, description="New conversations per second at the daily "
+                                  "mean (at most 100,000; the run's total is bounded by `sim.work_budget`).")
     agent_share: float = Field(0.5, ge=0, le=1, description="Share of sessions that are agent traffic.")
-    turns_mean: dict[str, float] = Field({"chat": 3.0, "agent": 8.0},
-                                         description="Mean turns per session, per class (geometric).")
-    think_time_s: dict[str, float] = Field({"chat": 20.0, "agent": 3.0},
-                                           description="Mean seconds between a reply and the next turn, per class.")
-    first_input_tokens: dict[str, float] = Field({"chat": 1500.0, "agent": 6000.0},
-                                                 description="Mean prompt of a session's first turn, per class.")
-    turn_input_tokens: dict[str, float] = Field({"chat": 200.0, "agent": 800.0},
-                                                description="Mean new user/tool tokens of each later turn.")
-    output_tokens: dict[str, float] = Field({"chat": 400.0, "agent": 250.0},
-                                            description="Mean tokens generated per turn, per class.")
-    images_per_request: float = Field(0.1, ge=0, description="Mean images attached to a request (Poisson).")
+    turns_mean: _per_class(1, 1000) = Field({"chat": 3.0, "agent": 8.0},
+                                            description="Mean turns per session, per class (geometric), 1 to 1,000.")
+    think_time_s: _per_class(0, MAX_DURATION_S) = Field(
+        {"chat": 20.0, "agent": 3.0}, description="Mean seconds between a reply and the next turn, per class.")
+    first_input_tokens: _per_class(1, MAX_MEAN_TOKENS) = Field(
+        {"chat": 1500.0, "agent": 6000.0}, description="Mean prompt of a session's first turn, per class.")
+    turn_input_tokens: _per_class(0, MAX_MEAN_TOKENS) = Field(
+        {"chat": 200.0, "agent": 800.0}, description="Mean new user/tool tokens of each later turn.")
+    output_tokens: _per_class(1, MAX_MEAN_TOKENS) = Field(
+        {"chat": 400.0, "agent": 250.0}, description="Mean tokens generated per turn, per class.")
+    images_per_request: float = Field(0.1, ge=0, le=100, description="Mean images attached to a request "
+                                                                     "(Poisson).")
     daily_curve: bool = Field(False, description="Modulate arrivals by a daily load curve (peak in the afternoon).")
-    daily_peak_to_mean: float = Field(1.5, ge=1, description="Peak over mean of the daily curve.")
+    daily_peak_to_mean: float = Field(1.5, ge=1, le=10, description="Peak over mean of the daily curve.")
 
 
 class WorkloadConfig(_Strict):
@@ -53,7 +81,8 @@ class WorkloadConfig(_Strict):
     trace: str | None = Field(None, description="Request trace: Mooncake .jsonl or Azure .csv, relative to the "
                                                 "config file (None: synthetic).")
     trace_class: Literal["chat", "agent"] = Field("chat", description="Traffic class of a trace's requests.")
-    time_scale: float = Field(1.0, gt=0, description="Divide the trace's arrival times by this (2: twice the rate).")
+    time_scale: float = Field(1.0, ge=0.001, le=1000, description="Divide the trace's arrival times by this (2: "
+                                                                  "twice the rate).")
     synthetic: SyntheticWorkload = Field(SyntheticWorkload(), description="The generator, when no trace is given.")
 
 
@@ -77,52 +106,65 @@ class HardwareConfig(_Strict):
 class ClusterConfig(_Strict):
     """How many machines each stage has and how it batches."""
 
-    vision_cards: int = Field(4, ge=1, description="Single-card vision encoder instances.")
-    prefill_nodes: int = Field(16, ge=1, description="Prefill instances, one 8-card node each.")
-    cards_per_node: int = Field(8, ge=1, description="Cards per prefill node.")
-    max_prefill_batch_tokens: int = Field(16384, ge=1, description="New tokens one prefill batch may hold.")
-    decode_units: int = Field(1, ge=1, description="Decode EP units.")
-    decode_cards: int = Field(128, ge=1, description="Cards per decode EP unit (64-128 in DeepSeek's setup).")
-    max_decode_batch_per_card: int = Field(128, ge=1, description="Sequences per decode card at most (besides "
-                                                                  "the HBM bound).")
+    vision_cards: int = Field(4, ge=1, le=4096, description="Single-card vision encoder instances.")
+    prefill_nodes: int = Field(16, ge=1, le=1024, description="Prefill instances, one 8-card node each.")
+    cards_per_node: int = Field(8, ge=1, le=384, description="Cards per prefill node (and per node of the fleet).")
+    max_prefill_batch_tokens: int = Field(16384, ge=1, le=1 << 24, description="New tokens one prefill batch may "
+                                                                                "hold.")
+    decode_units: int = Field(1, ge=1, le=256, description="Decode EP units.")
+    decode_cards: int = Field(128, ge=1, le=MAX_GPUS, description="Cards per decode EP unit (64-128 in DeepSeek's "
+                                                                  "setup; at most the placement's 1,024).")
+    max_decode_batch_per_card: int = Field(128, ge=1, le=4096, description="Sequences per decode card at most "
+                                                                           "(besides the HBM bound).")
 
 
 class CacheConfig(_Strict):
     """The KV cache tiers: a persistent SSD tier keyed by prefix blocks, and the sliding-window state."""
 
-    disk_capacity_tb: float = Field(1000.0, gt=0, description="Persistent tier capacity (TB; DeepSeek: ~100 PB "
-                                                              "for the whole fleet).")
-    retention_days: dict[str, float] = Field({"agent": 3.0, "chat": 7.0},
-                                             description="Days a prefix block is kept after its last use, per class.")
-    disk_read_gb_s: float = Field(40.0, gt=0, description="Read bandwidth from the storage cluster per prefill node.")
-    block_tokens: int = Field(512, ge=1, description="Tokens per prefix block (Mooncake's hash_ids: 512).")
+    disk_capacity_tb: float = Field(1000.0, gt=0, le=1e6, description="Persistent tier capacity (TB; DeepSeek: "
+                                                                      "~100 PB for the whole fleet).")
+    retention_days: _per_class(0, 3650, low_open=True) = Field(
+        {"agent": 3.0, "chat": 7.0}, description="Days a prefix block is kept after its last use, per class (at "
+                                                 "most 3,650, which keeps every block of any run).")
+    disk_read_gb_s: float = Field(40.0, gt=0, le=1e5, description="Read bandwidth from the storage cluster per "
+                                                                  "prefill node (GB/s).")
+    block_tokens: int = Field(512, ge=1, le=65536, description="Tokens per prefix block (Mooncake's hash_ids: "
+                                                               "512).")
     window_design: Literal["memory", "disk", "recompute"] = Field(
         "memory", description="Sliding-window state: kept in server memory (recompute the tail when missing), "
                               "persisted on disk with the prefix, or never kept (recompute every cached token).")
-    window_lifetime_s: float = Field(180.0, gt=0, description="Lifetime of the in-memory sliding-window state.")
-    window_recompute_tokens: int = Field(128, ge=0, description="Tokens recomputed when the window state is missing.")
+    window_lifetime_s: float = Field(180.0, gt=0, le=3650 * 86400.0, description="Lifetime of the in-memory "
+                                                                                 "sliding-window state (seconds).")
+    window_recompute_tokens: int = Field(128, ge=0, le=1_000_000, description="Tokens recomputed when the window "
+                                                                             "state is missing.")
 
 
 class BalanceConfig(_Strict):
     """Expert load of the decode units: a routing trace replayed through the project's placement policies."""
 
-    routing_trace: str | None = Field(None, description="Decode routing trace (issue 2's formats; None: synthetic "
-                                                         "at the model's shape).")
+    routing_trace: str | None = Field(None, description="Decode routing trace, a file `eplb replay` reads, with "
+                                      "model.num_routed_experts experts per layer (None: synthetic at the model's "
+                                      "shape).")
     policy: Literal["cpsat", "deepseek", "none"] = Field("cpsat", description="Placement policy; none = one "
                                                                               "replica per expert, no balancing.")
-    slots_per_card: int | None = Field(None, ge=1, description="Expert slots per decode card (None: E / cards + 1).")
-    layers: int = Field(4, ge=1, description="Layers of the synthetic routing trace (imbalance is their mean).")
-    steps: int = Field(300, ge=10, description="Steps of the synthetic routing trace (replayed cyclically).")
-    refit_every: int = Field(50, ge=1, description="Steps between refits, as a live rebalancer would.")
-    window: int = Field(50, ge=1, description="Steps each fit sees.")
-    time_limit_s: float = Field(1.0, gt=0, description="cpsat budget per fit (all layers).")
+    slots_per_card: int | None = Field(None, ge=1, le=MAX_SLOTS_PER_GPU, description="Expert slots per decode "
+                                       "card (None: E / cards + 1, or E / cards under policy none).")
+    layers: int = Field(4, ge=1, le=256, description="Layers of the synthetic routing trace (imbalance is their "
+                                                     "mean).")
+    steps: int = Field(300, ge=10, le=100_000, description="Steps of the synthetic routing trace (replayed "
+                                                           "cyclically).")
+    refit_every: int = Field(50, ge=1, le=100_000, description="Steps between refits, as a live rebalancer would.")
+    window: int = Field(50, ge=1, le=100_000, description="Steps each fit sees.")
+    time_limit_s: float = Field(1.0, gt=0, le=3600, description="cpsat budget per fit (all layers), seconds.")
 
 
 class SimConfig(_Strict):
     """One simulation run."""
 
-    seed: int = Field(0, ge=0, description="Seed of every random stream (arrivals, lengths, images, traces).")
-    duration_s: float = Field(60.0, gt=0, description="Simulated seconds of arrivals (the run drains after).")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of every random stream (arrivals, lengths, images, "
+                                                          "traces).")
+    duration_s: float = Field(60.0, gt=0, le=MAX_DURATION_S, description="Simulated seconds of arrivals (the run "
+                              "drains after); at most a day (86,400 s): longer spans are the fleet run's.")
     workload: WorkloadConfig = Field(WorkloadConfig(), description="Requests.")
     model: ModelProfile = Field(ModelProfile(sliding_window_share=0.5), description="The served model (default: "
                                 "DeepSeek-V3's shape with half its layers sliding-window, as the post's V4.1).")
@@ -135,10 +177,45 @@ class SimConfig(_Strict):
     fleet: FleetConfig | None = Field(None, description="Run days of a whole fleet on token rates from units "
                                       "costed in detail (sim.fleet) instead of request by request.")
 
+    @model_validator(mode="after")
+    def _decode_slots_fit(self) -> "SimConfig":
+        """The decode unit's expert slots, checked here in the config's own terms: the placement code would
+        refuse them later, in its own."""
+        cards, experts = self.cluster.decode_cards, self.model.num_routed_experts
+        slots, given = self.decode_slots_per_card, self.balance.slots_per_card is not None
+        how = f"balance.slots_per_card={slots}" if given else (f"{slots} slots per card (model.num_routed_experts="
+                                                                f"{experts} over cluster.decode_cards={cards})")
+        if slots > MAX_SLOTS_PER_GPU:
+            least = -(-experts // (MAX_SLOTS_PER_GPU - 1))
+            raise ValueError(f"{how} exceeds the placement's {MAX_SLOTS_PER_GPU} slots per card; use "
+                             f"cluster.decode_cards >= {least}")
+        if cards * slots > MAX_SLOTS:
+            raise ValueError(f"cluster.decode_cards={cards} x {how} = {cards * slots} expert slots exceeds the "
+                             f"placement's {MAX_SLOTS:,}; lower balance.slots_per_card or cluster.decode_cards")
+        if cards * slots < experts:
+            raise ValueError(f"cluster.decode_cards={cards} x balance.slots_per_card={slots} = {cards * slots} "
+                             f"slots cannot hold model.num_routed_experts={experts} experts; use "
+                             f"balance.slots_per_card >= {-(-experts // cards)} (or leave it unset)")
+        return self
+
+    @property
+    def decode_slots_per_card(self) -> int:
+        """S: expert slots on each decode card: `balance.slots_per_card`, else one per expert spread over the cards
+        plus one redundant slot (none without a balancing policy)."""
+        if self.balance.slots_per_card is not None:
+            return self.balance.slots_per_card
+        experts, cards = self.model.num_routed_experts, self.cluster.decode_cards
+        return -(-experts // cards) + (0 if self.balance.policy == "none" else 1)
+
     @property
     def retention_s(self) -> dict[str, float]:
-        return {name: days * 86400.0 if math.isfinite(days) else math.inf
-                for name, days in self.cache.retention_days.items()}
+        """Seconds a prefix block is kept after its last use, per traffic class."""
+        return {name: days * 86400.0 for name, days in self.cache.retention_days.items()}
+
+    def input_files(self) -> list[tuple[str, Path]]:
+        """(config key, path) of every file the run reads besides the config itself."""
+        named = (("workload.trace", self.workload.trace), ("balance.routing_trace", self.balance.routing_trace))
+        return [(key, Path(path)) for key, path in named if path is not None]
 
 
 def load_sim_config(path: str | Path | None) -> SimConfig:
@@ -166,11 +243,61 @@ def load_sim_config(path: str | Path | None) -> SimConfig:
     try:
         config = SimConfig.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        what = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
-        raise SimConfigError(f"{file}: {where}: {what} ({exc.error_count()} problem(s) in all)") from exc
+        more = f" ({exc.error_count()} problems in all)" if exc.error_count() > 1 else ""
+        raise SimConfigError(f"{file}: {_config_problem(exc, SimConfig)}{more}") from exc
     return _with_paths_from(config, file.parent)
+
+
+_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"}
+
+
+def _config_problem(exc: ValidationError, model: type[BaseModel]) -> str:
+    """The first problem of `exc` (from validating `model`) in one phrase: the dotted key, what was wrong, and for a
+    number out of range the value found and the range allowed."""
+    first = exc.errors()[0]
+    loc = [str(part) for part in first["loc"]]
+    if first["type"] == "extra_forbidden":
+        return f"{'.'.join(loc)}: unknown field"
+    if loc and loc[-1] == "[key]":
+        return f"{'.'.join(loc[:-2])}: key {loc[-2]!r}: {first['msg']}"
+    message = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
+    where = ".".join(loc)
+    if first["type"] in _RANGE_ERRORS:
+        value = first["input"]
+        found = f"{value:g}" if isinstance(value, float) else str(value)
+        allowed = _allowed_range(model, first["loc"])
+        message += f" (found {found}{'; allowed: ' + allowed if allowed else ''})"
+    return f"{where}: {message}" if where else message
+
+
+def _allowed_range(model: type[BaseModel], loc: tuple) -> str:
+    """The bounds of the field at `loc` inside `model` ('> 0 and <= 86400'), or '' when they cannot be found."""
+    annotation, metadata = model, []
+    for part in loc:
+        annotation = _without_none(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in annotation.model_fields:
+            field = annotation.model_fields[part]
+            annotation, metadata = field.annotation, list(field.metadata)
+        elif get_origin(annotation) is dict:
+            annotation, metadata = get_args(annotation)[1], []
+            if get_origin(annotation) is Annotated:
+                annotation, *metadata = get_args(annotation)
+        else:
+            return ""
+    symbols = {annotated_types.Gt: ("gt", ">"), annotated_types.Ge: ("ge", ">="), annotated_types.Lt: ("lt", "<"),
+               annotated_types.Le: ("le", "<=")}
+    flat = [inner for item in metadata for inner in (item.metadata if isinstance(item, FieldInfo) else [item])]
+    bounds = [f"{symbols[type(item)][1]} {getattr(item, symbols[type(item)][0]):g}" for item in flat
+              if type(item) in symbols]
+    return " and ".join(bounds)
+
+
+def _without_none(annotation):
+    """`X` for `X | None`, else the annotation itself."""
+    args = get_args(annotation)
+    if len(args) == 2 and type(None) in args:
+        return next(arg for arg in args if arg is not type(None))
+    return annotation
 
 
 def _with_paths_from(config: SimConfig, folder: Path) -> SimConfig:

@@ -105,8 +105,6 @@ def speculative_decode_step(config: SimConfig, step: SpeculativeStep, batch_size
 def redundant_experts(config: SimConfig) -> int:
     """Expert replicas a decode unit holds beyond one per expert: balance.slots_per_card (default E / cards + 1)
     slots on every card, none without a balancing policy."""
-    cards, experts = config.cluster.decode_cards, config.model.num_routed_experts
     if config.balance.policy == "none":
         return 0
-    slots = config.balance.slots_per_card or -(-experts // cards) + 1
-    return max(0, cards * slots - experts)
+    return max(0, config.cluster.decode_cards * config.decode_slots_per_card - config.model.num_routed_experts)

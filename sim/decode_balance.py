@@ -1,10 +1,14 @@
 """The busiest decode card's share of a step's expert work, from the project's own placement code.
 
-A decode routing trace (a file in issue 2's formats, or synthetic at the model's shape) is replayed through the
+A decode routing trace (a file `eplb replay` reads, or synthetic at the model's shape) is replayed through the
 configured policy exactly as `eplb replay` does (`placement.replay.rolling_replay`: refit every `refit_every` steps
 on the last `window`, the per-step router splitting tokens over replicas), and each served step's max / mean card
 load, averaged over layers, becomes that step's MoE imbalance in the decode cost model. Policy "none" serves one
 replica per expert on contiguous slots with no rebalancing, as an unbalanced deployment would.
+
+A trace file must be of the served model: its experts per layer are `model.num_routed_experts` (a trace of another
+model would be balanced over the wrong experts and its imbalance reported as this model's). Its layers may be any
+number (the imbalance is their mean), and it needs two steps at least (one to fit on, one to serve).
 
 Legend: T steps, L layers, E experts.
 """
@@ -14,26 +18,59 @@ import numpy as np
 from placement import ClusterSpec, fit_placement
 from placement.replay import rolling_replay
 from placement.scoring import score_placement
-from sim.config import SimConfig
-from traces import load_trace
+from sim.config import SimConfig, SimConfigError
+from traces import TraceFormatError, load_trace
 from traces.synthetic import SyntheticConfig, generate_trace
 
+TOKENS_PER_CARD_PER_STEP = 64  # the synthetic routing trace's step: a decode card's typical batch
 
-def decode_imbalance_T(config: SimConfig, tokens_per_step: int) -> np.ndarray:
+
+def read_routing_trace(config: SimConfig) -> np.ndarray | None:
+    """[T, L, E] int64 counts of `balance.routing_trace`, checked against the model; None when the trace is
+    synthetic.
+
+    Raises:
+        SimConfigError: the file cannot be read, its experts per layer are not the model's, or it has one step
+            where the policy needs two.
+    """
+    path = config.balance.routing_trace
+    if path is None:
+        return None
+    try:
+        counts_TLE = load_trace(path).counts_TLE
+    except TraceFormatError as exc:
+        raise SimConfigError(f"balance.routing_trace: {' '.join(str(exc).split())}") from exc
+    steps, layers, experts = counts_TLE.shape
+    model_experts = config.model.num_routed_experts
+    if experts != model_experts:
+        raise SimConfigError(f"balance.routing_trace {path} has {experts} experts per layer, the model "
+                             f"(model.num_routed_experts) {model_experts}; give a routing trace of the served model, "
+                             f"or set model.num_routed_experts: {experts} to simulate the trace's")
+    if steps < 2 and config.balance.policy != "none":
+        raise SimConfigError(f"balance.routing_trace {path} has {steps} step; the {config.balance.policy} replay "
+                             f"needs at least 2 (it fits on earlier steps and serves later ones)")
+    return counts_TLE
+
+
+def routing_shape(config: SimConfig, counts_TLE: np.ndarray | None) -> tuple[int, int, int]:
+    """(T, L, E) of the trace the replay will run: the file's, else the synthetic one's."""
+    if counts_TLE is not None:
+        return counts_TLE.shape
+    return config.balance.steps, config.balance.layers, config.model.num_routed_experts
+
+
+def decode_imbalance_T(config: SimConfig, counts_TLE: np.ndarray | None = None) -> np.ndarray:
     """[T] float, max / mean card load of each served step (mean over layers), replayed cyclically by the decode
-    units; `tokens_per_step` is the unit's typical batch x top-k / top-k (tokens, not picks)."""
+    units; `counts_TLE` is the file's trace (`read_routing_trace`), None for the synthetic one, whose step is the
+    unit's typical batch (`TOKENS_PER_CARD_PER_STEP` tokens per card)."""
     balance, model = config.balance, config.model
     cards = config.cluster.decode_cards
-    if balance.routing_trace is not None:
-        counts_TLE = load_trace(balance.routing_trace).counts_TLE
-    else:
+    if counts_TLE is None:
         counts_TLE = generate_trace(SyntheticConfig(
             num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts, top_k=model.top_k,
-            tokens_per_step=max(tokens_per_step, 1), seed=config.seed)).counts_TLE
-    num_experts = counts_TLE.shape[2]
-    slots = balance.slots_per_card or -(-num_experts // cards) + (0 if balance.policy == "none" else 1)
+            tokens_per_step=TOKENS_PER_CARD_PER_STEP * cards, seed=config.seed)).counts_TLE
     gpus_per_node = 8 if cards % 8 == 0 else cards
-    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots, gpus_per_node=gpus_per_node)
+    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=config.decode_slots_per_card, gpus_per_node=gpus_per_node)
     if balance.policy == "none":
         placement = fit_placement("trivial", counts_TLE[:1], cluster)
         return score_placement(placement, counts_TLE, "static").imbalance_TL.mean(axis=1)

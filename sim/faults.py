@@ -8,6 +8,7 @@ spare the unit runs one card short until the repair); or the whole unit restarts
 card is repaired. Nothing is dropped: re-queued work goes back to prefill.
 """
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,25 +27,34 @@ class FaultEvent:
 
 @dataclass
 class Faults:
-    """Outages in progress (unit-equivalents of capacity lost, until when) and spare cards in use."""
+    """Outages in progress and spare cards in use, per stage.
+
+    Both are heaps ordered by when they end, with a count per stage beside them, so that a look-up costs the
+    entries that ended since the last one, not every outage in progress. An outage takes `_units_per_outage` of
+    its stage's units away until it ends."""
 
     config: FaultConfig
     cards_per_unit: dict[str, int]
     cards_per_node: int
     rng: np.random.Generator
-    outages: list[tuple[float, str, float]] = field(default_factory=list)  # (until, stage, units lost)
-    spares_busy: list[tuple[float, str]] = field(default_factory=list)  # (repaired at, stage)
+    outages: list[tuple[float, str]] = field(default_factory=list)  # heap of (until, stage)
+    spares_busy: list[tuple[float, str]] = field(default_factory=list)  # heap of (repaired at, stage)
     events: list[FaultEvent] = field(default_factory=list)
+    _outages_at: dict[str, int] = field(default_factory=dict)  # outages in progress per stage
+    _spares_busy_at: dict[str, int] = field(default_factory=dict)  # spare cards in use per stage
 
     def spares_free(self, stage: str, now_s: float) -> int:
-        self.spares_busy = [item for item in self.spares_busy if item[0] > now_s]
-        busy = sum(1 for _, where in self.spares_busy if where == stage)
-        return self.config.spare_nodes.get(stage, 0) * self.cards_per_node - busy
+        _expire(self.spares_busy, self._spares_busy_at, now_s)
+        return self.config.spare_nodes.get(stage, 0) * self.cards_per_node - self._spares_busy_at.get(stage, 0)
 
     def units_lost(self, stage: str, now_s: float) -> float:
         """Capacity lost at `stage` now, in units."""
-        self.outages = [item for item in self.outages if item[0] > now_s]
-        return sum(lost for _, where, lost in self.outages if where == stage)
+        _expire(self.outages, self._outages_at, now_s)
+        return self._outages_at.get(stage, 0) * self._units_per_outage(stage)
+
+    def _units_per_outage(self, stage: str) -> float:
+        """Units one failure takes away: its card (reroute) or its whole unit (restart)."""
+        return 1.0 / self.cards_per_unit[stage] if self.config.handling == "reroute" else 1.0
 
     def step(self, now_s: float, step_s: float, serving_cards: dict[str, int],
              sequences_per_card: dict[str, float]) -> tuple[dict[str, int], dict[str, float]]:
@@ -58,15 +68,28 @@ class Faults:
                 spare = self.spares_free(stage, now_s) > 0
                 repaired = now_s + config.repair_hours * 3600.0
                 if spare:
-                    self.spares_busy.append((repaired, stage))
+                    _start(self.spares_busy, self._spares_busy_at, repaired, stage)
                 if config.handling == "reroute":
                     until = now_s + config.spare_swap_s if spare else repaired
-                    lost, sequences = 1.0 / self.cards_per_unit[stage], sequences_per_card[stage]
+                    sequences = sequences_per_card[stage]
                 else:
                     until = now_s + config.restart_s if spare else repaired
-                    lost, sequences = 1.0, sequences_per_card[stage] * self.cards_per_unit[stage]
-                self.outages.append((until, stage, lost))
+                    sequences = sequences_per_card[stage] * self.cards_per_unit[stage]
+                _start(self.outages, self._outages_at, until, stage)
                 failures[stage] += 1
                 requeued[stage] += sequences
                 self.events.append(FaultEvent(now_s, stage, config.handling, spare, sequences))
         return failures, requeued
+
+
+def _start(heap: list[tuple[float, str]], count: dict[str, int], until_s: float, stage: str) -> None:
+    """Add an entry of `stage` lasting until `until_s`."""
+    heapq.heappush(heap, (until_s, stage))
+    count[stage] = count.get(stage, 0) + 1
+
+
+def _expire(heap: list[tuple[float, str]], count: dict[str, int], now_s: float) -> None:
+    """Drop the entries that ended by `now_s` (an entry lasts while its end is later than now)."""
+    while heap and heap[0][0] <= now_s:
+        _, stage = heapq.heappop(heap)
+        count[stage] -= 1

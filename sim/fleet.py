@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.autoscaler import STAGES, Autoscaler
+from sim.autoscaler import STAGES, Autoscaler, within_quota
 from sim.config import SimConfig
 from sim.economics import card_hour_usd, revenue_usd
 from sim.faults import Faults
 from sim.fleet_config import DailyTraffic
 from sim.unit_capacity import UnitCapacity, unit_capacity
+from sim.work_budget import check_fleet_work
 from sim.workload import daily_rate_factor
 
 
@@ -67,17 +68,6 @@ def _output_per_input(traffic: DailyTraffic, load: np.ndarray, step_s: float) ->
     return ratio * shape * load.sum() / (load * shape).sum()
 
 
-def _within_quota(nodes: dict[str, int], unit_nodes: dict[str, int], room: int) -> dict[str, int]:
-    """`nodes` per stage, cut unit by unit from the larger stage until they fit in `room` nodes."""
-    nodes = dict(nodes)
-    while sum(nodes.values()) > room:
-        stage = max(nodes, key=nodes.get)
-        if nodes[stage] <= unit_nodes[stage]:
-            break
-        nodes[stage] -= unit_nodes[stage]
-    return nodes
-
-
 def run_fleet(config: SimConfig, progress: Callable[[float, float], None] | None = None) -> dict:
     """The fleet run of `config` (its `fleet` must be set): autoscaled, then the fixed split of the same node-hours
     (or, with the autoscaler off, the configured fixed split alone); the report.
@@ -85,7 +75,9 @@ def run_fleet(config: SimConfig, progress: Callable[[float, float], None] | None
     Raises:
         ValueError: the quota cannot hold the stages' minimums and the spares, or a fixed split is missing or not
             made of whole units (the message names the field).
+        SimConfigError: the run exceeds a budget of `sim.work_budget` (checked before any work).
     """
+    check_fleet_work(config)
     began = time.perf_counter()
     unit = unit_capacity(config)
     auto, spares = config.fleet.autoscaler, sum(config.fleet.faults.spare_nodes.values())
@@ -149,8 +141,8 @@ def _run(config: SimConfig, unit: UnitCapacity, fixed: dict[str, int] | None,
         first = {"prefill": input_per_s * load[0] / node_rate["prefill"],
                  "decode": input_per_s * load[0] * output_per_input[0] / node_rate["decode"]}
         scaler = Autoscaler(auto, step_nodes, dict.fromkeys(STAGES, 0), reserved=spares)
-        scaler.serving = _within_quota({stage: scaler.target_nodes(stage, first[stage]) for stage in STAGES},
-                                       step_nodes, auto.quota_nodes - spares)
+        scaler.serving = within_quota({stage: scaler.target_nodes(stage, first[stage]) for stage in STAGES},
+                                      step_nodes, auto.quota_nodes - spares)
     else:
         nodes, scaler = fixed, None
     price = {stage: card_hour_usd(config, stage) for stage in STAGES}

@@ -7,79 +7,92 @@ batch and step of the detailed run, at the traffic's operating point; an autosca
 and grows or shrinks the fleet; faults take cards away; prices turn the tokens served into revenue and the nodes
 held into cost. Every field has a default; the traffic's and the prices' are DeepSeek's published Feb-2025 day
 (`sim/configs/deepseek-feb2025-day.yaml` sets the rest of that day's assumptions).
+
+Every number has a finite range (NaN and infinity are refused), wide enough for a fleet of a million nodes serving
+a thousand times DeepSeek's published day for a year; what a whole run would cost (its steps and card failures) is
+estimated before it starts (`sim.work_budget`).
 """
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+MAX_TOKENS_PER_DAY = 1e15  # over a thousand times DeepSeek's published day (608e9 prompt tokens)
+MAX_NODES = 1_000_000  # nodes of a fleet (quota, minimums, fixed split, spares)
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DailyTraffic(_Strict):
     """The day's tokens and their shape over the hours."""
 
-    input_tokens_per_day: float = Field(608e9, gt=0, description="Prompt tokens per day, cache hits included.")
+    input_tokens_per_day: float = Field(608e9, gt=0, le=MAX_TOKENS_PER_DAY,
+                                        description="Prompt tokens per day, cache hits included (at most 1e15).")
     cache_hit_share: float = Field(0.563, ge=0, lt=1, description="Share of prompt tokens served from the "
                                                                   "persistent KV cache.")
-    output_tokens_per_day: float = Field(168e9, gt=0, description="Generated tokens per day.")
-    output_tokens_per_request: float = Field(600.0, gt=0, description="Mean generated tokens per request (turns "
-                                                                      "tokens into requests).")
-    kv_tokens_per_sequence: float = Field(4989.0, gt=0, description="Mean context of a decoding sequence (DeepSeek: "
-                                                                    "4,989 per output token).")
-    prompt_tokens: float = Field(4989.0, gt=0, description="Mean prompt of a prefill batch's requests.")
+    output_tokens_per_day: float = Field(168e9, gt=0, le=MAX_TOKENS_PER_DAY,
+                                         description="Generated tokens per day (at most 1e15).")
+    output_tokens_per_request: float = Field(600.0, gt=0, le=1e6, description="Mean generated tokens per request "
+                                                                              "(turns tokens into requests).")
+    kv_tokens_per_sequence: float = Field(4989.0, gt=0, le=1e7, description="Mean context of a decoding sequence "
+                                                                            "(DeepSeek: 4,989 per output token).")
+    prompt_tokens: float = Field(4989.0, gt=0, le=1e7, description="Mean prompt of a prefill batch's requests.")
     peak_to_mean: float = Field(1.25, ge=1, lt=2, description="Peak over mean of the daily load curve (a cosine).")
     peak_hour: float = Field(15.0, ge=0, lt=24, description="Hour of the daily peak (local time of the prices).")
     noise: float = Field(0.01, ge=0, lt=1, description="Relative minute-to-minute noise of the load (log-normal).")
     mix_swing: float = Field(0.0, ge=0, lt=1, description="Relative swing over the day of generated over prompt "
                              "tokens (0: a fixed mix), which moves load between decode and prefill.")
     mix_peak_hour: float = Field(21.0, ge=0, lt=24, description="Hour the mix is most reply-heavy.")
-    bursts_per_day: float = Field(2.0, ge=0, description="Sudden bursts per day (Poisson).")
-    burst_size: float = Field(0.3, ge=0, description="Extra load during a burst, as a share of the curve.")
-    burst_minutes: float = Field(20.0, gt=0, description="Length of a burst.")
+    bursts_per_day: float = Field(2.0, ge=0, le=1000, description="Sudden bursts per day (Poisson).")
+    burst_size: float = Field(0.3, ge=0, le=100, description="Extra load during a burst, as a share of the curve.")
+    burst_minutes: float = Field(20.0, gt=0, le=1440, description="Length of a burst.")
 
 
 class AutoscalerConfig(_Strict):
     """The controller that moves 8-card nodes between prefill and decode and grows or shrinks the fleet."""
 
     enabled: bool = Field(True, description="Autoscale (False: the fixed split of `fixed_*_nodes`).")
-    interval_s: float = Field(300.0, gt=0, description="Seconds between decisions.")
-    target_utilisation: float = Field(1.0, gt=0, le=1, description="Load over capacity each stage is sized for. "
+    interval_s: float = Field(300.0, ge=1, le=86400, description="Seconds between decisions.")
+    target_utilisation: float = Field(1.0, ge=0.05, le=1, description="Load over capacity each stage is sized for. "
                                       "1.0 with the calibrated cost model: its capacities are DeepSeek's day "
                                       "averages, which already carry its headroom.")
-    move_s: float = Field(300.0, ge=0, description="Seconds a node takes to switch stage (drain, load weights).")
-    grow_s: float = Field(600.0, ge=0, description="Seconds a node added to the fleet takes to serve.")
-    quota_nodes: int = Field(320, ge=1, description="Nodes the fleet may hold at most (its quota).")
+    move_s: float = Field(300.0, ge=0, le=86400, description="Seconds a node takes to switch stage (drain, load "
+                                                             "weights).")
+    grow_s: float = Field(600.0, ge=0, le=86400, description="Seconds a node added to the fleet takes to serve.")
+    quota_nodes: int = Field(320, ge=1, le=MAX_NODES, description="Nodes the fleet may hold at most (its quota).")
     shrink_quota_threshold: float = Field(0.8, gt=0, le=1, description="Never shrink the fleet while quota use "
                                           "(nodes the load needs now, spares included, over quota_nodes) is above "
                                           "this.")
-    shrink_after_s: float = Field(900.0, ge=0, description="Release nodes only after the surplus lasted this long.")
+    shrink_after_s: float = Field(900.0, ge=0, le=7 * 86400.0, description="Release nodes only after the surplus "
+                                                                           "lasted this long.")
     granularity: Literal["unit", "node"] = Field("unit", description="unit: a stage serves in whole units (a "
                                                  "prefill instance, a decode EP unit); node: capacity per node, "
                                                  "pro rata (units of any size).")
-    min_prefill_nodes: int = Field(4, ge=1, description="Prefill nodes kept at least.")
-    min_decode_nodes: int = Field(18, ge=1, description="Decode nodes kept at least.")
-    fixed_prefill_nodes: int | None = Field(None, ge=1, description="Prefill nodes of the fixed split (None: the "
-                                            "autoscaled run's mean, so both hold the same node-hours).")
-    fixed_decode_nodes: int | None = Field(None, ge=1, description="Decode nodes of the fixed split (None: as "
-                                           "above).")
+    min_prefill_nodes: int = Field(4, ge=1, le=MAX_NODES, description="Prefill nodes kept at least.")
+    min_decode_nodes: int = Field(18, ge=1, le=MAX_NODES, description="Decode nodes kept at least.")
+    fixed_prefill_nodes: int | None = Field(None, ge=1, le=MAX_NODES, description="Prefill nodes of the fixed "
+                                            "split (None: the autoscaled run's mean, so both hold the same "
+                                            "node-hours).")
+    fixed_decode_nodes: int | None = Field(None, ge=1, le=MAX_NODES, description="Decode nodes of the fixed split "
+                                           "(None: as above).")
 
 
 class Prices(_Strict):
     """What the tokens are billed and what the cards cost."""
 
-    input_cache_hit_per_m_usd: float = Field(0.14, ge=0, description="$ per million prompt tokens served from "
-                                                                     "cache (DeepSeek-R1 list price).")
-    input_cache_miss_per_m_usd: float = Field(0.55, ge=0, description="$ per million prompt tokens computed.")
-    output_per_m_usd: float = Field(2.19, ge=0, description="$ per million generated tokens.")
+    input_cache_hit_per_m_usd: float = Field(0.14, ge=0, le=1000, description="$ per million prompt tokens served "
+                                             "from cache (DeepSeek-R1 list price).")
+    input_cache_miss_per_m_usd: float = Field(0.55, ge=0, le=1000, description="$ per million prompt tokens "
+                                                                               "computed.")
+    output_per_m_usd: float = Field(2.19, ge=0, le=1000, description="$ per million generated tokens.")
     valley_hours: tuple[float, float] | None = Field((0.5, 8.5), description="Off-peak ('valley') hours [start, "
                                                      "end), local time; None: one price all day.")
     valley_price_factor: float = Field(1.0, ge=0, le=1, description="Prices times this in the valley hours "
                                        "(DeepSeek's R1 valley: 0.25; 1.0: list price all day).")
-    card_hour_usd: float | None = Field(None, ge=0, description="$ per card-hour of every card (None: each "
-                                                                "stage's card profile price).")
+    card_hour_usd: float | None = Field(None, ge=0, le=1000, description="$ per card-hour of every card (None: "
+                                                                         "each stage's card profile price).")
 
     @model_validator(mode="after")
     def _valley_within_the_day(self) -> "Prices":
@@ -91,17 +104,19 @@ class Prices(_Strict):
 class FaultConfig(_Strict):
     """Card failures and how the fleet rides them out."""
 
-    card_failures_per_hour: float = Field(1.97e-5, ge=0, description="Failures per card-hour (Llama 3: 419 "
+    card_failures_per_hour: float = Field(1.97e-5, ge=0, le=1, description="Failures per card-hour (Llama 3: 419 "
                                           "unexpected interruptions in 54 days on 16,384 H100s).")
-    repair_hours: float = Field(4.0, gt=0, description="Hours until a failed card serves again.")
+    repair_hours: float = Field(4.0, gt=0, le=8784, description="Hours until a failed card serves again.")
     handling: Literal["reroute", "restart"] = Field(
         "reroute", description="reroute: the unit goes on without the card (its experts and sequences move to "
         "survivors, a spare takes its place); restart: the whole unit restarts.")
     spare_nodes: dict[str, int] = Field({"prefill": 1, "decode": 1}, description="Idle nodes held per stage to "
                                         "replace failed cards (billed).")
-    spare_swap_s: float = Field(60.0, ge=0, description="Seconds until a spare takes a failed card's place.")
-    restart_s: float = Field(600.0, ge=0, description="Seconds a unit restart takes (handling = restart).")
-    failure_multiplier: float = Field(1.0, ge=0, description="Scales the failure rate (stress tests).")
+    spare_swap_s: float = Field(60.0, ge=0, le=86400, description="Seconds until a spare takes a failed card's "
+                                                                  "place.")
+    restart_s: float = Field(600.0, ge=0, le=86400, description="Seconds a unit restart takes (handling = "
+                                                                "restart).")
+    failure_multiplier: float = Field(1.0, ge=0, le=1000, description="Scales the failure rate (stress tests).")
 
     @model_validator(mode="after")
     def _stages(self) -> "FaultConfig":
@@ -111,6 +126,9 @@ class FaultConfig(_Strict):
         negative = {stage: nodes for stage, nodes in self.spare_nodes.items() if nodes < 0}
         if negative:
             raise ValueError(f"spare_nodes must be >= 0 per stage; got {negative}")
+        huge = {stage: nodes for stage, nodes in self.spare_nodes.items() if nodes > MAX_NODES}
+        if huge:
+            raise ValueError(f"spare_nodes must be <= {MAX_NODES:,} per stage (the largest quota); got {huge}")
         return self
 
 
@@ -118,14 +136,16 @@ class FleetConfig(_Strict):
     """A fleet run: days of traffic through prefill instances and decode units."""
 
     days: float = Field(1.0, gt=0, le=366, description="Days simulated.")
-    step_s: float = Field(60.0, gt=0, le=3600, description="Seconds per time step.")
-    tokens_per_s_per_user: float = Field(21.0, gt=0, description="Decode speed each sequence is served at "
-                                                                 "(DeepSeek: 20-22 tok/s).")
-    prefill_instance_nodes: int = Field(4, ge=1, description="Nodes per prefill instance (DeepSeek: 4, EP32).")
-    decode_imbalance: float = Field(1.0, ge=1, description="Busiest card's routed tokens over the mean in the "
-                                    "decode units (1.0: the calibrated rates, which carry DeepSeek's own).")
-    drain_s: float = Field(3600.0, ge=0, description="Seconds after the last arrival to serve what is queued; "
-                                                     "what is left is lost.")
+    step_s: float = Field(60.0, ge=1, le=3600, description="Seconds per time step.")
+    tokens_per_s_per_user: float = Field(21.0, gt=0, le=10_000, description="Decode speed each sequence is served "
+                                                                            "at (DeepSeek: 20-22 tok/s).")
+    prefill_instance_nodes: int = Field(4, ge=1, le=1024, description="Nodes per prefill instance (DeepSeek: 4, "
+                                                                      "EP32).")
+    decode_imbalance: float = Field(1.0, ge=1, le=100, description="Busiest card's routed tokens over the mean in "
+                                    "the decode units (1.0: the calibrated rates, which carry DeepSeek's own).")
+    drain_s: float = Field(3600.0, ge=0, le=7 * 86400.0, description="Seconds after the last arrival to serve what "
+                                                                     "is queued (at most a week); what is left is "
+                                                                     "lost.")
     traffic: DailyTraffic = Field(DailyTraffic(), description="The day's traffic.")
     autoscaler: AutoscalerConfig = Field(AutoscalerConfig(), description="Node placement over time.")
     prices: Prices = Field(Prices(), description="Billing and card cost.")

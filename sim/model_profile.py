@@ -91,39 +91,41 @@ def _kind_counts(kinds: tuple[LayerKind, ...]) -> dict[LayerKind, int]:
 class ModelProfile(BaseModel):
     """A DeepSeek-style MoE model with MLA attention and optional sliding-window and compressed layers."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field("DeepSeek-V3", description="Label used in reports.")
-    num_layers: int = Field(61, ge=1, description="Decoder layers (MTP module excluded).")
-    num_dense_layers: int = Field(3, ge=0, description="Leading layers with a dense FFN instead of experts.")
-    hidden_size: int = Field(7168, ge=1, description="Model width D.")
-    vocab_size: int = Field(129280, ge=1, description="Vocabulary; sizes the embedding and the output head.")
-    num_routed_experts: int = Field(256, ge=1, description="E: routed experts per MoE layer.")
-    top_k: int = Field(8, ge=1, description="K: routed experts each token uses per MoE layer.")
-    num_shared_experts: int = Field(1, ge=0, description="Experts every token uses per MoE layer.")
-    moe_intermediate_size: int = Field(2048, ge=1, description="Inner width of one expert (gate, up, down).")
-    dense_intermediate_size: int = Field(18432, ge=1, description="Inner width of a dense layer's FFN.")
-    num_heads: int = Field(128, ge=1, description="Attention (query) heads.")
-    q_lora_rank: int = Field(1536, ge=1, description="MLA query down-projection rank.")
-    kv_lora_rank: int = Field(512, ge=1, description="MLA compressed KV latent per token (cached).")
-    qk_nope_head_dim: int = Field(128, ge=1, description="Per-head query/key dims without rotary embedding.")
-    qk_rope_head_dim: int = Field(64, ge=0, description="Rotary key dims, shared by heads and cached.")
-    v_head_dim: int = Field(128, ge=1, description="Per-head value dims.")
-    weight_bytes: float = Field(1.0, gt=0, description="Bytes per linear weight (1: FP8 on H800, INT8 on Ascend).")
-    embedding_bytes: float = Field(2.0, gt=0, description="Bytes per embedding/output-head weight (BF16 in V3).")
+    num_layers: int = Field(61, ge=1, le=512, description="Decoder layers (MTP module excluded).")
+    num_dense_layers: int = Field(3, ge=0, le=512, description="Leading layers with a dense FFN instead of experts.")
+    hidden_size: int = Field(7168, ge=1, le=131072, description="Model width D.")
+    vocab_size: int = Field(129280, ge=1, le=1 << 24, description="Vocabulary; sizes the embedding and the output "
+                                                                  "head.")
+    num_routed_experts: int = Field(256, ge=1, le=4096, description="E: routed experts per MoE layer.")
+    top_k: int = Field(8, ge=1, le=256, description="K: routed experts each token uses per MoE layer.")
+    num_shared_experts: int = Field(1, ge=0, le=64, description="Experts every token uses per MoE layer.")
+    moe_intermediate_size: int = Field(2048, ge=1, le=131072, description="Inner width of one expert (gate, up, down).")
+    dense_intermediate_size: int = Field(18432, ge=1, le=1 << 20, description="Inner width of a dense layer's FFN.")
+    num_heads: int = Field(128, ge=1, le=1024, description="Attention (query) heads.")
+    q_lora_rank: int = Field(1536, ge=1, le=65536, description="MLA query down-projection rank.")
+    kv_lora_rank: int = Field(512, ge=1, le=65536, description="MLA compressed KV latent per token (cached).")
+    qk_nope_head_dim: int = Field(128, ge=1, le=4096, description="Per-head query/key dims without rotary embedding.")
+    qk_rope_head_dim: int = Field(64, ge=0, le=4096, description="Rotary key dims, shared by heads and cached.")
+    v_head_dim: int = Field(128, ge=1, le=4096, description="Per-head value dims.")
+    weight_bytes: float = Field(1.0, gt=0, le=8, description="Bytes per linear weight (1: FP8 on H800, INT8 on "
+                                                             "Ascend).")
+    embedding_bytes: float = Field(2.0, gt=0, le=8, description="Bytes per embedding/output-head weight (BF16 in V3).")
     kv_cache_dtype: Literal["bf16", "fp8"] = Field("bf16", description="Dtype of cached KV values (BF16 in "
                                                                        "DeepSeek's Feb-2025 deployment).")
-    dispatch_bytes: float = Field(1.0, gt=0, description="Bytes per hidden value sent to an expert (FP8).")
-    combine_bytes: float = Field(2.0, gt=0, description="Bytes per hidden value returned by an expert (BF16).")
+    dispatch_bytes: float = Field(1.0, gt=0, le=8, description="Bytes per hidden value sent to an expert (FP8).")
+    combine_bytes: float = Field(2.0, gt=0, le=8, description="Bytes per hidden value returned by an expert (BF16).")
     sliding_window_share: float = Field(0.0, ge=0, le=1, description="Share of layers that use sliding-window "
                                                                      "attention, spread evenly over the depth.")
     sliding_window_layers: tuple[int, ...] | None = Field(None, description="Explicit sliding-window layer indices "
                                                                             "(overrides sliding_window_share).")
-    sliding_window: int = Field(128, ge=1, description="Tokens a sliding layer sees and caches. 128 because the "
-                                                       "V4.1 post recomputes exactly the last 128 tokens to rebuild "
-                                                       "that cache, which restores it only if the window is <= 128.")
+    sliding_window: int = Field(128, ge=1, le=1 << 24, description="Tokens a sliding layer sees and caches. 128 "
+                                "because the V4.1 post recomputes exactly the last 128 tokens to rebuild that cache, "
+                                "which restores it only if the window is <= 128.")
     compressed_layers: tuple[int, ...] = Field((), description="Layer indices with a compressed cache.")
-    compression_ratio: int = Field(4, ge=1, description="Tokens per cached entry in a compressed layer.")
+    compression_ratio: int = Field(4, ge=1, le=1024, description="Tokens per cached entry in a compressed layer.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelProfile":

@@ -66,14 +66,15 @@ class SpeculativeConfig(BaseModel):
       at smaller batches (memory-bound, verification nearly free), higher at larger ones.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = Field(False, description="Decode with a draft model (off: one token per sequence and step).")
     draft_tokens: int = Field(5, ge=1, le=32, description="k: draft tokens proposed per sequence and step.")
     policy: Literal["all", "first_n", "threshold"] = Field(
         "threshold", description="Draft tokens verified: all k, the first verify_first_n, or the leading ones whose "
                                  "predicted cumulative acceptance exceeds threshold.")
-    verify_first_n: int = Field(3, ge=1, description="Draft tokens verified under policy first_n (<= draft_tokens).")
+    verify_first_n: int = Field(3, ge=1, le=32, description="Draft tokens verified under policy first_n (<= "
+                                                            "draft_tokens).")
     threshold: float = Field(0.4, ge=0, le=1, description="Predicted cumulative acceptance below which a draft "
                                                           "token (and all after it) is not verified.")
     first_acceptance: float = Field(0.875, ge=0, le=1, description="Mean acceptance of the first draft token "
@@ -82,9 +83,9 @@ class SpeculativeConfig(BaseModel):
                                                                   "acceptance is the previous one's times this.")
     confidence_spread: float = Field(1 / 3, ge=0, lt=1, description="Variance of a token's acceptance around its "
                                                                     "position's mean, as a share of p(1 - p).")
-    predictor_noise: float = Field(0.5, ge=0, description="SD, in logits, of the draft's predicted acceptance "
+    predictor_noise: float = Field(0.5, ge=0, le=10, description="SD, in logits, of the draft's predicted acceptance "
                                                           "around the true one (0: a perfect predictor).")
-    draft_cost_share: float = Field(0.04, ge=0, description="Draft seconds per drafted token as a share of a "
+    draft_cost_share: float = Field(0.04, ge=0, le=10, description="Draft seconds per drafted token as a share of a "
                                                             "target decode step of one token per sequence.")
 
     @model_validator(mode="after")

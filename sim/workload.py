@@ -12,21 +12,30 @@ import math
 
 import numpy as np
 
-from sim.config import SimConfig, SyntheticWorkload
+from sim.config import SimConfig, SimConfigError, SyntheticWorkload
+from traces.errors import TraceFormatError
 from traces.request_trace import Request, load_request_trace
 
 TYPICAL_OUTPUT_TOKENS_PER_S = 20.0  # the reply time a user waits before the next turn (DeepSeek: 20-22 tok/s)
 BLOCK_ID_STRIDE = 1 << 20  # block ids: session * stride + position (a partial block gets a fresh id per turn)
 
 
-def requests_for(config: SimConfig) -> list[Request]:
-    """The run's requests in arrival order, arriving within [0, config.duration_s)."""
+def trace_requests(config: SimConfig) -> list[Request] | None:
+    """The requests of `workload.trace` arriving within [0, config.duration_s) once rescaled, in arrival order;
+    None when the workload is synthetic.
+
+    Raises:
+        SimConfigError: the trace cannot be read (the message names the key, the file and the line).
+    """
     workload = config.workload
-    if workload.trace is not None:
+    if workload.trace is None:
+        return None
+    try:
         requests = load_request_trace(workload.trace, traffic_class=workload.trace_class)
-        scaled = [_rescaled(r, workload.time_scale) for r in requests]
-        return [r for r in scaled if r.arrival_s < config.duration_s]
-    return synthetic_requests(workload.synthetic, config.duration_s, config.cache.block_tokens, config.seed)
+    except TraceFormatError as exc:
+        raise SimConfigError(f"workload.trace: {' '.join(str(exc).split())}") from exc
+    scaled = [_rescaled(r, workload.time_scale) for r in requests]
+    return [r for r in scaled if r.arrival_s < config.duration_s]
 
 
 def synthetic_requests(workload: SyntheticWorkload, duration_s: float, block_tokens: int, seed: int) -> list[Request]:

@@ -1,9 +1,10 @@
 """No `eplb` command destroys an input or leaves a partial output: outputs that name an input or each other, and
 outputs that are not regular files, are refused before any work; links are written through; a command that fails
-leaves no file behind.
+leaves no file behind. The inputs of `eplb sim` include every file its config names.
 """
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -105,3 +106,48 @@ def test_synth_whose_plot_cannot_be_written_leaves_no_trace(run_eplb, one_line_e
     result = run_eplb("synth", "--out", tmp_path / "t.npz", *SMALL_SYNTH, "--plot", blocker / "heat.png")
     one_line_error(result, "is a file, not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+@pytest.fixture()
+def sim_inputs(tmp_path, small_trace) -> dict:
+    """A request trace, a routing trace of a 32-expert model and a config naming both (relative to it), in a fresh
+    folder beside an empty output folder."""
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps({"timestamp": 400 * i, "input_length": 600, "output_length": 20,
+                                            "hash_ids": [1, 2]}) + "\n" for i in range(3)))
+    routing = Path(shutil.copy(small_trace, tmp_path / "routing.npz"))
+    config = tmp_path / "c.yaml"
+    config.write_text("duration_s: 2\nworkload: {trace: requests.jsonl}\nmodel: {num_routed_experts: 32}\n"
+                      "cluster: {prefill_nodes: 1, decode_cards: 8}\n"
+                      "balance: {routing_trace: routing.npz, policy: none}\n")
+    (tmp_path / "out").mkdir()
+    return {"dir": tmp_path, "config": config, "workload.trace": requests, "balance.routing_trace": routing}
+
+
+SIM_CONFLICTS = [  # (id, output file in --out-dir, input it is made a link to, symbolic or hard)
+    ("report-links-to-the-request-trace", "report.json", "workload.trace", "symbolic"),
+    ("report-is-a-hard-link-to-the-request-trace", "report.json", "workload.trace", "hard"),
+    ("timeline-links-to-the-routing-trace", "sim_timeline.png", "balance.routing_trace", "symbolic"),
+    ("report-is-a-hard-link-to-the-routing-trace", "report.json", "balance.routing_trace", "hard"),
+]
+
+
+@pytest.mark.parametrize(("name", "key", "link"), [c[1:] for c in SIM_CONFLICTS], ids=[c[0] for c in SIM_CONFLICTS])
+def test_sim_output_linked_to_a_file_its_config_names_is_refused_and_the_file_kept(run_eplb_here, one_line_error,
+                                                                                    sim_inputs, name, key, link):
+    output = sim_inputs["dir"] / "out" / name
+    if link == "symbolic":
+        os.symlink(sim_inputs[key], output)
+    else:
+        os.link(sim_inputs[key], output)
+    before = {p.name: digest(p) for p in sim_inputs["dir"].iterdir() if p.is_file()}
+    result = run_eplb_here("sim", "--config", sim_inputs["config"], "--out-dir", sim_inputs["dir"] / "out", "--quiet")
+    one_line_error(result, f"is the input {key} (in --config) {sim_inputs[key]}")
+    assert {p.name: digest(p) for p in sim_inputs["dir"].iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in (sim_inputs["dir"] / "out").iterdir()) == [name]
+
+
+def test_sim_with_its_outputs_apart_from_its_inputs_runs(run_eplb_here, sim_inputs):
+    result = run_eplb_here("sim", "--config", sim_inputs["config"], "--out-dir", sim_inputs["dir"] / "out", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((sim_inputs["dir"] / "out" / "report.json").read_text())["requests"] == 3

@@ -1,7 +1,11 @@
 """`eplb sim`: the embedded default's shape through a small config, one JSON object with the contract keys, the
-report and figure in --out-dir, and a bad config as a one-line error."""
+report and figure in --out-dir, and a bad config as a one-line error: a value out of its range, a run over a
+budget, a routing trace of another model, each named by its config key before any work."""
 
 import json
+
+import numpy as np
+import pytest
 
 
 def test_sim_prints_one_json_object_and_writes_the_report(tmp_path, run_eplb_here):
@@ -39,3 +43,79 @@ def test_days_without_a_fleet_section_is_one_line(tmp_path, run_eplb_here, one_l
     one_line_error(run_eplb_here("sim", "--days", "1"), "--days needs a config with a fleet section")
     one_line_error(run_eplb_here("sim", "--config", "sim/configs/seed-fleet-day.yaml", "--days", "0"),
                    "--days 0.0: Input should be greater than 0")
+
+
+# (id, config, what the one line says); every value here used to hang, crash or name a flag `eplb sim` lacks.
+BAD_CONFIGS = [
+    ("duration-infinite", "duration_s: .inf",
+     "duration_s: Input should be a finite number (found inf; allowed: > 0 and <= 86400)"),
+    ("duration-1e12", "duration_s: 1.0e+12", "duration_s: Input should be less than or equal to 86400"),
+    ("sessions-infinite", "workload: {synthetic: {sessions_per_s: .inf}}",
+     "workload.synthetic.sessions_per_s: Input should be a finite number (found inf; allowed: > 0 and <= 100000)"),
+    ("sessions-1e9", "workload: {synthetic: {sessions_per_s: 1.0e+9}}",
+     "workload.synthetic.sessions_per_s: Input should be less than or equal to 100000"),
+    ("turns-of-one-class", "workload: {synthetic: {turns_mean: {chat: 3}}}",
+     "workload.synthetic.turns_mean: needs a value for each traffic class, chat and agent; agent is missing"),
+    ("prefill-nodes-1e9", "cluster: {prefill_nodes: 1000000000}",
+     "cluster.prefill_nodes: Input should be less than or equal to 1024 (found 1000000000; allowed: >= 1 and <= "
+     "1024)"),
+    ("decode-units-1e8", "cluster: {decode_units: 100000000}",
+     "cluster.decode_units: Input should be less than or equal to 256"),
+    ("fleet-tokens-infinite", "fleet: {traffic: {input_tokens_per_day: .inf}}",
+     "fleet.traffic.input_tokens_per_day: Input should be a finite number"),
+    ("fleet-drain-1e12", "fleet: {drain_s: 1.0e+12}", "fleet.drain_s: Input should be less than or equal to 604800"),
+    ("fleet-input-1e30", "fleet: {traffic: {input_tokens_per_day: 1.0e+30}}",
+     "fleet.traffic.input_tokens_per_day: Input should be less than or equal to"),
+    ("fleet-output-1e30", "fleet: {traffic: {output_tokens_per_day: 1.0e+30}}",
+     "fleet.traffic.output_tokens_per_day: Input should be less than or equal to"),
+    ("failures-1e9", "fleet: {faults: {card_failures_per_hour: 1.0e+9}}",
+     "fleet.faults.card_failures_per_hour: Input should be less than or equal to 1"),
+    ("retention-nan", "cache: {retention_days: {chat: .nan, agent: 3}}",
+     "cache.retention_days.chat: Input should be a finite number"),
+    ("retention-negative-days", "cache: {retention_days: {chat: -1, agent: 3}}",
+     "cache.retention_days.chat: Input should be greater than 0 (found -1; allowed: > 0 and <= 3650)"),
+    ("decode-cards-1e9", "cluster: {decode_cards: 1000000000}",
+     "cluster.decode_cards: Input should be less than or equal to 1024"),
+    ("slots-per-card-1000", "balance: {slots_per_card: 1000}",
+     "balance.slots_per_card: Input should be less than or equal to 256"),
+    ("slots-too-few-for-the-experts", "balance: {slots_per_card: 1}",
+     "cluster.decode_cards=128 x balance.slots_per_card=1 = 128 slots cannot hold model.num_routed_experts=256 "
+     "experts; use balance.slots_per_card >= 2"),
+    ("routing-steps-1e8", "balance: {steps: 100000000}", "balance.steps: Input should be less than or equal to "
+                                                         "100000"),
+    ("a-day-request-by-request", "duration_s: 86400",
+     "decode steps; budget 20,000,000): lower workload.synthetic.sessions_per_s or duration_s"),
+    ("routing-steps-over-budget", "balance: {steps: 100000}",
+     "slot-steps (99,950 steps x 4 layers x 384 expert slots; budget 4,000,000): lower balance.steps"),
+    ("a-refit-every-step", "balance: {refit_every: 1}", "(250 refits x 4 layers; budget 500): raise "
+                                                        "balance.refit_every"),
+    ("fleet-second-steps-for-a-year", "fleet: {days: 366, step_s: 1}",
+     "this fleet run would take 31,626,000 steps (budget 600,000): raise fleet.step_s"),
+    ("fleet-failing-every-second", "fleet: {faults: {card_failures_per_hour: 1, failure_multiplier: 1000}}",
+     "card failures (2,560 cards at most over 25 h, 2 pass(es); budget 500,000): lower "
+     "fleet.faults.card_failures_per_hour"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
+def test_a_value_out_of_range_or_a_run_over_budget_is_one_line_naming_the_config_key(tmp_path, run_eplb_here,
+                                                                                      one_line_error, text,
+                                                                                      expected):
+    config = tmp_path / "c.yaml"
+    config.write_text(text + "\n")
+    result = run_eplb_here("sim", "--config", config, "--json")
+    one_line_error(result, expected)
+    assert "--" not in result.stderr  # no flag of the placement commands (`eplb sim` has none of theirs)
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ((20, 2, 32), "has 32 experts per layer, the model (model.num_routed_experts) 256; give a routing trace of the "
+                  "served model, or set model.num_routed_experts: 32"),
+    ((1, 2, 256), "has 1 step; the cpsat replay needs at least 2"),
+], ids=["another-models-experts", "one-step"])
+def test_a_routing_trace_that_does_not_fit_the_model_is_refused(tmp_path, run_eplb_here, one_line_error, shape,
+                                                                expected):
+    np.save(tmp_path / "routing.npy", np.full(shape, 3, dtype=np.int64))
+    config = tmp_path / "c.yaml"
+    config.write_text("balance: {routing_trace: routing.npy}\n")
+    one_line_error(run_eplb_here("sim", "--config", config, "--json"), f"routing.npy {expected}")

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.autoscaler import Autoscaler
+from sim.autoscaler import Autoscaler, within_quota
 from sim.config import SimConfig, SimConfigError, load_sim_config
 from sim.cost_model import kv_cache_read_seconds, prefill_seconds
 from sim.costs import disk_bytes_per_block
@@ -219,3 +219,30 @@ def test_a_bad_fleet_field_is_one_config_error_naming_it(tmp_path, text, message
     path.write_text(text + "\n")
     with pytest.raises(SimConfigError, match=message):
         load_sim_config(path)
+
+
+def _cut_one_unit_at_a_time(nodes: dict[str, int], unit_nodes: dict[str, int], room: int) -> dict[str, int]:
+    """Reference for `within_quota`: one unit at a time from the larger stage (the first on a tie)."""
+    nodes = dict(nodes)
+    while sum(nodes.values()) > room:
+        stage = max(nodes, key=nodes.get)
+        if nodes[stage] <= unit_nodes[stage]:
+            break
+        nodes[stage] -= unit_nodes[stage]
+    return nodes
+
+
+def test_the_cut_to_the_quota_is_the_unit_by_unit_cut_done_at_once():
+    rng = np.random.default_rng(0)
+    for _ in range(5000):
+        units = {"prefill": int(rng.integers(1, 6)), "decode": int(rng.integers(1, 20))}
+        nodes = {stage: units[stage] * int(rng.integers(1, 40)) for stage in units}
+        if rng.random() < 0.3:
+            nodes["decode"] = nodes["prefill"]  # ties go to the first stage
+        room = int(rng.integers(0, 600))
+        assert within_quota(nodes, units, room) == _cut_one_unit_at_a_time(nodes, units, room)
+    # billions of nodes beyond the quota take a few dozen turns, not one per unit (the same as ten thousand)
+    units = {"prefill": 4, "decode": 18}
+    assert within_quota({"prefill": 4 * 10**9, "decode": 18 * 10**9}, units, 320) == \
+        _cut_one_unit_at_a_time({"prefill": 4 * 10**4, "decode": 18 * 10**4}, units, 320) == \
+        {"prefill": 160, "decode": 144}
