@@ -29,7 +29,8 @@
    helper's, beside the solve), its encoding, and what a rank spends at that step now (decoding its own part)
    against decoding the whole plan, in the same process.
 7. The README's demo commands with a killed rank, `--runs` times each (`--section demo-switches`): how many runs
-   switched to a better placement (imbalance after below before) before the step the rank is killed in.
+   switched before the step the rank is killed in to a placement that served better than the start placement on
+   the same steps.
 8. Host copies at the full shape (`--section host-copies`: 61 layers x 256 experts on 64 GPUs x 5 slots and 128 x 3,
    greedy and cpsat placements of synthetic traffic): for each number of ranks that may die at once
    (`failures_tolerated` 1-3), the host copies a rank keeps (mean and most over ranks, all layers) and their bytes
@@ -234,11 +235,11 @@ QUICK_KILL_DEMOS = (QUICK_DEMO + ("--fail-rank", "1", "--fail-at-step", "20"),)
 
 
 def demo_switches_section(runs: int, commands: tuple[tuple[str, ...], ...]) -> None:
-    """Each demo command run `runs` times as a user runs it: the runs that switched to a better placement (imbalance
-    after below before) before the step its rank is killed in."""
+    """Each demo command run `runs` times as a user runs it: the runs whose first switch came before the step its
+    rank is killed in and served better than the start placement on the same steps (the demo's `first_switch`)."""
     script = Path(__file__).resolve().parent / "live_demo.py"
-    print("\n| command | runs | switched before the kill, better | first switch step (kill at) | imbalance before -> "
-          "after (median) |")
+    print("\n| command | runs | switched before the kill, better | first switch step (kill at) | imbalance from the "
+          "first switch to the kill: start placement -> served (median) |")
     print("|---|---|---|---|---|")
     for demo_args in commands:
         kill_at = int(demo_args[demo_args.index("--fail-at-step") + 1])
@@ -249,12 +250,12 @@ def demo_switches_section(runs: int, commands: tuple[tuple[str, ...], ...]) -> N
             if result.returncode != 0:
                 raise RuntimeError(f"the live demo failed (run {run}): {result.stderr[-2000:]}")
             report = json.loads(result.stdout.strip().splitlines()[-1])
-            switches = report["switch_steps"]
-            first.append(switches[0] if switches else None)
-            if switches and switches[0] < kill_at and report["imbalance_after"] < report["imbalance_before"]:
+            switch = report["first_switch"]
+            first.append(switch["from_step"] if switch else None)
+            if switch and switch["from_step"] < kill_at and switch["after"] < switch["before"]:
                 good += 1
-                before.append(report["imbalance_before"])
-                after.append(report["imbalance_after"])
+                before.append(switch["before"])
+                after.append(switch["after"])
         steps = sorted(s for s in first if s is not None)
         span = f"{steps[0]}-{steps[-1]}" if steps else "none"
         change = f"{np.median(before):.3f} -> {np.median(after):.3f}" if before else "n/a"

@@ -61,6 +61,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
     switches = stats["switch_steps"]
     after_steps = [s for s in steps if switches and s >= switches[-1]]
     before, basis = _imbalance_before(setup, finished[0], after_steps, steps)
+    first_switch = _first_switch(setup, finished[0], switches, measured, steps)
     recoveries = finished[0].recoveries
     kill_to_step = None
     if recoveries and recoveries[0].get("killed_at"):
@@ -92,6 +93,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
                          "p99_rebalancing": _ms(busy, 99), "steps_rebalancing": len(busy)},
         "step_time_ms_by_phase": _by_phase(finished[0], {step: row["seconds"] for step, row in times.items()}),
         "switch_steps": switches,
+        "first_switch": first_switch,
         "lag_steps": stats["lag_steps"],
         "lag_seconds": [round(x, 3) for x in stats["lag_seconds"]],
         "slots_match_placement": all(r.slots_match_placement for r in finished),
@@ -99,6 +101,23 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "failures_tolerated": finished[0].failures_tolerated,
         "host_copy_bytes_max": max(r.host_copy_bytes for r in finished),
     }
+
+
+def _first_switch(setup: DecodeSetup, report: LoopReport, switches: list[int], measured: dict[int, float],
+                  steps: list[int]) -> dict | None:
+    """What the first switch bought while it served: on the steps from it to the next switch or the first recovery
+    (a smaller group), the start placement routed on their traffic (`before`) against the imbalance measured
+    (`after`). None without a switch."""
+    if not switches:
+        return None
+    ends = switches[1:] + [rec["resume_step"] for rec in report.recoveries if rec["resume_step"] > switches[0]]
+    end = min(ends, default=max(steps) + 1)
+    served = [s for s in steps if switches[0] <= s < end]
+    if not served:
+        return None
+    before, _ = _imbalance_before(setup, report, served, steps)
+    return {"from_step": switches[0], "to_step": end, "before": before,
+            "after": float(np.mean([measured[s] for s in served]))}
 
 
 def _imbalance_before(setup: DecodeSetup, report: LoopReport, after_steps: list[int],

@@ -52,6 +52,9 @@ def test_live_demo_rebalances_and_survives_a_killed_rank(tmp_path):
     assert report["max_abs_err_vs_dense"] <= 1e-5 and report["tokens_lost"] == 0
     assert report["rebalances"] >= 1 and report["bytes_moved"] > 0 and report["requests_requeued"] > 0
     assert report["survivors"] == [0, 2]
+    switch = report["first_switch"]  # what the first switch served until the next one or the kill
+    assert switch["from_step"] == report["switch_steps"][0] < switch["to_step"] <= 36
+    assert switch["before"] > 0 and switch["after"] > 0
     phases = report["step_time_ms_by_phase"]
     assert phases["quiet"]["steps"] > 0 and sum(row["steps"] for row in phases.values()) == report["steps"]
     low, high = report["step_time_p99_ratio_interval"]
