@@ -8,7 +8,7 @@ exceed a budget:
 - the request-level engine (`sim.engine`): its events, `EVENTS_PER_REQUEST` per request plus one per prefill node
   (an arrival wakes every idle node) plus one per decode step, within `MAX_ENGINE_EVENTS`; and its memory (the
   requests, their prefix blocks in the requests and the persistent tier, the per-second timeline, the routing
-  trace) within the machine's;
+  trace) within half the machine's (`MEMORY_SHARE`);
 - the decode replay (`sim.decode_balance`): the live router's work, steps x layers x expert slots of the unit
   (its water filling runs over every slot of every layer of every step), within `MAX_ROUTED_SLOT_STEPS`; layer
   fits within `MAX_LAYER_FITS`; and cpsat's time limits within `MAX_SOLVER_S`;
@@ -36,6 +36,7 @@ MAX_SOLVER_S = 300.0  # refits x balance.time_limit_s under cpsat
 MAX_FLEET_STEPS = 600_000  # steps of one fleet pass: 366 days of minute steps and a drain fit
 MAX_FLEET_FAILURES = 500_000  # card failures expected over the fleet run's passes
 
+MEMORY_SHARE = 0.5  # of the machine's memory a run's estimate may take (the estimate is rough)
 EVENTS_PER_REQUEST = 4  # arrival, vision, its share of a prefill batch, decode admission
 REQUEST_BYTES = 2_000  # a request, its record and its per-design FLOP counts
 BLOCK_BYTES = 250  # a prefix block id in its request and its entry in the persistent tier
@@ -104,12 +105,12 @@ def check_engine_work(config: SimConfig, trace_requests: list[Request] | None,
             f"this run would take about {work.events:,.0f} events ({work.requests:,.0f} requests, "
             f"{work.decode_steps:,.0f} decode steps; budget {MAX_ENGINE_EVENTS:,}): lower {lower} (or {also}); "
             f"a config with a fleet section simulates days of a whole fleet")
-    memory = machine_memory_bytes()
+    memory = MEMORY_SHARE * machine_memory_bytes()
     if work.memory_bytes > memory:
         raise SimConfigError(
-            f"this run would need about {work.memory_bytes / 2**30:,.1f} GiB ({work.requests:,.0f} requests; this "
-            f"machine has {memory / 2**30:,.1f} GiB): lower {lower}, or raise cache.block_tokens (fewer prefix "
-            f"blocks per prompt)")
+            f"this run would need about {work.memory_bytes / 2**30:,.1f} GiB ({work.requests:,.0f} requests; a run "
+            f"may take {memory / 2**30:,.1f} GiB, half this machine's): lower {lower}, or raise cache.block_tokens "
+            f"(fewer prefix blocks per prompt)")
     return work
 
 

@@ -87,11 +87,13 @@ def rebalance_experts(
     load = _checked_load(weight, num_replicas, num_groups, num_nodes, num_gpus, "num_gpus")
     if policy not in POLICY_NAMES:
         raise ValueError(f"policy must be one of {POLICY_NAMES}; got {policy!r}")
+    if policy == "cpsat":  # its options and cluster checked before any work too
+        _check_solver_options(time_limit_s, seed)
+        cluster = _cluster(num_replicas, num_nodes, num_gpus)
     phy2log, log2phy, logcnt = deepseek_rebalance(load, num_replicas, num_groups, num_nodes, num_gpus,
                                                   TORCH_ARITHMETIC)
     if policy == "cpsat":
-        cluster = _cluster(num_replicas, num_nodes, num_gpus)
-        placement = _cpsat_or_greedy(load.astype(np.float64), phy2log, cluster, time_limit_s, seed)
+        placement = _cpsat_or_greedy(load.astype(np.float64), phy2log, cluster, time_limit_s, int(seed))
         phy2log, log2phy, logcnt = placement.phy2log_LP, placement.log2phy_LEX, placement.logcnt_LE
     return _tensors(phy2log, log2phy, logcnt)
 
@@ -142,10 +144,6 @@ def _cpsat_or_greedy(load_LE: np.ndarray, greedy_LP: np.ndarray, cluster: Cluste
     The fit sees integer loads: each layer scaled to `CPSAT_LOAD_TOTAL`, so the same weights in any unit give it
     the same problem.
     """
-    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real) or not (
-            math.isfinite(time_limit_s) and time_limit_s > 0):
-        raise ValueError(f"time_limit_s must be a number of seconds > 0; got {time_limit_s!r}")
-    seed = _whole_number(seed, "seed", least=0)
     num_experts = load_LE.shape[1]
     total_L1 = load_LE.sum(axis=1, keepdims=True)
     counts_LE = np.rint(load_LE * (CPSAT_LOAD_TOTAL / np.where(total_L1 > 0, total_L1, 1.0))).astype(np.int64)
@@ -155,6 +153,14 @@ def _cpsat_or_greedy(load_LE: np.ndarray, greedy_LP: np.ndarray, cluster: Cluste
     better_L = _equal_split_peak_L(candidate, load_LE) < _equal_split_peak_L(greedy, load_LE)
     return Placement.equal_split(np.where(better_L[:, None], candidate.phy2log_LP, greedy_LP), cluster, num_experts,
                                  "cpsat")
+
+
+def _check_solver_options(time_limit_s, seed) -> None:
+    """The cpsat policy's budget (seconds > 0, finite) and seed (an int >= 0)."""
+    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real) or not (
+            math.isfinite(time_limit_s) and time_limit_s > 0):
+        raise ValueError(f"time_limit_s must be a number of seconds > 0; got {time_limit_s!r}")
+    _whole_number(seed, "seed", least=0)
 
 
 def _keep_in_place(old_LP: np.ndarray, new: Placement) -> Placement:

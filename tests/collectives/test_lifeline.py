@@ -52,6 +52,8 @@ def test_a_child_ends_with_its_parent_killed_outright(new_session, from_main_thr
                           stdout=subprocess.PIPE, text=True)
     child_pid = int(session.process.stdout.readline())
     assert child_pid in session.members()
+    if from_main_thread:  # stopped, the child's watchdog cannot run: only the kernel's signal can end it
+        os.kill(child_pid, signal.SIGSTOP)
     session.process.kill()
     session.process.wait()
     assert session.survivors_after(5.0) == {}

@@ -45,7 +45,7 @@ def test_days_without_a_fleet_section_is_one_line(tmp_path, run_eplb_here, one_l
                    "--days 0.0: Input should be greater than 0")
 
 
-# (id, config, what the one line says); every value here used to hang, crash or name a flag `eplb sim` lacks.
+# (id, config, what the one line says): values that would hang, crash or name a flag `eplb sim` lacks, each refused.
 BAD_CONFIGS = [
     ("duration-infinite", "duration_s: .inf",
      "duration_s: Input should be a finite number (found inf; allowed: > 0 and <= 86400)"),

@@ -152,10 +152,11 @@ def test_the_script_itself_exits_2_with_one_line_on_stderr_and_nothing_on_stdout
                                           "(see live_demo.py --help)"]
 
 
-# A run long enough to be killed in the middle: 2 ranks, rank 0 with its solver's helper and the helper's pacer.
+# A run long enough to be killed in the middle: 2 ranks, rank 0 with its solver's helper and the helper's pacer
+# (started for a CPU share below 1).
 LONG_RUN = ["--world-size", "2", "--steps", "100000", "--experts", "8", "--hidden-size", "16",
             "--tokens-per-step", "16", "--fit-steps", "5", "--time-limit", "0.2", "--rebalance-every", "5",
-            "--rebalance-time-limit", "0.2"]
+            "--rebalance-time-limit", "0.2", "--solve-cpu-share", "0.5"]
 
 
 def _all_up(members: dict[int, str]) -> bool:
