@@ -418,7 +418,8 @@ def plan_section(args) -> None:
     cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
     current = fit_placement("deepseek", trace.counts_TLE[:50], cluster)
     target = plan_migration(current, fit_placement("deepseek", trace.counts_TLE[50:], cluster)).realised
-    shape = TransferShape(hidden_size=7168, intermediate_size=2048, element_size=1, max_bytes_per_round=64 << 20)
+    shape = TransferShape(hidden_size=7168, intermediate_size=2048, element_size=1, max_bytes_per_round=64 << 20,
+                          failures_tolerated=2)
     began = time.perf_counter()
     fills, rounds = plan_rebalance(current, target, shape)
     planned = time.perf_counter() - began

@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="expert bytes a rank sends or receives between two steps (default 512 KiB)")
     parser.add_argument("--shift-at-step", type=index, default=None, metavar="N",
                         help="with a rebalancer: the step at which the traffic's expert mix changes (default: half "
-                             "of --rebalance-every, so the first attempt's window sees it; else a third of --steps)")
+                             "of --rebalance-every, at most a third of --steps, so that the first attempt's window "
+                             "sees it; without --rebalance-every a third of --steps)")
     parser.add_argument("--fail-rank", type=index, default=None, metavar="K", help="kill rank K's process (SIGKILL)")
     parser.add_argument("--fail-at-step", type=index, default=None, metavar="N",
                         help="the step rank K dies in (default: half way)")
@@ -178,6 +179,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--fail-rank needs --world-size >= 2 (someone must survive)")
     if args.fail_at_step is not None and args.fail_rank is None:
         parser.error("--fail-at-step needs --fail-rank")
+    if args.shift_at_step is not None and args.rebalance_every is None and args.fail_rank is None:
+        parser.error("--shift-at-step needs --rebalance-every or --fail-rank (the shifting traffic is the "
+                     "rebalancing loop's)")
     if args.shift_at_step is not None and args.shift_at_step >= args.steps:
         parser.error(f"--shift-at-step must be in [0, --steps={args.steps}); got {args.shift_at_step}")
     if args.fail_at_step is not None and not 0 <= args.fail_at_step < args.steps:

@@ -65,13 +65,13 @@ class TransferShape:
     intermediate_size: int
     element_size: int
     max_bytes_per_round: int
-    failures_tolerated: int = 1
+    failures_tolerated: int
 
 
 KINDS = ("slot", "backup")  # a kind's code in the encoded fills
 
 
-def backup_wanted(experts_GS: np.ndarray, failures_tolerated: int = 1) -> list[tuple[int, int]]:
+def backup_wanted(experts_GS: np.ndarray, failures_tolerated: int) -> list[tuple[int, int]]:
     """(rank, expert) pairs, sorted: the host copies that give every expert of `experts_GS` [G, S] (-1 = empty) a
     copy, in a slot or in host memory, on min(failures_tolerated + 1, G) ranks, so that any `failures_tolerated`
     ranks may die at once and a survivor still holds every expert.
@@ -196,16 +196,17 @@ def schedule_chunks(
     return [chunks for chunks in rounds if chunks] or [[]]
 
 
-def holders_of(experts_GS: np.ndarray, with_backups: bool = True,
-               failures_tolerated: int = 1) -> dict[int, dict[int, tuple[str, int]]]:
-    """GPU -> expert -> where that GPU's rank holds it under the placement `experts_GS` [G, S]: ("slot", its first
-    slot), else ("backup", expert) for the host copies `backup_wanted` gives it (left out before they are built)."""
+def holders_of(experts_GS: np.ndarray, failures_tolerated: int | None) -> dict[int, dict[int, tuple[str, int]]]:
+    """GPU -> expert -> where that GPU's rank holds it under the placement `experts_GS` [G, S] (-1 = empty):
+    ("slot", its first slot), else ("backup", expert) for the host copies `backup_wanted` gives it for
+    `failures_tolerated` (None: slots only, before the host copies are built)."""
     holders: dict[int, dict[int, tuple[str, int]]] = {}
     for gpu, row in enumerate(experts_GS.tolist()):
         held = holders.setdefault(gpu, {})
         for slot, expert in enumerate(row):
-            held.setdefault(int(expert), ("slot", slot))
-    for gpu, expert in backup_wanted(experts_GS, failures_tolerated) if with_backups else ():
+            if expert >= 0:
+                held.setdefault(int(expert), ("slot", slot))
+    for gpu, expert in backup_wanted(experts_GS, failures_tolerated) if failures_tolerated is not None else ():
         holders[gpu].setdefault(expert, ("backup", expert))
     return holders
 
@@ -225,7 +226,7 @@ def plan_rebalance(current: Placement, target: Placement, shape: TransferShape) 
         wanted = [(int(gpu), "slot", int(slot), int(new_GS[gpu, slot])) for gpu, slot in np.argwhere(new_GS != old_GS)]
         wanted += [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(new_GS, tolerated)
                    if (gpu, expert) not in old_backup]
-        fills += plan_fills(layer, wanted, holders_of(old_GS, failures_tolerated=tolerated), sends)
+        fills += plan_fills(layer, wanted, holders_of(old_GS, tolerated), sends)
     rounds = schedule_chunks(fills, shape.hidden_size, shape.intermediate_size, shape.element_size,
                              shape.max_bytes_per_round)
     return fills, rounds

@@ -120,6 +120,10 @@ class Rebalancer:
         self.placement = placement
         self.placement_members = list(comm.members)  # original rank of each GPU of the placement
         self.failures_tolerated = config.failures_tolerated_for(comm.world_size)
+        if config.failures_tolerated is not None and comm.world_size > 1 and \
+                config.failures_tolerated >= comm.world_size:
+            raise ValueError(f"failures_tolerated={config.failures_tolerated} must be below the group's "
+                             f"{comm.world_size} ranks (someone must survive); lower it")
         self.policy_fn = policy_fn
         self.stats = RebalanceStats()
         self.backup: list[dict[int, ExpertWeights]] = [{} for _ in layers]
@@ -148,6 +152,12 @@ class Rebalancer:
     def phase(self) -> str:
         """"idle", "solving" (waiting on the background solve) or "moving" (weights in flight, then the switch)."""
         return self._state
+
+    @property
+    def transfer_in_flight(self) -> bool:
+        """True while a round of a rebalance's weights is posted and not yet completed (it moves during the decode
+        step that follows `step`)."""
+        return self._solve.get("in_flight") is not None
 
     @property
     def in_progress(self) -> bool:
@@ -329,7 +339,7 @@ class Rebalancer:
         tables = [layer for layer in range(len(self.layers)) if layer not in box["tables"]]
         if tables:  # one layer's routing tables and host copies a step, so that the switch only installs them
             box["tables"][tables[0]] = ReplicaTables.build(box["target"], tables[0], comm.device)
-            box["backups"][tables[0]] = self._backups_of(box["target"], tables[0])
+            box["backups"][tables[0]] = self.backups_of(box["target"], tables[0])
         # The round posted before the last decode step has moved meanwhile: complete it, then post the next.
         if box.get("in_flight") is not None:
             in_flight, box["in_flight"] = box["in_flight"], None
@@ -432,7 +442,7 @@ class Rebalancer:
             experts_GS = self.placement.phy2log_LP[layer].reshape(shape)
             wanted = [(gpu, "backup", expert, expert)
                       for gpu, expert in backup_wanted(experts_GS, self.failures_tolerated)]
-            fills += plan_fills(layer, wanted, holders_of(experts_GS, with_backups=False), sends)
+            fills += plan_fills(layer, wanted, holders_of(experts_GS, None), sends)
         staging = self._staging_for(fills)
         self._solve = {"staging": staging}
         self._run_all(fills, self.config.max_bytes_per_step, tag_base=_tag_base(0, 0))
@@ -462,10 +472,11 @@ class Rebalancer:
                 for matrix, stack in enumerate(_stacks(weights)):
                     stack[slot].copy_(matrix_of(staged, matrix, 0))
 
-    def _backups_of(self, placement: Placement, layer: int) -> list[int]:
+    def backups_of(self, placement: Placement, layer: int) -> list[int]:
         """The experts of `layer` this rank keeps host copies of under `placement` (`backup_wanted`)."""
         experts_GS = placement.phy2log_LP[layer].reshape(placement.cluster.num_gpus, placement.cluster.slots_per_gpu)
-        return [expert for rank, expert in backup_wanted(experts_GS, self.failures_tolerated) if rank == self.comm.rank]
+        return [expert for rank, expert in backup_wanted(experts_GS, self.failures_tolerated)
+                if rank == self.comm.rank]
 
     def _keep_backups(self, layer: int, experts: list[int], staging: dict) -> None:
         """This rank's host copies of `layer`: those of `experts`, staged ones, else kept ones."""
@@ -547,12 +558,15 @@ class Rebalancer:
         try:
             fills, restored = survivor_fills(old, target, lost, kept, self.failures_tolerated)
         except LookupError as exc:
-            raise CollectiveError(f"cannot recover: {exc}: {len(lost)} ranks were lost at once, more than "
+            raise CollectiveError(f"cannot recover: {exc}: {len(lost)} ranks were lost at once, with "
                                   f"failures_tolerated={self.failures_tolerated} (raise it to keep more host "
                                   "copies)") from exc
         staging = self._staging_for(fills)
         self._solve = {"staging": staging}
         self._run_all(fills, max(self.config.max_bytes_per_step, 1 << 30), tag_base=_tag_base(comm.generation, 0))
+        # Commit only when every survivor's transfers succeeded: a rank whose transfer failed (another death) never
+        # reaches this agreement, so the others' fails too, and every survivor agrees again from the old placement.
+        comm.min_over_ranks(1)
         # Commit: every transfer succeeded on this rank; copy the staged experts into the slots (grown if needed).
         for index, layer in enumerate(self.layers):
             weights = layer.slot_experts
@@ -563,7 +577,7 @@ class Rebalancer:
                 weights = grown
             self._copy_staged_slots(index, weights, staging)
             layer.install(target, ReplicaTables.build(target, index, comm.device), weights)
-            self._keep_backups(index, self._backups_of(target, index), staging)
+            self._keep_backups(index, self.backups_of(target, index), staging)
         self.placement, self.placement_members = target, list(survivors)
         self._fitted_imbalance = None
         self.layers[0].piggyback = self.layers[0].piggyback_received = None  # messages of the old group

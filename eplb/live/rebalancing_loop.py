@@ -38,7 +38,7 @@ class Faults:
         kills: (rank, step): that rank's process is killed outright (SIGKILL) after the first layer of that step;
             several ranks may die at the same step.
         kills_while_moving: (rank, n): that rank is killed after the first layer of the n-th step (1: the first)
-            that runs with a round of a rebalance's weights in flight (the rebalancer's phase "moving").
+            that runs with a round of a rebalance's weights in flight (`Rebalancer.transfer_in_flight`).
         kill_in_answer_broadcast: this rank is killed as it enters the broadcast of a solve's answer (rank 0
             sends it; the others are waiting in the collective).
         drains: (rank, step): every rank calls `mark_failed(rank)` before that step.
@@ -72,6 +72,7 @@ class LoopReport:
     final_members: list[int] = field(default_factory=list)
     load_errors: list[str] = field(default_factory=list)
     host_copy_bytes: int = 0
+    host_copies_match_placement: bool = False
     failures_tolerated: int = 1
 
 
@@ -153,8 +154,8 @@ def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, con
             busy_before, phase_before = rebalancer.in_progress, rebalancer.phase
             rebalancer.step(step, accept_switch=faults.refuse_switch_rank != me)
             pause = time.perf_counter() - began
-            steps_moving += rebalancer.phase == "moving"
-            doomed = step in kill_steps or (rebalancer.phase == "moving" and steps_moving in kill_moving)
+            steps_moving += rebalancer.transfer_in_flight
+            doomed = step in kill_steps or (rebalancer.transfer_in_flight and steps_moving in kill_moving)
             outputs = []
             for index, layer in enumerate(layers):
                 outputs.append(layer(mine[index]))
@@ -200,6 +201,9 @@ def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, con
             and torch.equal(layer.slot_experts.down_AFD, experts[index].select(
                 MoEDecodeLayer.slots_of_rank(rebalancer.placement, index, comm.rank)).down_AFD)
             for index, layer in enumerate(layers))
+        report.host_copies_match_placement = all(
+            sorted(rebalancer.backup[index]) == rebalancer.backups_of(rebalancer.placement, index)
+            for index in range(num_layers))
         report.final_phy2log_LP = rebalancer.placement.phy2log_LP
         report.final_members = list(comm.members)
     return report

@@ -97,6 +97,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "lag_steps": stats["lag_steps"],
         "lag_seconds": [round(x, 3) for x in stats["lag_seconds"]],
         "slots_match_placement": all(r.slots_match_placement for r in finished),
+        "host_copies_match_placement": all(r.host_copies_match_placement for r in finished),
         "survivors": finished[0].final_members,
         "failures_tolerated": finished[0].failures_tolerated,
         "host_copy_bytes_max": max(r.host_copy_bytes for r in finished),

@@ -81,7 +81,7 @@ def _fill_layer(experts_GS: np.ndarray, load_E: np.ndarray, num_experts: int) ->
 
 
 def survivor_fills(old: Placement, target: Placement, lost: list[int], kept: list[int],
-                   failures_tolerated: int = 1) -> tuple[list[Fill], int]:
+                   failures_tolerated: int) -> tuple[list[Fill], int]:
     """The fills that take the survivors from `old` to `target` (`placement_without`'s), ranks numbered in the new
     group (`kept[rank]`: its GPU in `old`): slots that change or are new, from a survivor's slot or host copy, and
     the host copies `target` needs (`backup_wanted`, for `failures_tolerated`) that a survivor does not keep
@@ -96,7 +96,7 @@ def survivor_fills(old: Placement, target: Placement, lost: list[int], kept: lis
     fills, sends, restored = [], {}, 0
     for layer in range(old.num_layers):
         old_GS, new_GS = old.phy2log_LP[layer].reshape(old_shape), target.phy2log_LP[layer].reshape(new_shape)
-        all_holders = holders_of(old_GS, failures_tolerated=failures_tolerated)
+        all_holders = holders_of(old_GS, failures_tolerated)
         holders = {rank: all_holders[gpu] for rank, gpu in enumerate(kept)}
         restored += len(set(old_GS[lost].reshape(-1).tolist()) - set(old_GS[kept].reshape(-1).tolist()))
         # Slots that change (or are new) and the host copies the target needs; the rest stays where it is.

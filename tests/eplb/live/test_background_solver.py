@@ -23,7 +23,8 @@ from placement.bounds import imbalance_lower_bound
 from placement.scoring import score_placement
 
 
-SHAPE = TransferShape(hidden_size=8, intermediate_size=16, element_size=4, max_bytes_per_round=256)
+SHAPE = TransferShape(hidden_size=8, intermediate_size=16, element_size=4, max_bytes_per_round=256,
+                      failures_tolerated=1)
 
 
 def wait_for(solver: BackgroundSolver, timeout_s: float = 120.0) -> dict:
@@ -188,7 +189,8 @@ from slow_policy import slow_policy
 def start():
     counts = np.ones((4, 1, 8), dtype=np.int64)
     current = fit_placement("deepseek", counts, ClusterSpec(num_gpus=2, slots_per_gpu=5, gpus_per_node=2))
-    shape = TransferShape(hidden_size=8, intermediate_size=16, element_size=4, max_bytes_per_round=256)
+    shape = TransferShape(hidden_size=8, intermediate_size=16, element_size=4, max_bytes_per_round=256,
+                          failures_tolerated=1)
     solver = BackgroundSolver("process", "deepseek", dict(), shape, policy_fn=slow_policy, cpu_share=0.5)
     assert solver.wait_ready(120)
     solver.submit(counts, current)

@@ -16,8 +16,8 @@ from placement import ClusterSpec, fit_placement, plan_migration
 
 def test_with_one_failure_tolerated_a_lone_expert_is_copied_to_its_ranks_successor():
     experts_GS = np.array([[0, 1], [2, 0], [3, 4]])
-    assert backup_wanted(experts_GS) == [(0, 3), (0, 4), (1, 1), (2, 2)]
-    assert backup_wanted(np.array([[0, 1]])) == []
+    assert backup_wanted(experts_GS, 1) == [(0, 3), (0, 4), (1, 1), (2, 2)]
+    assert backup_wanted(np.array([[0, 1]]), 1) == []
 
 
 @pytest.mark.parametrize("num_gpus,slots,tolerated", [(4, 6, 1), (4, 6, 2), (8, 5, 2), (16, 3, 3), (3, 8, 5)],
@@ -43,7 +43,7 @@ def test_any_tolerated_set_of_dead_ranks_leaves_a_copy_of_every_expert(num_gpus,
 
 def test_two_failures_tolerated_cover_an_expert_whose_replicas_are_on_two_non_neighbours():
     experts_GS = np.array([[0, 1], [2, 3], [0, 4], [5, 6]])  # expert 0 on ranks 0 and 2
-    assert all(expert != 0 for _, expert in backup_wanted(experts_GS))  # two copies: one rank may die
+    assert all(expert != 0 for _, expert in backup_wanted(experts_GS, 1))  # two copies: one rank may die
     copies_of_0 = [gpu for gpu, expert in backup_wanted(experts_GS, 2) if expert == 0]
     assert len(copies_of_0) == 1 and copies_of_0[0] in (1, 3)  # ranks 0 and 2 may now die at once
 
@@ -128,7 +128,8 @@ def two_placements():
 
 def test_a_rebalance_plan_fills_every_changed_slot_and_new_host_copy(two_placements):
     current, target = two_placements
-    shape = TransferShape(hidden_size=4, intermediate_size=6, element_size=4, max_bytes_per_round=64)
+    shape = TransferShape(hidden_size=4, intermediate_size=6, element_size=4, max_bytes_per_round=64,
+                          failures_tolerated=1)
     fills, rounds = plan_rebalance(current, target, shape)
     grid = (4, 5)
     for layer in range(current.num_layers):
@@ -139,13 +140,13 @@ def test_a_rebalance_plan_fills_every_changed_slot_and_new_host_copy(two_placeme
             if f.layer == layer and f.dst_kind == "slot":
                 assert new[f.dst_rank, f.dst_index] == f.expert
         copies = {(f.dst_rank, f.expert) for f in fills if f.layer == layer and f.dst_kind == "backup"}
-        assert copies == set(backup_wanted(new)) - set(backup_wanted(old))
+        assert copies == set(backup_wanted(new, 1)) - set(backup_wanted(old, 1))
     assert rounds == schedule_chunks(fills, 4, 6, 4, 64)
 
 
 def test_a_plan_survives_its_encoding_whole_and_as_one_ranks_part(two_placements):
     current, target = two_placements
-    fills, rounds = plan_rebalance(current, target, TransferShape(4, 6, 4, 64))
+    fills, rounds = plan_rebalance(current, target, TransferShape(4, 6, 4, 64, failures_tolerated=1))
     fills_N8, chunks_C6 = encode_fills(fills), encode_rounds(rounds)
     assert fills_N8.dtype == chunks_C6.dtype == np.int64
     assert decode_fills(fills_N8) == fills and decode_rounds(chunks_C6) == rounds

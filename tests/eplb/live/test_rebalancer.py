@@ -54,6 +54,7 @@ def assert_exact_and_complete(summary: dict, steps: int) -> None:
     assert summary["max_abs_err_vs_dense"] <= 1e-5
     assert summary["tokens_lost"] == 0
     assert summary["slots_match_placement"]
+    assert summary["host_copies_match_placement"]  # each rank's host copies are the ones the placement wants
 
 
 def test_a_running_group_rebalances_onto_the_new_traffic_with_exact_outputs():
@@ -136,7 +137,7 @@ def test_two_non_neighbours_killed_at_the_same_step_when_two_failures_are_tolera
 def test_two_neighbours_killed_during_one_weight_transfer():
     steps = 36
     config = CONFIG.model_copy(update={"failures_tolerated": 2, "refit_on_drift": None})
-    _, reports, summary = run(4, steps, faults=Faults(kills_while_moving=((1, 2), (2, 2))), config=config)
+    _, reports, summary = run(4, steps, faults=Faults(kills_while_moving=((1, 1), (2, 1))), config=config)
     assert_exact_and_complete(summary, steps)
     assert summary["survivors"] == [0, 3]
     assert [sorted(rec["lost_ranks"]) for rec in summary["recoveries"]] == [[1, 2]]
@@ -153,6 +154,15 @@ def test_rank_0_killed_while_broadcasting_a_solved_placement():
     assert summary["survivors"] == [1, 2, 3]
     assert [rec["lost_ranks"] for rec in summary["recoveries"]] == [[0]]
     assert summary["rebalances"] >= 1  # the new rank 0 (rank 1 as first formed) solves for the smaller group
+
+
+def test_more_failures_tolerated_than_the_group_can_lose_is_refused_on_every_rank():
+    config = CONFIG.model_copy(update={"failures_tolerated": 2})
+    reports = run_local_group(run_rebalancing_loop, 2, setup_for(2, 4), 4, config, Faults(), (), "group",
+                              timeout_s=TIMEOUT_S, deadline_s=120, allow_failures=True)
+    for report in reports:
+        assert isinstance(report, ValueError) and "failures_tolerated=2 must be below the group's 2 ranks" in str(
+            report), report
 
 
 def test_mark_failed_drains_a_rank_the_same_way():
