@@ -7,20 +7,21 @@ its output against the dense single-process layer. It prints, last, one JSON obj
 world_size, routing, max_abs_err_vs_dense, imbalance_measured (max / mean of the rows each rank computed, mean over
 steps and layers), imbalance_planned (the same from the quotas), tokens_lost, seconds_per_step_mean, placement.
 
-With --rebalance-every R and/or --fail-rank K [--fail-at-step N] it runs the loop with a `Rebalancer`: the
-traffic shifts a third of the way in (a new mix of experts), a rebalance starts every R steps (or when the imbalance
-drifts), moves the weights in chunks between steps and switches every rank at once; rank K's process is killed
-outright (SIGKILL) in the middle of step N and the survivors recover and finish the run. The JSON object then also
-holds imbalance_before, imbalance_after, rebalances (and rebalances_kept: fits not worth moving to), bytes_moved,
-requests_requeued, failed_rank, decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they rest on (see
-`eplb.live.rebalancing_summary.summarize_rebalancing`).
+With --rebalance-every R and/or --fail-rank K [--fail-at-step N] it runs the loop with a `Rebalancer`: the traffic
+shifts at --shift-at-step (a new mix of experts; default half of R), a rebalance starts every R steps (or when the
+imbalance drifts), moves the weights in chunks between steps and switches every rank at once; rank K's process is
+killed outright (SIGKILL) in the middle of step N and the survivors recover and finish the run. The JSON object then
+also holds imbalance_before, imbalance_after, rebalances (and rebalances_kept: fits not worth moving to),
+bytes_moved, requests_requeued, failed_rank, decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they
+rest on (see `eplb.live.rebalancing_summary.summarize_rebalancing`).
 
 A bad flag value exits 2 with one line on stderr, before any process starts. The ranks and the solver's helper end
 with this process however it ends; SIGTERM or SIGINT stops them and exits 128 + the signal's number.
 
 Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dynamic] [--layers 2] [--json]
        [--rebalance-every R] [--fail-rank K [--fail-at-step N]] [--rebalance-policy cpsat|deepseek]
-       [--rebalance-good-enough X] [--rebalance-min-gain G] [--step-times FILE]
+       [--rebalance-good-enough X] [--rebalance-min-gain G] [--solve-cpu-share F] [--max-bytes-per-step B]
+       [--shift-at-step N] [--step-times FILE]
 """
 
 import argparse
