@@ -86,7 +86,7 @@ SLOTS_PER_GPU = _number(int, 1, high=MAX_SLOTS_PER_GPU)
 DRIFT_RATIO = _number(float, 1, low_open=True)
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage mistake as one line on stderr and exits 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -138,11 +138,11 @@ def _add_routing(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="eplb", description=DESCRIPTION, epilog=EPILOG,
+    parser = OneLineParser(prog="eplb", description=DESCRIPTION, epilog=EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log what each step read, fitted and wrote to stderr (before the subcommand)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_OneLineParser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
 
     p = sub.add_parser("demo", help="the main job on an embedded default: synth, place, score, replay, plot",
                        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectives import backend_for, exit_on_signals, run_local_group  # noqa: E402
 from collectives.errors import BackendUnavailableError  # noqa: E402
+from eplb.cli import OneLineParser  # noqa: E402
 from eplb.live import ROUTING_MODES, MoELayerConfig  # noqa: E402
 from eplb.live.rebalance_config import RebalanceConfig  # noqa: E402
 from eplb.live.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup  # noqa: E402
@@ -80,13 +81,6 @@ def number(low: float, *, low_open: bool = False, high: float | None = None, or_
         return value
 
     return parse
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a usage mistake as one line on stderr and exits 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
