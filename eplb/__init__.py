@@ -1,4 +1,6 @@
-"""The public face of the balancer: what a decode worker imports, and the `eplb` command line.
+"""The public face of the balancer: what a decode worker imports (`eplb.live`), the rebalancer that changes a running
+group's placement (`eplb.rebalance`), drop-in policies for other engines (`eplb.adapters`), and the `eplb` command
+line (`eplb.cli`).
 
 Offline: `load_trace`, `fit_placement`, `score_placement`, `load_placement`, `save_placement`.
 Live (torch; imported on first use, so the command line starts without torch): `MoEDecodeLayer`,
@@ -17,10 +19,10 @@ _LAZY = {
     "MoELayerConfig": "eplb.live",
     "LoadRecorder": "eplb.live",
     "ExpertWeights": "eplb.live",
-    "Rebalancer": "eplb.live",
-    "RebalanceConfig": "eplb.live",
-    "rebalance_experts": "eplb.live.policy_adapters",
-    "CpsatEplbPolicy": "eplb.live.policy_adapters",
+    "Rebalancer": "eplb.rebalance",
+    "RebalanceConfig": "eplb.rebalance",
+    "rebalance_experts": "eplb.adapters",
+    "CpsatEplbPolicy": "eplb.adapters",
     "init_communicator": "collectives",
     "Communicator": "collectives",
     "CollectiveError": "collectives",

@@ -23,16 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectives.lifeline import parent_of_child  # noqa: E402
-from placement import ClusterSpec, fit_placement  # noqa: E402
-from placement.policies.cpsat_policy import LEVELS, fitted_objective  # noqa: E402
-from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
+from collectives.lifeline import parent_of_child
+from placement import ClusterSpec, fit_placement
+from placement.policies.cpsat_policy import LEVELS, fitted_objective
+from traces.synthetic import SyntheticConfig, generate_trace
 
-ROOT = str(Path(__file__).resolve().parents[1])
 # A process that keeps one core busy until it is killed, or until this script ends however it ends.
-SPINNER = ("import sys; sys.path.insert(0, {root!r}); from collectives.lifeline import end_with_parent; "
+SPINNER = ("from collectives.lifeline import end_with_parent; "
            "end_with_parent({parent}, {main})\nwhile True: pass")
 
 CLUSTERS = [ClusterSpec(num_gpus=64, slots_per_gpu=5), ClusterSpec(num_gpus=128, slots_per_gpu=3)]
@@ -52,7 +50,7 @@ def timed_fit(counts_TLE: np.ndarray, cluster: ClusterSpec, time_limit: float, b
     """One cpsat fit, with `busy` spinning processes beside it when busy > 0."""
     load_before = os.getloadavg()[0]
     parent, main = parent_of_child()
-    spinners = [subprocess.Popen([sys.executable, "-c", SPINNER.format(root=ROOT, parent=parent, main=main)])
+    spinners = [subprocess.Popen([sys.executable, "-c", SPINNER.format(parent=parent, main=main)])
                 for _ in range(busy)]
     try:
         time.sleep(0.5 if busy else 0.0)  # let the spinners take their cores

@@ -56,19 +56,19 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectives import run_local_group  # noqa: E402
-from collectives.lifeline import end_with_parent, parent_of_child  # noqa: E402
-from eplb.live import MoELayerConfig, RebalanceConfig  # noqa: E402
-from eplb.live.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup  # noqa: E402
-from eplb.live.rebalancing_summary import PHASES, pooled_p99_ratio, summarize_rebalancing  # noqa: E402
-from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
-from eplb.live.move_plan import (  # noqa: E402
+from collectives import run_local_group
+from collectives.lifeline import end_with_parent, parent_of_child
+from eplb.live import MoELayerConfig
+from eplb.rebalance import RebalanceConfig
+from eplb.harness.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup
+from eplb.harness.rebalancing_summary import PHASES, pooled_p99_ratio, summarize_rebalancing
+from eplb.harness.synthetic_decode import DecodeSetup, run_decode_loop, summarize
+from eplb.rebalance.move_plan import (
     TransferShape, backup_wanted, decode_fills, decode_for_rank, decode_rounds, encode_fills, encode_rounds,
     plan_rebalance)
-from placement import ClusterSpec, fit_placement, plan_migration  # noqa: E402
-from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
+from placement import ClusterSpec, fit_placement, plan_migration
+from traces.synthetic import SyntheticConfig, generate_trace
 
 VARIANTS = {  # name -> (routing, record); the first is the baseline
     "static, no recorder": ("static", False),

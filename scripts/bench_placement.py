@@ -43,14 +43,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from placement import ClusterSpec, fit_placement, plan_migration, rolling_replay, score_placement  # noqa: E402
-from placement.scoring import StepScores  # noqa: E402
-from placement.policies.deepseek import deepseek_rebalance  # noqa: E402
-from placement.policies.deepseek_reference import reference_rebalance  # noqa: E402
-from traces import load_trace  # noqa: E402
-from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
+from placement import ClusterSpec, fit_placement, plan_migration, rolling_replay, score_placement
+from placement.scoring import StepScores
+from placement.policies.deepseek import deepseek_rebalance
+from placement.policies.deepseek_reference import reference_rebalance
+from traces import load_trace
+from traces.synthetic import SyntheticConfig, generate_trace
 
 CLUSTERS = [ClusterSpec(num_gpus=64, slots_per_gpu=5), ClusterSpec(num_gpus=128, slots_per_gpu=3)]
 ESFT_CLUSTERS = [ClusterSpec(num_gpus=16, slots_per_gpu=5), ClusterSpec(num_gpus=32, slots_per_gpu=3)]

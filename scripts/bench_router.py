@@ -24,18 +24,16 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch._inductor.config as inductor_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from placement import ClusterSpec, fit_placement  # noqa: E402
-from placement.routing.exact_split import exact_max_load  # noqa: E402
-from placement.routing.live_router import DEFAULT_ROUNDS, LayerRoutingTable, route_step  # noqa: E402
-from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
+from placement import ClusterSpec, fit_placement
+from placement.routing.exact_split import exact_max_load
+from placement.routing.live_router import DEFAULT_ROUNDS, LayerRoutingTable, route_step
+from traces.synthetic import SyntheticConfig, generate_trace
 
 FIT_STEPS = 60
 EXPERTS = 256

@@ -7,7 +7,7 @@
    card) through one decode unit whose experts are placed by no policy
    (one replica per expert), DeepSeek's greedy and `cpsat`: MoE imbalance, the MoE share of a step, decode tokens
    per second per card and TPOT; the gain against "none" beside what the cost model predicts for a step at the
-   run's mean batch and KV with each policy's imbalance and redundant experts (`sim.costs.decode_step`).
+   run's mean batch and KV with each policy's imbalance and redundant experts (`sim.stage_costs.decode_step`).
 3. The three sliding-window designs on multi-turn traffic: prefill decoder FLOPs against full recompute and the disk
    each needs.
 4. The fleet run (`--section fleet`): DeepSeek's published Feb-2025 day beside what the autoscaled fleet
@@ -28,13 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim import SimConfig, load_sim_config, run_simulation  # noqa: E402
-from sim.costs import decode_step  # noqa: E402
-from sim.fleet import run_fleet  # noqa: E402
-from sim.fleet_config import FleetConfig  # noqa: E402
-from sim.unit_capacity import unit_capacity  # noqa: E402
+from sim import SimConfig, load_sim_config, run_simulation
+from sim.stage_costs import decode_step
+from sim.fleet.run import run_fleet
+from sim.fleet.config import FleetConfig
+from sim.fleet.unit_capacity import unit_capacity
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT / "sim" / "configs" / "mooncake-conversation.yaml"

@@ -14,13 +14,11 @@ Usage: python scripts/bench_speculative.py [--quick]
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim import SimConfig  # noqa: E402
-from sim.hardware import PROFILES  # noqa: E402
-from sim.speculative import POLICIES, batch_for_gain, gain_table  # noqa: E402
+from sim import SimConfig
+from sim.hardware import PROFILES
+from sim.speculative import POLICIES, batch_for_gain, gain_table
 
 CONTEXT = 4989  # DeepSeek's average KV length per output token (Day-6 post)
 TARGET_GAIN = 0.06  # the post's gain of selective verification over verify-all
@@ -34,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     config = SimConfig()
     spec, model = config.speculative, config.model
     hardware, cards = PROFILES[config.hardware.decode], config.cluster.decode_cards
-    redundant = cards * (-(-model.num_routed_experts // cards) + 1) - model.num_routed_experts  # as sim.costs
+    redundant = cards * (-(-model.num_routed_experts // cards) + 1) - model.num_routed_experts  # as sim.stage_costs
     acceptances = [0.7, 0.875, 0.95] if args.quick else [0.6, 0.7, 0.8, 0.875, 0.95]
     batches = [1, 4, 8, 32] if args.quick else [1, 2, 4, 5, 6, 8, 16, 32, 64]
     rows = gain_table(spec, model, hardware, cards, acceptances, batches, CONTEXT, redundant_experts=redundant,

@@ -13,7 +13,7 @@ imbalance drifts), moves the weights in chunks between steps and switches every 
 killed outright (SIGKILL) in the middle of step N and the survivors recover and finish the run. The JSON object then
 also holds imbalance_before, imbalance_after, rebalances (and rebalances_kept: fits not worth moving to),
 bytes_moved, requests_requeued, failed_rank, decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they
-rest on (see `eplb.live.rebalancing_summary.summarize_rebalancing`).
+rest on (see `eplb.harness.rebalancing_summary.summarize_rebalancing`).
 
 A bad flag value exits 2 with one line on stderr, before any process starts. The ranks and the solver's helper end
 with this process however it ends; SIGTERM or SIGINT stops them and exits 128 + the signal's number.
@@ -30,20 +30,19 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectives import backend_for, exit_on_signals, run_local_group  # noqa: E402
-from collectives.errors import BackendUnavailableError  # noqa: E402
-from eplb.cli import OneLineParser  # noqa: E402
-from eplb.live import ROUTING_MODES, MoELayerConfig  # noqa: E402
-from eplb.live.rebalance_config import RebalanceConfig  # noqa: E402
-from eplb.live.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup  # noqa: E402
-from eplb.live.rebalancing_summary import group_step_times, summarize_rebalancing  # noqa: E402
-from eplb.live.synthetic_decode import DecodeSetup, run_decode_loop, summarize  # noqa: E402
-from placement import ClusterSpec, fit_placement  # noqa: E402
-from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU  # noqa: E402
-from traces.atomic_file import write_text_atomically  # noqa: E402
-from traces.synthetic import SyntheticConfig, generate_trace  # noqa: E402
+from collectives import backend_for, exit_on_signals, run_local_group
+from collectives.errors import BackendUnavailableError
+from eplb.cli.main import OneLineParser
+from eplb.live import ROUTING_MODES, MoELayerConfig
+from eplb.rebalance.config import RebalanceConfig
+from eplb.harness.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup
+from eplb.harness.rebalancing_summary import group_step_times, summarize_rebalancing
+from eplb.harness.synthetic_decode import DecodeSetup, run_decode_loop, summarize
+from placement import ClusterSpec, fit_placement
+from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
+from traces.atomic_file import write_text_atomically
+from traces.synthetic import SyntheticConfig, generate_trace
 
 WEIGHT_BYTES = 4  # the experts' weights are float32
 

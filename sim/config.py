@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.fields import FieldInfo
 
 from placement.cluster import MAX_GPUS, MAX_SLOTS, MAX_SLOTS_PER_GPU
-from sim.fleet_config import FleetConfig
+from sim.fleet.config import FleetConfig
 from sim.hardware import PROFILES
 from sim.model_profile import ModelProfile
 from sim.speculative import SpeculativeConfig
@@ -175,7 +175,7 @@ class SimConfig(_Strict):
     speculative: SpeculativeConfig = Field(SpeculativeConfig(), description="Speculative decoding on the decode "
                                                                             "units (off by default).")
     fleet: FleetConfig | None = Field(None, description="Run days of a whole fleet on token rates from units "
-                                      "costed in detail (sim.fleet) instead of request by request.")
+                                      "costed in detail (sim.fleet.run) instead of request by request.")
 
     @model_validator(mode="after")
     def _decode_slots_fit(self) -> "SimConfig":

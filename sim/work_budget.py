@@ -5,14 +5,14 @@ not fit in memory (a thousand sessions a second for a day, a year of one-second 
 estimated up front and refused, with one `SimConfigError` that names the config keys to lower, when it would
 exceed a budget:
 
-- the request-level engine (`sim.engine`): its events, `EVENTS_PER_REQUEST` per request plus one per prefill node
+- the request-level engine (`sim.engine.stages`): its events, `EVENTS_PER_REQUEST` per request plus one per prefill node
   (an arrival wakes every idle node) plus one per decode step, within `MAX_ENGINE_EVENTS`; and its memory (the
   requests, their prefix blocks in the requests and the persistent tier, the per-second timeline, the routing
   trace) within half the machine's (`MEMORY_SHARE`);
-- the decode replay (`sim.decode_balance`): the live router's work, steps x layers x expert slots of the unit
+- the decode replay (`sim.engine.decode_balance`): the live router's work, steps x layers x expert slots of the unit
   (its water filling runs over every slot of every layer of every step), within `MAX_ROUTED_SLOT_STEPS`; layer
   fits within `MAX_LAYER_FITS`; and cpsat's time limits within `MAX_SOLVER_S`;
-- the fleet run (`sim.fleet`): its steps within `MAX_FLEET_STEPS` and its expected card failures within
+- the fleet run (`sim.fleet.run`): its steps within `MAX_FLEET_STEPS` and its expected card failures within
   `MAX_FLEET_FAILURES`.
 
 Synthetic requests are estimated from the generator's means; a trace's are counted (it is read first: reading the
@@ -24,7 +24,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from sim import costs
+from sim import stage_costs
 from sim.config import SimConfig, SimConfigError, SyntheticWorkload
 from sim.workload import TYPICAL_OUTPUT_TOKENS_PER_S
 from traces.request_trace import Request
@@ -73,11 +73,11 @@ def engine_work(config: SimConfig, trace_requests: list[Request] | None,
         output_tokens = float(sum(r.output_tokens for r in trace_requests))
         blocks = float(sum(len(r.block_hashes) for r in trace_requests))
         arrivals_s = max((r.arrival_s for r in trace_requests), default=0.0)
-    step_s = costs.decode_step(config, 1, 1, 1.0)[0]
+    step_s = stage_costs.decode_step(config, 1, 1, 1.0)[0]
     busy_s = arrivals_s + REPLY_TAIL * output_tokens / max(requests, 1.0) * step_s
     decode_steps = min(output_tokens, config.cluster.decode_units * busy_s / step_s)
     events = requests * (EVENTS_PER_REQUEST + config.cluster.prefill_nodes) + decode_steps
-    horizon_s = config.duration_s * 4 + 3600  # the engine's timeline (sim.engine)
+    horizon_s = config.duration_s * 4 + 3600  # the engine's timeline (sim.engine.stages)
     memory = (requests * REQUEST_BYTES + blocks * BLOCK_BYTES + TIMELINE_SERIES * 8 * horizon_s
               + ROUTING_COPIES * 8 * math.prod(routing_shape))
     return EngineWork(requests, decode_steps, events, memory)
@@ -91,7 +91,7 @@ def check_engine_work(config: SimConfig, trace_requests: list[Request] | None,
         SimConfigError: too many events, more memory than the machine has, or a persistent tier smaller than one
             prefix block; the message names the keys to change.
     """
-    block_bytes = costs.disk_bytes_per_block(config)
+    block_bytes = stage_costs.disk_bytes_per_block(config)
     if config.cache.disk_capacity_tb * 1e12 < block_bytes:
         raise SimConfigError(f"cache.disk_capacity_tb={config.cache.disk_capacity_tb:g} holds no prefix block "
                              f"({block_bytes / 1e12:.3g} TB each at cache.block_tokens={config.cache.block_tokens}); "

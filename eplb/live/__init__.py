@@ -1,8 +1,8 @@
-"""What a decode worker imports: the MoE decode layer, its config and gate, the load recorder, and the rebalancer
-that changes the placement of a running group and survives a lost rank.
+"""What a decode worker runs each step: the MoE decode layer, its config, gate and experts, the choice of replica for
+each token pick, and the load recorder.
 
-The names are imported on first access (PEP 562), so that a module of this package that needs no torch (the
-rebalancer's helper process: `background_solver`, `move_plan`) starts without importing it.
+The names are imported on first access (PEP 562), so that importing one module of the package does not import torch
+for all of them.
 """
 
 import importlib
@@ -13,9 +13,6 @@ _NAMES = {  # name -> the module that defines it
     "count_picks_E": "eplb.live.load_recorder",
     "MoELayerConfig": "eplb.live.moe_config",
     "MoEDecodeLayer": "eplb.live.moe_layer",
-    "RebalanceConfig": "eplb.live.rebalance_config",
-    "Rebalancer": "eplb.live.rebalancer",
-    "RecoveryReport": "eplb.live.rebalancer",
     "ROUTING_MODES": "eplb.live.replica_assignment",
 }
 

@@ -91,9 +91,9 @@ def one_line_error():
 
 
 def _run_eplb_here(*args: str) -> subprocess.CompletedProcess:
-    """`eplb.cli.main(ARGS)` in this process, its output captured: the same code path as the console script, without
+    """`eplb.cli.main.main(ARGS)` in this process, its output captured: the same code path as the console script, without
     a Python start-up per call (for the long tables of bad inputs)."""
-    from eplb.cli import main
+    from eplb.cli.main import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -106,7 +106,7 @@ def _run_eplb_here(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def run_eplb_here():
-    """`run_eplb_here(*args) -> CompletedProcess`: `eplb.cli.main` in this process, output captured."""
+    """`run_eplb_here(*args) -> CompletedProcess`: `eplb.cli.main.main` in this process, output captured."""
     return _run_eplb_here
 
 

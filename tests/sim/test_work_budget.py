@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-import sim.run
+import sim.engine.run
 from sim import SimConfig, SimConfigError, load_sim_config, run_simulation
-from sim.decode_balance import read_routing_trace, routing_shape
+from sim.engine.decode_balance import read_routing_trace, routing_shape
 from sim.work_budget import check_engine_work, check_fleet_work, check_replay_work, engine_work
 from sim.workload import trace_requests
 
@@ -47,7 +47,7 @@ def test_a_run_needing_more_memory_than_the_machine_has_is_refused_before_any_re
     def no_work(*args, **kwargs):
         raise AssertionError("requests were generated before the memory check")
 
-    monkeypatch.setattr(sim.run, "synthetic_requests", no_work)
+    monkeypatch.setattr(sim.engine.run, "synthetic_requests", no_work)
     monkeypatch.setattr("sim.work_budget.machine_memory_bytes", lambda: 2**20)
     with pytest.raises(SimConfigError, match=r"this run would need about .* GiB .*; a run may take 0\.0 GiB, half this machine's\): "
                                              r"lower workload\.synthetic\.sessions_per_s or duration_s"):

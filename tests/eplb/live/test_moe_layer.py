@@ -9,7 +9,7 @@ import torch
 
 from collectives import run_local_group
 from eplb.live import LoadRecorder, MoEDecodeLayer, MoELayerConfig
-from eplb.live.dense_reference import dense_moe
+from eplb.harness.dense_reference import dense_moe
 from eplb.live.experts import ExpertWeights
 from placement import ClusterSpec, PlacementFormatError, fit_placement
 

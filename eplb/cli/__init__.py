@@ -1,0 +1,7 @@
+"""The `eplb` command line: one entry point with a subcommand per job (`demo`, `synth`, `place`, `score`, `replay`,
+`plot`, `sim`), its plots, tables, progress bars and the checks on the paths it writes. Nothing imports this package
+except the console script and `python -m eplb.cli`."""
+
+from eplb.cli.main import OneLineParser, main
+
+__all__ = ["OneLineParser", "main"]

@@ -1,0 +1,250 @@
+"""The `eplb` subcommands: each takes the parsed arguments and returns the process exit status."""
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from eplb.cli import plots
+from eplb.cli.progress import Progress
+from eplb.cli.report import format_table
+from placement import (
+    ClusterSpec,
+    Placement,
+    PlacementInfeasibleError,
+    fit_placement,
+    load_placement,
+    rolling_replay,
+    save_placement,
+    save_sglang_mapping,
+    score_placement,
+    static_gpu_loads,
+)
+from placement.migration import oblivious_moves, plan_migration
+from placement.scoring import check_compatible
+from traces import RoutingTrace, TraceFormatError, load_trace, save_trace
+from traces.synthetic import SyntheticConfig, generate_trace
+
+logger = logging.getLogger(__name__)
+
+
+def read_trace(args: argparse.Namespace) -> RoutingTrace:
+    """The trace named by --trace, narrowed to --steps START:STOP when given."""
+    tasks = args.task.split(",") if args.task is not None else None
+    trace = load_trace(args.trace, tokens_per_step=args.tokens_per_step, tasks=tasks, num_experts=args.num_experts)
+    if getattr(args, "steps", None):
+        start, stop = parse_step_range(args.steps, trace.num_steps)
+        trace = trace.steps(start, stop)
+    logger.info("read %s: %d steps x %d layers x %d experts", args.trace, *trace.counts_TLE.shape)
+    return trace
+
+
+def parse_step_range(text: str, num_steps: int) -> tuple[int, int]:
+    """'A:B' -> (A, B) within [0, num_steps]; either side may be empty."""
+    try:
+        left, right = text.split(":")
+        start = int(left) if left else 0
+        stop = int(right) if right else num_steps
+    except ValueError:
+        raise TraceFormatError(f"--steps must look like START:STOP (e.g. 0:500); got {text!r}") from None
+    if start >= stop:
+        raise TraceFormatError(f"--steps {text} selects no step; START must be below STOP (e.g. 0:500)")
+    if not 0 <= start < stop <= num_steps:
+        raise TraceFormatError(f"--steps {text} is outside the trace's {num_steps} steps")
+    return start, stop
+
+
+def cluster_from(args: argparse.Namespace) -> ClusterSpec:
+    return ClusterSpec(num_gpus=args.gpus, slots_per_gpu=args.slots_per_gpu, gpus_per_node=args.gpus_per_node)
+
+
+def policy_options(args: argparse.Namespace) -> dict:
+    """Keyword options of the chosen policy from the command line."""
+    options: dict = {}
+    if args.policy == "cpsat":
+        # cpsat fits the live router's split when scored with either per-step routing.
+        options = {"time_limit_s": args.time_limit, "workers": args.workers, "seed": args.seed,
+                   "routing": "static" if args.routing == "static" else "dynamic"}
+        if args.nodes_per_group is not None or args.groups is not None:
+            options.update({"groups": args.groups, "nodes_per_group": args.nodes_per_group})
+        if args.migration_cost:
+            options["migration_cost"] = args.migration_cost
+        return options
+    if args.nodes_per_group is not None or args.migration_cost:
+        raise PlacementInfeasibleError("--nodes-per-group and --migration-cost apply only to --policy cpsat")
+    if args.groups is None:
+        return options
+    if args.policy != "deepseek":
+        raise PlacementInfeasibleError(f"--groups applies only to --policy deepseek or cpsat, not {args.policy}")
+    return {"num_groups": args.groups}
+
+
+def emit(args: argparse.Namespace, result: dict, table: str) -> None:
+    """Print one JSON object under --json, else the human table.
+
+    A reader that closed the pipe early (`eplb ... | head`) does not want the rest: stdout goes to /dev/null and
+    the command still writes its files.
+    """
+    try:
+        if args.json:
+            print(json.dumps(result, sort_keys=True), flush=True)
+        elif not args.quiet:
+            print(table, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def mean_gpu_loads_LG(placement: Placement, counts_TLE: np.ndarray) -> np.ndarray:
+    """[L, G] mean over steps of each GPU's static load."""
+    return static_gpu_loads(counts_TLE, placement).mean(axis=0)
+
+
+def plot_before_after(placement: Placement, counts_TLE: np.ndarray, path) -> None:
+    """Per-GPU loads with no balancing (the `trivial` layout) beside `placement`'s, as a PNG at `path`."""
+    cluster = placement.cluster
+    trivial = fit_placement("trivial", counts_TLE, cluster)
+    plots.plot_gpu_loads(
+        mean_gpu_loads_LG(trivial, counts_TLE),
+        mean_gpu_loads_LG(placement, counts_TLE),
+        path,
+        labels=("no balancing", placement.policy or "placement"),
+        title=f"Per-GPU load, {cluster.num_gpus} GPUs x {cluster.slots_per_gpu} slots",
+    )
+
+
+def synthetic_config(args: argparse.Namespace) -> SyntheticConfig:
+    """The generator's config from `eplb synth`'s flags; a shape flag of the other popularity is refused."""
+    lognormal = args.popularity == "lognormal"
+    own, other = ("--skew", "--zipf-exponent") if lognormal else ("--zipf-exponent", "--skew")
+    if (args.zipf_exponent if lognormal else args.skew) is not None:
+        raise TraceFormatError(f"{other} does not apply to --popularity {args.popularity}; use {own} to shape it")
+    shape = {"skew": args.skew} if lognormal else {"zipf_exponent": args.zipf_exponent}
+    return SyntheticConfig(
+        num_steps=args.steps,
+        num_layers=args.layers,
+        num_experts=args.experts,
+        top_k=args.top_k,
+        tokens_per_step=args.tokens_per_step,
+        seed=args.seed,
+        popularity=args.popularity,
+        **{key: value for key, value in shape.items() if value is not None},
+    )
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    config = synthetic_config(args)
+    began = time.perf_counter()
+    trace = generate_trace(config)
+    save_trace(trace, args.out)
+    if args.plot:
+        plots.plot_load_heatmap(trace.load_LE(), args.plot, title=f"Expert load: {Path(args.out).name}")
+    logger.info("synthesised %d steps x %d layers x %d experts", *trace.counts_TLE.shape)
+    result = {"out": str(args.out), "shape": list(trace.counts_TLE.shape), "seconds": time.perf_counter() - began}
+    emit(args, result, f"wrote {args.out}: {trace.num_steps} steps x {trace.num_layers} layers x "
+         f"{trace.num_experts} experts ({result['seconds']:.1f} s)")
+    return 0
+
+
+def cmd_place(args: argparse.Namespace) -> int:
+    trace = read_trace(args)
+    cluster = cluster_from(args)
+    options = policy_options(args)
+    current = load_placement(args.current) if args.current else None
+    if current is not None and args.policy == "cpsat":
+        options["current"] = current
+    elif args.migration_cost:
+        raise PlacementInfeasibleError("--migration-cost needs --current (the placement now serving)")
+    began = time.perf_counter()
+    placement = fit_placement(args.policy, trace.counts_TLE, cluster, **options)
+    seconds = time.perf_counter() - began
+    logger.info("fitted %s on %d steps in %.2f s", args.policy, trace.num_steps, seconds)
+    placement.info.update({"fit_steps": trace.num_steps, "solve_seconds": seconds, "trace": trace.header.source})
+    migration_line = ""
+    result = {"out": str(args.out), "policy": args.policy, "solve_seconds": seconds}
+    if current is not None:
+        # Realise the new placement with the fewest expert copies from the one now serving.
+        plan = plan_migration(current, placement, args.bytes_per_expert)
+        oblivious = oblivious_moves(current, placement)
+        placement = plan.realised
+        result["migration"] = {**plan.summary(), "oblivious_moves": oblivious}
+        result.update({"bytes_moved": plan.bytes_moved, "experts_moved": plan.num_moves})
+        migration_line = (f"migration from {args.current}: {plan.num_moves} expert copies, "
+                          f"{plan.bytes_moved / 2**30:.2f} GiB (slot-by-slot remap: {oblivious} copies)\n")
+    fitted = score_placement(placement, trace.counts_TLE, args.routing).summary()
+    result.update(fitted)
+    if args.plot:
+        plot_before_after(placement, trace.counts_TLE, args.plot)
+    if args.sglang_out:
+        save_sglang_mapping(placement, args.sglang_out)
+    save_placement(placement, args.out)
+    table = format_table([{"policy": args.policy, "routing": args.routing, "fit": "fitted", **fitted}],
+                         ("policy", "routing", "fit"))
+    emit(args, result, f"wrote {args.out} ({seconds * 1000:.0f} ms)\n{migration_line}{table}")
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    placement = load_placement(args.placement)
+    trace = read_trace(args)
+    progress = Progress(f"score {args.routing}", enabled=not (args.json or args.quiet))
+    try:
+        scores = score_placement(placement, trace.counts_TLE, args.routing, on_chunk=progress.callback())
+    finally:
+        progress.close()
+    result = {"placement": str(args.placement), "policy": placement.policy, **scores.summary()}
+    if args.plot:
+        plot_before_after(placement, trace.counts_TLE, args.plot)
+    rows = [{"policy": placement.policy, "routing": args.routing, **result}]
+    emit(args, result, format_table(rows, ("policy", "routing")))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    trace = read_trace(args)
+    cluster = cluster_from(args)
+    progress = Progress(f"replay {args.policy}", enabled=not (args.json or args.quiet))
+    try:
+        result = rolling_replay(
+            trace.counts_TLE, cluster, args.policy, args.every, args.window, args.routing,
+            policy_options(args), on_refit=progress.callback(), drift_ratio=args.refit_on_drift, lag=args.lag,
+        )
+    finally:
+        progress.close()
+    logger.info("replayed %d fits (%d on drift)", len(result.refit_steps), len(result.drift_steps))
+    summary = {"policy": args.policy, "every": args.every, "window": args.window,
+               "refit_on_drift": args.refit_on_drift, **result.summary()}
+    if args.plot:
+        plots.plot_imbalance_over_time(
+            {f"{args.policy}, {args.routing}": result.held_out.imbalance_TL.mean(axis=1)},
+            args.plot,
+            refit_steps=[s - args.window - args.lag for s in result.refit_steps],
+            lower_bound_T=result.held_out.lower_bound_TL.mean(axis=1),
+            title=f"Rolling replay: refit every {args.every} steps on the last {args.window}"
+                  + ("" if args.refit_on_drift is None else f", and on drift ({args.refit_on_drift})"),
+        )
+    rows = [
+        {"policy": args.policy, "routing": args.routing, "fit": "held-out", **summary},
+        {"policy": args.policy, "routing": args.routing, "fit": "fitted", **result.fitted.summary()},
+    ]
+    emit(args, summary, format_table(rows, ("policy", "routing", "fit")))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    trace = read_trace(args)
+    placement = load_placement(args.placement) if args.placement else None
+    if placement is not None:
+        check_compatible(placement, trace.counts_TLE)
+    out_dir = Path(args.out_dir)
+    written = [out_dir / "load_heatmap.png"]
+    plots.plot_load_heatmap(trace.load_LE(), written[0], title=f"Expert load: {Path(args.trace).name}")
+    if placement is not None:
+        written.append(out_dir / "gpu_loads.png")
+        plot_before_after(placement, trace.counts_TLE, written[1])
+    emit(args, {"written": [str(p) for p in written]}, "\n".join(f"wrote {p}" for p in written))
+    return 0

@@ -1,0 +1,286 @@
+"""The `eplb` command line: synthesise, place, score, replay and plot routing traces.
+
+Every subcommand exits 0 on success and 2 on bad input, with one line on stderr that says what was wrong.
+"""
+
+import argparse
+import logging
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+
+from pydantic import ValidationError
+
+from eplb.cli import commands, demo, sim_command
+from eplb.cli.output_paths import check_paths
+from placement import POLICIES, ROUTINGS
+from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
+from traces import EplbError
+from traces.atomic_file import all_or_nothing
+
+DESCRIPTION = """\
+Expert-parallel load balancer for mixture-of-experts decode.
+
+A routing trace counts the tokens each logical expert receives per step and layer ([T, L, E]). A placement
+says which expert each of the G x S slots of the EP group holds, and each replica's share of its expert's
+tokens. Imbalance is max / mean tokens per GPU, per step and layer; 1.0 is perfect.
+
+Traces: .npz with `counts` [T, L, E] (written by `eplb synth`), .npy [T, L, E], SGLang dumps (.pt with
+`logical_count`), or top-k id logs (.npz with `<task>_topk_ids` [L, N, K], needs --tokens-per-step).
+"""
+
+EPILOG = """\
+examples:
+  eplb demo
+  eplb synth --out trace.npz --steps 2000 --layers 61 --experts 256 --top-k 8 --tokens-per-step 8192 --seed 0
+  eplb place --trace trace.npz --gpus 64 --slots-per-gpu 5 --out placement.json --plot gpu_loads.png
+  eplb score --placement placement.json --trace trace.npz --routing dynamic --json
+  eplb replay --trace trace.npz --gpus 64 --slots-per-gpu 5 --policy deepseek --every 50 --window 50 --plot replay.png
+  eplb place --trace ../shared/data/esft-dsv2lite/esft_vanilla_lite_routing.npz --tokens-per-step 256 \\
+      --task law --gpus 16 --slots-per-gpu 5 --out esft.json
+"""
+
+
+DEEPSEEK_V3_EXPERT_BYTES = 3 * 7168 * 2048
+
+# Library errors name parameters; the command line speaks of the flags a user types.
+FLAG_OF_PARAMETER = {
+    "num_gpus": "--gpus", "slots_per_gpu": "--slots-per-gpu", "gpus_per_node": "--gpus-per-node",
+    "tokens_per_step": "--tokens-per-step", "num_experts": "--num-experts", "tasks": "--task",
+    "time_limit_s": "--time-limit", "nodes_per_group": "--nodes-per-group", "num_groups": "--groups",
+    "migration_cost": "--migration-cost", "drift_ratio": "--refit-on-drift", "every": "--every",
+    "window": "--window", "lag": "--lag", "workers": "--workers",
+}
+# `eplb synth` names the trace's shape by other flags than the readers do.
+SYNTH_FLAG_OF_PARAMETER = {
+    "num_steps": "--steps", "num_layers": "--layers", "num_experts": "--experts", "top_k": "--top-k",
+    "tokens_per_step": "--tokens-per-step", "zipf_exponent": "--zipf-exponent", "skew": "--skew",
+}
+
+
+def _number(kind: Callable[[str], float], low: float, *, low_open: bool = False, high: float | None = None):
+    """An argparse type: a finite number of `kind` >= low (> low when `low_open`) and <= high when given."""
+    bound = f"> {low:g}" if low_open else f">= {low:g}"
+    limit = f" and <= {high:g}" if high is not None else ""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {bound}{limit}; got {text!r}") from None
+        too_high = high is not None and value > high
+        if not math.isfinite(value) or value < low or (low_open and value == low) or too_high:
+            raise argparse.ArgumentTypeError(f"must be {bound}{limit}; got {text}")
+        return value
+
+    return parse
+
+
+POSITIVE_INT = _number(int, 1)
+NON_NEGATIVE_INT = _number(int, 0)
+POSITIVE_FLOAT = _number(float, 0, low_open=True)
+NON_NEGATIVE_FLOAT = _number(float, 0)
+GPUS = _number(int, 1, high=MAX_GPUS)
+SLOTS_PER_GPU = _number(int, 1, high=MAX_SLOTS_PER_GPU)
+DRIFT_RATIO = _number(float, 1, low_open=True)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as one line on stderr and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors; no progress bar")
+
+
+def _add_trace(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, help="routing trace file (.npz, .npy, SGLang .pt, top-k id log)")
+    parser.add_argument("--tokens-per-step", type=POSITIVE_INT, default=None,
+                        help="top-k id logs only: tokens per step (e.g. 256 for the ESFT logs)")
+    parser.add_argument("--task", default=None,
+                        help="top-k id logs only: comma-separated tasks to read (default: all, concatenated)")
+    parser.add_argument("--num-experts", type=POSITIVE_INT, default=None,
+                        help="top-k id logs only: E, experts per layer (default: the largest id in any task + 1)")
+    parser.add_argument("--steps", default=None, metavar="START:STOP", help="use only these steps of the trace")
+
+
+def _add_cluster(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpus", type=GPUS, required=True,
+                        help=f"G: GPUs (or NPUs) in the EP group (at most {MAX_GPUS})")
+    parser.add_argument("--slots-per-gpu", type=SLOTS_PER_GPU, required=True,
+                        help=f"S: expert slots per GPU (at most {MAX_SLOTS_PER_GPU})")
+    parser.add_argument("--gpus-per-node", type=POSITIVE_INT, default=8, help="GPUs per server (default 8)")
+    parser.add_argument("--policy", default="deepseek", choices=sorted(POLICIES),
+                        help="placement policy (default deepseek: DeepSeek's EPLB greedy, equal split; cpsat: "
+                             "OR-Tools CP-SAT fitted to the trace's steps; trivial: no balancing)")
+    parser.add_argument("--groups", type=POSITIVE_INT, default=None,
+                        help="expert groups (consecutive experts); deepseek: with groups %% nodes == 0 the "
+                             "hierarchical policy runs; cpsat: with --nodes-per-group, node-limited placement")
+    parser.add_argument("--nodes-per-group", type=POSITIVE_INT, default=None,
+                        help="cpsat: most nodes one expert group's replicas may span (needs --groups)")
+    parser.add_argument("--time-limit", type=POSITIVE_FLOAT, default=10.0,
+                        help="cpsat: wall-clock budget per fit for all layers, seconds (default 10)")
+    parser.add_argument("--workers", type=POSITIVE_INT, default=2, help="cpsat: layers solved at once (default 2)")
+    parser.add_argument("--seed", type=NON_NEGATIVE_INT, default=0, help="cpsat: solver and sampling seed (default 0)")
+    parser.add_argument("--migration-cost", type=NON_NEGATIVE_FLOAT, default=0.0,
+                        help="cpsat with --current: penalty per expert copy, in units of imbalance (default 0: off)")
+
+
+def _add_routing(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--routing", default="static", choices=ROUTINGS,
+                        help="static: fixed replica weights; dynamic: each step re-split optimally; live: each step "
+                             "split by the live router decode workers run (default static)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="eplb", description=DESCRIPTION, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log what each step read, fitted and wrote to stderr (before the subcommand)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
+
+    p = sub.add_parser("demo", help="the main job on an embedded default: synth, place, score, replay, plot",
+                       description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out-dir", default="out/demo", help="where plots, trace and placement go (default out/demo)")
+    p.add_argument("--steps", type=_number(int, 51), default=250, help="steps of the synthetic trace (default 250)")
+    p.add_argument("--time-limit", type=POSITIVE_FLOAT, default=10.0,
+                   help="cpsat budget per refit of the whole model, seconds (default 10)")
+    _add_common(p)
+
+    p = sub.add_parser("synth", help="write a synthetic decode routing trace")
+    p.add_argument("--out", required=True, help="output trace (.npz keeps the header, .npy only counts)")
+    p.add_argument("--steps", type=POSITIVE_INT, default=2000, help="T: decode steps (default 2000)")
+    p.add_argument("--layers", type=POSITIVE_INT, default=61, help="L: MoE layers (default 61)")
+    p.add_argument("--experts", type=POSITIVE_INT, default=256, help="E: logical experts per layer (default 256)")
+    p.add_argument("--top-k", type=POSITIVE_INT, default=8, help="K: experts per token (default 8)")
+    p.add_argument("--tokens-per-step", type=POSITIVE_INT, default=8192, help="N: tokens per step (default 8192)")
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0, help="random seed (default 0)")
+    p.add_argument("--popularity", default="lognormal", choices=("lognormal", "zipf"),
+                   help="popularity shape: lognormal (tuned by --skew) or zipf (tuned by --zipf-exponent)")
+    p.add_argument("--skew", type=NON_NEGATIVE_FLOAT, default=None,
+                   help="lognormal only: sigma of expert popularity (default 0.8)")
+    p.add_argument("--zipf-exponent", type=NON_NEGATIVE_FLOAT, default=None,
+                   help="zipf only: exponent s of popularity rank**-s (default 1.0)")
+    p.add_argument("--plot", default=None, help="also write a load heatmap PNG here")
+    _add_common(p)
+
+    p = sub.add_parser("place", help="fit a placement to a trace and write the placement file")
+    _add_trace(p)
+    _add_cluster(p)
+    _add_routing(p)
+    p.add_argument("--out", required=True, help="placement file to write (JSON, SGLang-readable layout)")
+    p.add_argument("--sglang-out", default=None,
+                   help="also write {physical_to_logical_map} alone, for SGLang versions that reject extra keys")
+    p.add_argument("--plot", default=None, help="also write per-GPU loads before/after as a PNG here")
+    p.add_argument("--current", default=None,
+                   help="placement file now serving: relabel the new placement's GPUs and slots to move the fewest "
+                        "experts, and report the copies and bytes moved")
+    p.add_argument("--bytes-per-expert", type=POSITIVE_INT, default=DEEPSEEK_V3_EXPERT_BYTES,
+                   help="bytes of one expert's weights in one layer (default %(default)s: DeepSeek-V3, "
+                        "3 x 7168 x 2048 FP8)")
+    _add_common(p)
+
+    p = sub.add_parser("score", help="score a placement on a trace")
+    p.add_argument("--placement", required=True, help="placement file written by `eplb place`")
+    _add_trace(p)
+    _add_routing(p)
+    p.add_argument("--plot", default=None, help="also write per-GPU loads before/after as a PNG here")
+    _add_common(p)
+
+    p = sub.add_parser("replay", help="rolling replay: refit every N steps on the last W, score what follows")
+    _add_trace(p)
+    _add_cluster(p)
+    _add_routing(p)
+    p.add_argument("--every", type=POSITIVE_INT, required=True, help="refit every N steps")
+    p.add_argument("--window", type=POSITIVE_INT, required=True, help="fit on the last W steps")
+    p.add_argument("--lag", type=NON_NEGATIVE_INT, default=0, metavar="STEPS",
+                   help="steps from the end of a fit window until its placement serves (solve and weight transfer "
+                        "time over the step time; default 0: at once)")
+    p.add_argument("--refit-on-drift", type=DRIFT_RATIO, default=None, metavar="RATIO",
+                   help="also refit at once when a served step's imbalance exceeds RATIO times the fitted one, on "
+                        "the steps since that step (for example 1.4; default: fixed cadence only)")
+    p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
+    _add_common(p)
+
+    p = sub.add_parser("sim", help="simulate the serving cluster: vision, prefill with KV cache tiers, decode EP units",
+                       description=sim_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None,
+                   help="simulator config, YAML or JSON (default: the embedded one: a minute of synthetic traffic "
+                        "through one 128-card decode unit, 16 prefill nodes and 4 vision cards)")
+    p.add_argument("--out-dir", default=None, help="also write report.json and the figures here")
+    p.add_argument("--days", type=float, default=None,
+                   help="days to simulate, for a config with a fleet section (overrides its fleet.days; for "
+                        "example sim/configs/deepseek-feb2025-day.yaml)")
+    _add_common(p)
+
+    p = sub.add_parser("plot", help="write figures for a trace (and a placement)")
+    _add_trace(p)
+    p.add_argument("--placement", default=None, help="placement file: adds per-GPU loads before/after")
+    p.add_argument("--out-dir", default="out/plots", help="directory for the PNG files (default out/plots)")
+    _add_common(p)
+    return parser
+
+
+HANDLERS = {
+    "demo": demo.cmd_demo,
+    "synth": commands.cmd_synth,
+    "place": commands.cmd_place,
+    "score": commands.cmd_score,
+    "replay": commands.cmd_replay,
+    "plot": commands.cmd_plot,
+    "sim": sim_command.cmd_sim,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `eplb` console script; returns the exit status.
+
+    Every path is checked before any work (no output may name an input or another output), and the command's
+    files are written together at its end: a command that fails leaves no file behind.
+    """
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        check_paths(args)
+        with all_or_nothing():
+            return HANDLERS[args.command](args)
+    except (EplbError, ValueError) as exc:
+        message = _one_line(exc)
+        if args.command != "sim":  # the simulator's errors name its config keys, which no flag sets
+            message = _as_flags(message, args.command)
+        print(f"eplb {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"eplb {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _as_flags(message: str, command: str) -> str:
+    """`message` with each parameter name (`num_gpus`, `window=3`) replaced by the flag that sets it."""
+    table = SYNTH_FLAG_OF_PARAMETER if command == "synth" else FLAG_OF_PARAMETER
+    # A name with an underscore is a parameter wherever it stands; a plain word (`window`) only right before `=`,
+    # or before `:` opening the message (pydantic's "field: reason").
+    pattern = r"(?<![\w-])(%s)(?==)|^(%s)(?=:)|(?<![\w-])(%s)(?![\w])" % (
+        "|".join(re.escape(k) for k in table if "_" not in k),
+        "|".join(re.escape(k) for k in table if "_" not in k),
+        "|".join(re.escape(k) for k in table if "_" in k),
+    )
+    return re.sub(pattern, lambda m: table[m.group(1) or m.group(2) or m.group(3)], message)
+
+
+def _one_line(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        # A validator's own ValueError reads better without pydantic's "Value error, " prefix.
+        msg = str(first.get("ctx", {}).get("error", first["msg"])) if first["type"] == "value_error" else first["msg"]
+        return f"{where}: {msg}" if where else msg
+    return " ".join(str(exc).split())
+

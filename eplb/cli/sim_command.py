@@ -1,0 +1,105 @@
+"""eplb sim: simulate the serving cluster around the balancer.
+
+Requests (a Mooncake or Azure trace, or synthetic chat and agent sessions) pass a vision stage on single cheap
+cards, prefill on 8-card nodes that reuse the persistent prefix cache and the sliding-window state, and decode on
+EP units whose expert imbalance comes from replaying a routing trace through this project's placement policies and
+router. It prints a readable report (or one JSON object with --json) and, with --out-dir, writes report.json and
+sim_timeline.png there (throughput, cache hits and imbalance over time, latency CDFs). The config (YAML or JSON)
+is `sim.config.SimConfig`; every field has a default, and `sim/configs/` holds examples. A config with a `fleet`
+section runs days of a whole fleet instead (token rates per minute through prefill instances and decode units
+costed by the same model, an autoscaler, faults, prices; `sim.fleet.run`), for `--days` days if given; it writes
+fleet_timeline.png.
+
+Every number in the config has a finite range, and a run's work (the engine's events, the decode replay's routing
+and fits, the fleet's steps and card failures, the memory) is estimated before it starts: a value out of range or a
+run over a budget is refused with one line naming the config key to change. The files the config names (request
+and routing traces) are inputs: no file written to --out-dir may replace one, through a link either.
+
+Examples:
+  eplb sim
+  eplb sim --config sim/configs/mooncake-conversation.yaml --json
+  eplb sim --config sim/configs/deepseek-feb2025-day.yaml --json
+  eplb sim --config sim/configs/seed-fleet-day.yaml --days 7
+"""
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from eplb.cli.commands import emit
+from traces.atomic_file import write_text_atomically
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    # Imported here: the other subcommands start without SimPy and the simulator's modules.
+    from pydantic import ValidationError
+
+    from sim import SimConfigError, load_sim_config, run_simulation
+    from sim.fleet.config import FleetConfig
+    from sim.engine.report import text_report, write_plots
+
+    config = load_sim_config(args.config)
+    if args.days is not None:
+        if config.fleet is None:
+            raise SimConfigError(f"--days needs a config with a fleet section (for example "
+                                 f"sim/configs/deepseek-feb2025-day.yaml); {args.config or 'the default'} has none")
+        try:
+            fleet = FleetConfig.model_validate({**config.fleet.model_dump(), "days": args.days})
+        except ValidationError as exc:
+            raise SimConfigError(f"--days {args.days}: {exc.errors()[0]['msg']}") from exc
+        config = config.model_copy(update={"fleet": fleet})
+    if config.fleet is not None:
+        return _fleet(args, config)
+    progress = _progress_bar(args, round(config.duration_s), "sim s")
+    result, report = run_simulation(config, progress)
+    clean = _finite(report)
+    if args.out_dir:
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(out / "report.json", json.dumps(clean, indent=1, sort_keys=True) + "\n")
+        write_plots(result, report, out)
+    emit(args, clean, text_report(report))
+    return 0
+
+
+def _fleet(args: argparse.Namespace, config) -> int:
+    """The fleet run of a config with a fleet section."""
+    from sim.fleet.run import fleet_text, run_fleet
+    from sim.fleet.plots import write_fleet_plots
+
+    progress = _progress_bar(args, round(config.fleet.days * 24), "sim h", per=3600.0)
+    report = run_fleet(config, progress)
+    clean = _finite(report)
+    if args.out_dir:
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(out / "report.json", json.dumps(clean, indent=1, sort_keys=True) + "\n")
+        write_fleet_plots(report, out)
+    emit(args, clean, fleet_text(report))
+    return 0
+
+
+def _progress_bar(args: argparse.Namespace, total: int, unit: str, per: float = 1.0):
+    """A progress callback drawing a bar on stderr (None when quiet, with --json, or off a terminal)."""
+    if args.json or args.quiet or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit=unit, file=sys.stderr, leave=False)
+
+    def progress(now: float, duration: float) -> None:
+        bar.n = min(round(now / per), bar.total)
+        bar.refresh()
+
+    return progress
+
+
+def _finite(value):
+    """The report with NaN (no sample) as null, so that it is valid JSON."""
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
