@@ -1,11 +1,12 @@
 """A small communicator over torch.distributed: the few operations the balancer needs, each with a timeout.
 
-Legend: W ranks in the group, N rows (tokens) sent by this rank, R rows received, X trailing dims of a row.
+Legend: G ranks in the group (one GPU each), N rows (tokens) sent by this rank, R rows received, `...` the trailing
+dims of a row.
 
 Operations:
-- `all_gather(x)`: every rank's small tensor, stacked [W, *x.shape] (per-rank expert counts each step);
+- `all_gather(x)`: every rank's small tensor, stacked [G, *x.shape] (per-rank expert counts each step);
 - `all_reduce_sum(x)`: the sum over ranks (the load recorder's window);
-- `all_to_all(rows_NX, send_counts_W)`: variable-size exchange of rows (MoE dispatch and combine);
+- `all_to_all(rows_N, send_counts_G, recv_counts_G)`: variable-size exchange of rows (MoE dispatch and combine);
 - `exchange(sends, recvs, max_chunk_bytes)`: point-to-point transfers in chunks of at most `max_chunk_bytes`
   (expert weights when a placement changes); `start_exchange(sends, recvs)` posts them and returns at once, for a
   caller that overlaps them with other work and waits later (`PendingExchange.wait`);
@@ -45,7 +46,7 @@ class Communicator:
 
     Attributes:
         rank: this process's rank in `group` (0 <= rank < world_size).
-        world_size: W, ranks in the group.
+        world_size: G, ranks in the group.
         device: where this rank's tensors live (cuda, npu or cpu); collectives take and return tensors there.
         timeout_s: seconds any single operation may take before it raises `CollectiveTimeoutError`.
         group: the torch process group (None: the default, world group).
@@ -72,7 +73,7 @@ class Communicator:
         return self.members[self.rank]
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """[W, *tensor.shape]: `tensor` of every rank, in rank order (same shape and dtype on every rank)."""
+        """[G, *tensor.shape]: `tensor` of every rank, in rank order (same shape and dtype on every rank)."""
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
         self._wait(dist.all_gather(parts, tensor.contiguous(), group=self.group, async_op=True), "all_gather")
         return torch.stack(parts)
@@ -101,21 +102,22 @@ class Communicator:
         self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True), "min_over_ranks")
         return int(flag.item())
 
-    def all_to_all(self, rows_NX: torch.Tensor, send_counts_W: list[int], recv_counts_W: list[int]) -> torch.Tensor:
-        """Send rows_NX[sum(send_counts_W[:j]) : ...] to rank j; return the rows received, in rank order [R, *X].
+    def all_to_all(self, rows_N: torch.Tensor, send_counts_G: list[int], recv_counts_G: list[int]) -> torch.Tensor:
+        """Send rows_N [N, ...] from row sum(send_counts_G[:j]) on to rank j; return the rows received, in rank order
+        [R, ...].
 
-        `send_counts_W` [W] must sum to N; `recv_counts_W` [W] is what each rank sends here (its send_counts[rank]).
+        `send_counts_G` [G] must sum to N; `recv_counts_G` [G] is what each rank sends here (its send_counts[rank]).
         """
-        if len(send_counts_W) != self.world_size or len(recv_counts_W) != self.world_size:
+        if len(send_counts_G) != self.world_size or len(recv_counts_G) != self.world_size:
             raise ValueError(
-                f"send_counts_W and recv_counts_W need one entry per rank ({self.world_size}); got "
-                f"{len(send_counts_W)} and {len(recv_counts_W)}"
+                f"send_counts_G and recv_counts_G need one entry per rank ({self.world_size}); got "
+                f"{len(send_counts_G)} and {len(recv_counts_G)}"
             )
-        if sum(send_counts_W) != rows_NX.shape[0]:
-            raise ValueError(f"send_counts_W sums to {sum(send_counts_W)} but rows_NX has {rows_NX.shape[0]} rows")
-        received = rows_NX.new_empty((sum(recv_counts_W), *rows_NX.shape[1:]))
-        work = dist.all_to_all_single(received, rows_NX.contiguous(), output_split_sizes=list(recv_counts_W),
-                                      input_split_sizes=list(send_counts_W), group=self.group, async_op=True)
+        if sum(send_counts_G) != rows_N.shape[0]:
+            raise ValueError(f"send_counts_G sums to {sum(send_counts_G)} but rows_N has {rows_N.shape[0]} rows")
+        received = rows_N.new_empty((sum(recv_counts_G), *rows_N.shape[1:]))
+        work = dist.all_to_all_single(received, rows_N.contiguous(), output_split_sizes=list(recv_counts_G),
+                                      input_split_sizes=list(send_counts_G), group=self.group, async_op=True)
         self._wait(work, "all_to_all")
         return received
 

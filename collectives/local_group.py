@@ -1,4 +1,4 @@
-"""Run a function on W local processes that form one Gloo group: for tests, demos and benchmarks on one machine.
+"""Run a function on G local processes that form one Gloo group: for tests, demos and benchmarks on one machine.
 
 Each process joins the group through a rendezvous store this (launcher) process serves on a free loopback port, so
 that the store outlives any rank and survivors can regroup through it; each runs `fn(comm, *args)` and sends back
@@ -67,21 +67,9 @@ def run_local_group(
     procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, address, timeout_s, writers[rank], args,
                                                   device, parent))
              for rank in range(world_size)]
-    outcome: dict[int, tuple[bool, Any]] = {}
     end = time.monotonic() + deadline_s
     try:
-        for proc, writer in zip(procs, writers):
-            proc.start()
-            writer.close()  # the rank holds its own copy: once it is gone, its reader sees the end of the file
-        while len(outcome) < world_size and time.monotonic() < end:
-            waiting = {readers[rank]: rank for rank in range(world_size) if rank not in outcome}
-            for reader in wait(list(waiting), timeout=min(0.2, max(0.0, end - time.monotonic()))):
-                rank = waiting[reader]
-                try:
-                    outcome[rank] = pickle.loads(reader.recv_bytes())
-                except (EOFError, OSError):  # it ended before or while it wrote
-                    procs[rank].join(timeout=1.0)
-                    outcome[rank] = (False, CollectiveError(f"rank {rank} died (exit code {procs[rank].exitcode})"))
+        outcome = _start_and_collect(procs, readers, writers, end)
     except BaseException:
         # Interrupted (a signal turned into an exception, Ctrl-C) or broken here: the ranks end now, not at the
         # deadline.
@@ -90,16 +78,48 @@ def run_local_group(
                 proc.kill()
         raise
     finally:
-        for proc in procs:
-            if proc.pid is None:  # never started
-                continue
-            proc.join(timeout=max(0.0, min(5.0, end - time.monotonic())))
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for reader, writer in zip(readers, writers):
-            reader.close()
-            writer.close()
+        _reap(procs, readers, writers, end)
+    return _results_in_rank_order(outcome, world_size, deadline_s, allow_failures)
+
+
+def _start_and_collect(procs: list, readers: tuple[Connection, ...], writers: tuple[Connection, ...],
+                       end: float) -> dict[int, tuple[bool, Any]]:
+    """Starts the ranks and reads what each sends back until all have or the monotonic time `end` passes:
+    rank -> (True, its result) or (False, its error); a rank gone without a word counts as died."""
+    outcome: dict[int, tuple[bool, Any]] = {}
+    for proc, writer in zip(procs, writers):
+        proc.start()
+        writer.close()  # the rank holds its own copy: once it is gone, its reader sees the end of the file
+    while len(outcome) < len(procs) and time.monotonic() < end:
+        waiting = {readers[rank]: rank for rank in range(len(procs)) if rank not in outcome}
+        for reader in wait(list(waiting), timeout=min(0.2, max(0.0, end - time.monotonic()))):
+            rank = waiting[reader]
+            try:
+                outcome[rank] = pickle.loads(reader.recv_bytes())
+            except (EOFError, OSError):  # it ended before or while it wrote
+                procs[rank].join(timeout=1.0)
+                outcome[rank] = (False, CollectiveError(f"rank {rank} died (exit code {procs[rank].exitcode})"))
+    return outcome
+
+
+def _reap(procs: list, readers: tuple[Connection, ...], writers: tuple[Connection, ...], end: float) -> None:
+    """Waits for the started ranks until shortly after `end`, kills those still alive, and closes every pipe."""
+    for proc in procs:
+        if proc.pid is None:  # never started
+            continue
+        proc.join(timeout=max(0.0, min(5.0, end - time.monotonic())))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for reader, writer in zip(readers, writers):
+        reader.close()
+        writer.close()
+
+
+def _results_in_rank_order(outcome: dict[int, tuple[bool, Any]], world_size: int, deadline_s: float,
+                           allow_failures: bool) -> list[Any]:
+    """Each rank's result (or, with `allow_failures`, its error), in rank order; else raises for the ranks that
+    missed the deadline, or for the first rank whose own error caused the failure."""
     missing = [rank for rank in range(world_size) if rank not in outcome]
     if missing and not allow_failures:
         raise TimeoutError(f"ranks {missing} of {world_size} did not finish within deadline_s={deadline_s:g}")

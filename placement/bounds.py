@@ -1,7 +1,7 @@
 """Lower bounds on imbalance that no placement can beat, under any routing.
 
-Legend: B independent rows (steps of one layer), E logical experts, G GPUs, S slots per GPU, P = G * S slots,
-R = P - E redundant slots.
+Legend: B independent rows (steps of one layer), E logical experts, G GPUs, S slots per GPU, P = G * S slots
+(P - E of them redundant).
 
 Take one step's counts c_e. Whatever the placement (any E <= P slots' contents) and whatever the routing (the
 placement's static weights, the best split of each step, the live router's whole tokens), the busiest GPU carries
@@ -42,10 +42,10 @@ def replica_count_load(counts_BE: np.ndarray, num_slots: int, num_gpus: int) -> 
         [B] float64: min over replica counts d (1 <= d_e <= G, sum_e d_e <= P) of max_e c_e / d_e, from below
         within about 1e-9 relative (0 for an all-zero row).
 
-    Only the R = P - E busiest experts can use a second replica (an optimum never gives one to an expert while a
+    Only the P - E busiest experts can use a second replica (an optimum never gives one to an expert while a
     busier one has a single replica: swapping the two counts lowers nothing), so the others count once and the
-    bisection runs on the R busiest columns; the (R + 1)-th busiest count, which keeps one replica in any choice of
-    R experts, starts it. Uncapped, theta is feasible iff sum_e max(1, ceil(c_e / theta)) <= P; the cap adds
+    bisection runs on the P - E busiest columns; the (P - E + 1)-th busiest count, which keeps one replica in any
+    choice of P - E experts, starts it. Uncapped, theta is feasible iff sum_e max(1, ceil(c_e / theta)) <= P; the cap adds
     theta >= max_e c_e / G, so the capped optimum is the larger of the two.
     """
     counts = np.asarray(counts_BE, dtype=np.float64)

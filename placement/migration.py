@@ -1,6 +1,6 @@
 """Migration plans: the fewest expert copies that turn the placement now serving into a new one.
 
-Legend: L layers, E logical experts, G GPUs, S slots per GPU, P = G * S slots, M moves, X = most replicas.
+Legend: L layers, E logical experts, G GPUs, S slots per GPU, P = G * S slots, H nodes, V moves, X = most replicas.
 
 Two freedoms make a switch from `current` to `target` cheaper without changing the target's balance:
 
@@ -45,10 +45,10 @@ class MigrationPlan:
             `gpu_map_G[j]`, in an order that keeps experts already present in place. Per GPU it holds the same
             expert multiset, with the same weights, as the target GPU mapped there.
         gpu_map_G: [G] int64, target GPU j is realised on physical GPU gpu_map_G[j] (a permutation).
-        moves: [M, 4] int64, one row per slot whose expert must be copied in: (layer, destination slot, expert,
+        moves: [V, 4] int64, one row per slot whose expert must be copied in: (layer, destination slot, expert,
             source GPU), sorted by layer then slot. The source GPU holds the expert in `current` for that layer;
             it equals the destination's GPU only when that GPU needs one more replica of an expert it holds.
-        bytes_moved: M * bytes_per_expert.
+        bytes_moved: V * bytes_per_expert.
     """
 
     realised: Placement
@@ -58,7 +58,7 @@ class MigrationPlan:
 
     @property
     def num_moves(self) -> int:
-        """M: slots whose expert is copied in."""
+        """V: slots whose expert is copied in."""
         return int(self.moves.shape[0])
 
     def moves_per_layer(self) -> np.ndarray:
@@ -134,10 +134,10 @@ def plan_migration(
     )
 
     # Step 3: one move per slot not kept, each from a GPU that holds the expert in `current`.
-    layer_M, slot_M = np.nonzero(~kept_LGS.reshape(num_layers, -1))
-    expert_M = realised.phy2log_LP[layer_M, slot_M]
-    source_M = _choose_sources(current, layer_M, slot_M, expert_M)
-    moves = np.stack([layer_M, slot_M, expert_M, source_M], axis=1).astype(np.int64)
+    layer_V, slot_V = np.nonzero(~kept_LGS.reshape(num_layers, -1))
+    expert_V = realised.phy2log_LP[layer_V, slot_V]
+    source_V = _choose_sources(current, layer_V, slot_V, expert_V)
+    moves = np.stack([layer_V, slot_V, expert_V, source_V], axis=1).astype(np.int64)
     return MigrationPlan(realised, gpu_map_G, moves, int(moves.shape[0]) * int(bytes_per_expert))
 
 
@@ -197,13 +197,14 @@ def _relabel_gpus(cost_GG: np.ndarray, cluster: ClusterSpec, permute_nodes: bool
     # Tie-break: among optimal maps take one that moves the fewest GPUs; the added terms total < G + 1, the
     # smallest real cost difference scaled.
     price_GG = cost_GG * (num_gpus + 1) + (1 - np.eye(num_gpus, dtype=np.int64))
-    price_NnNn = price_GG.reshape(num_nodes, node_size, num_nodes, node_size)
+    # [H, G / H, H, G / H]: the price of (target node, its GPU, physical node, its GPU).
+    price_by_node = price_GG.reshape(num_nodes, node_size, num_nodes, node_size)
     inner = {}  # (target node, physical node) -> (cost, physical GPU within the node of each target GPU)
     may_swap = permute_nodes and num_nodes > 1
     nodes = range(num_nodes)
     pairs = [(m, n) for m in nodes for n in nodes] if may_swap else [(m, m) for m in nodes]
     for m, n in pairs:
-        block = price_NnNn[m, :, n, :]
+        block = price_by_node[m, :, n, :]
         rows, cols = linear_sum_assignment(block)
         inner[m, n] = (int(block[rows, cols].sum()), cols[np.argsort(rows)])
     node_map = np.arange(num_nodes)
@@ -238,8 +239,8 @@ def _assign_slots(current_keys_LGS: np.ndarray, target_keys_LGS: np.ndarray) -> 
     return source_slot_LGS, kept_LGS
 
 
-def _choose_sources(current: Placement, layer_M: np.ndarray, slot_M: np.ndarray, expert_M: np.ndarray) -> np.ndarray:
-    """[M] int64: the GPU each move copies from.
+def _choose_sources(current: Placement, layer_V: np.ndarray, slot_V: np.ndarray, expert_V: np.ndarray) -> np.ndarray:
+    """[V] int64: the GPU each move copies from.
 
     Preference: the destination GPU itself (a local copy), then a GPU on its node, then the fewest sends so far
     in that layer, then the fewest sends so far in all layers, then the lowest GPU id. Moves with a single
@@ -248,14 +249,14 @@ def _choose_sources(current: Placement, layer_M: np.ndarray, slot_M: np.ndarray,
     cluster = current.cluster
     slots, node_size = cluster.slots_per_gpu, cluster.node_size
     holders_LEX = current.log2phy_LEX
-    candidates_MX = np.where(holders_LEX >= 0, holders_LEX // slots, -1)[layer_M, expert_M]
-    first_M = candidates_MX[:, 0]
-    forced_M = ((candidates_MX == first_M[:, None]) | (candidates_MX < 0)).all(axis=1)
-    order = np.lexsort((np.arange(len(layer_M)), ~forced_M))  # forced moves first, then in (layer, slot) order
+    candidates_VX = np.where(holders_LEX >= 0, holders_LEX // slots, -1)[layer_V, expert_V]
+    first_V = candidates_VX[:, 0]
+    forced_V = ((candidates_VX == first_V[:, None]) | (candidates_VX < 0)).all(axis=1)
+    order = np.lexsort((np.arange(len(layer_V)), ~forced_V))  # forced moves first, then in (layer, slot) order
     sends_LG = [[0] * cluster.num_gpus for _ in range(current.num_layers)]
     sends_G = [0] * cluster.num_gpus
-    source_M = np.empty(len(layer_M), dtype=np.int64)
-    layers, dests, candidates = layer_M.tolist(), (slot_M // slots).tolist(), candidates_MX.tolist()
+    source_V = np.empty(len(layer_V), dtype=np.int64)
+    layers, dests, candidates = layer_V.tolist(), (slot_V // slots).tolist(), candidates_VX.tolist()
     for move in order.tolist():
         layer, dest = layers[move], dests[move]
         dest_node, layer_sends = dest // node_size, sends_LG[layer]
@@ -265,8 +266,8 @@ def _choose_sources(current: Placement, layer_M: np.ndarray, slot_M: np.ndarray,
             if gpu >= 0
         ]
         best = min(ranked)[-1]
-        source_M[move] = best
+        source_V[move] = best
         if best != dest:
             layer_sends[best] += 1
             sends_G[best] += 1
-    return source_M
+    return source_V

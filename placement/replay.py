@@ -11,14 +11,13 @@ step whose imbalance (mean over layers, under the routing scored) exceeds R time
 own window marks the start of new traffic: the policy refits at once, on the steps since that start only (the
 window's older steps belong to the old traffic), and later refits use those steps until the window is full of them.
 A second trigger within `window` steps of the start refits again on the steps since the start (a placement fitted
-on one or two steps is noisy; that is not a new change). Measured on the ESFT logs replayed task after task
-(`scripts/bench_placement.py`, 8-step windows, dynamic routing, R = 1.4): see the README, "Benchmarks". At
-R = 1.3 noise alone fired it within ESFT tasks at 32 GPUs x 3 slots (48 tokens per GPU per step); 1.4 never did there
-and caught the same task switches.
+on one or two steps is noisy; that is not a new change). R is chosen high enough that the step-to-step noise of
+a few tokens per GPU never fires it within one task, and low enough that it still catches a change of task
+(figures: docs/rebalancing.md, 'Refit on drift').
 
 Lag (`lag`, 0 by default): a live group cannot serve a placement on the step after its fit window ends. Solving
-takes time (10 s for `cpsat` at its default budget) and so does moving the weights, while a decode step takes about
-50 ms, so the old placement serves a few hundred steps more. With lag L, the placement fitted at step f (on steps
+(`cpsat` takes up to its `time_limit_s`) and moving the weights last many decode steps, and meanwhile the old
+placement keeps serving (figures: docs/rebalancing.md, 'Lag'). With lag L, the placement fitted at step f (on steps
 ending at f) serves [f + L, f' + L), f' being the next fit; the held-out steps are [window + L, T). A drifted step d
 found while a placement serves starts a fit at d + 1 whose placement serves from d + 1 + L; until then the
 placement serving keeps serving, and the steps served in between (its fit is in flight) trigger nothing. When d
@@ -119,6 +118,32 @@ def rolling_replay(
             the trace to score, or `drift_ratio` not above 1.
     """
     num_steps = counts_TLE.shape[0]
+    first_scored = _check_replay_args(num_steps, every, window, lag, drift_ratio)
+    schedule = _Schedule(fit_step=window)
+    parts = _ReplayParts(also={name: [] for name in also_routings})
+    while schedule.fit_step + lag < num_steps:
+        first = max(schedule.regime_start, schedule.fit_step - window)
+        placement = parts.fit(policy, counts_TLE, first, schedule.fit_step, cluster, policy_options or {}, routing)
+        serve_from = schedule.fit_step + lag
+        parts.serve_starts.append(serve_from)
+        check_drift = drift_ratio is not None and not schedule.upcoming  # else a refit on drift is in flight
+        next_fit = schedule.next_fit(every)
+        served = score_placement(placement, counts_TLE[serve_from : next_fit + lag], routing)
+        if check_drift:
+            drifted = _first_drift(served, parts.fitted[-1], drift_ratio, serve_from, num_steps)
+            if drifted + 1 + lag < num_steps:
+                parts.drifts.append(drifted)
+                next_fit = schedule.refit_on_drift(drifted, next_fit, every, window)
+        stop = min(next_fit + lag, num_steps) - serve_from
+        parts.serve(placement, served, counts_TLE[serve_from : serve_from + stop])
+        schedule.fit_step = next_fit
+        if on_refit is not None:
+            on_refit(serve_from + stop - first_scored, num_steps - first_scored)
+    return parts.result(placement, lag)
+
+
+def _check_replay_args(num_steps: int, every: int, window: int, lag: int, drift_ratio: float | None) -> int:
+    """The first scored step, `window + lag`, or `PlacementInfeasibleError` naming the argument out of range."""
     if every < 1 or window < 1:
         raise PlacementInfeasibleError(f"every and window must be >= 1; got every={every}, window={window}")
     if lag < 0:
@@ -137,45 +162,85 @@ def rolling_replay(
             f"drift_ratio compares a served step's imbalance with the fitted one and must be finite and > 1 (for "
             f"example 1.4); got drift_ratio={drift_ratio}"
         )
-    held, fitted, seconds, windows, serve_starts, drifts = [], [], [], [], [], []
-    also: dict[str, list[StepScores]] = {name: [] for name in also_routings}
-    fit_step, regime_start = window, 0
-    # Fits started or decided while the placement serving now still serves: (fit step, regime start that fit uses).
-    # Filled when a drift is found after scheduled fits have started (lag > 0).
-    upcoming: list[tuple[int, int]] = []
-    while fit_step + lag < num_steps:
-        first = max(regime_start, fit_step - window)
-        history = counts_TLE[first:fit_step]
+    return first_scored
+
+
+@dataclass
+class _Schedule:
+    """When the fits still to come happen and from which step their windows may start: the state that crosses fits.
+
+    Attributes:
+        fit_step: the step of the fit about to run (its window ends there).
+        regime_start: the first step of the traffic now served; no fit window starts before it (a drift moves it).
+        upcoming: fits started or decided while the placement serving now still serves, as (fit step, regime start
+            that fit uses), in order. Filled when a drift is found after scheduled fits have started (lag > 0).
+    """
+
+    fit_step: int
+    regime_start: int = 0
+    upcoming: list[tuple[int, int]] = field(default_factory=list)
+
+    def next_fit(self, every: int) -> int:
+        """The step of the fit after the one at `fit_step`: the first upcoming one (its regime start then holds),
+        else `every` steps on."""
+        if self.upcoming:
+            step, self.regime_start = self.upcoming.pop(0)
+            return step
+        return self.fit_step + every
+
+    def refit_on_drift(self, drifted: int, next_fit: int, every: int, window: int) -> int:
+        """Schedules the refit that a drift at step `drifted` triggers and returns the step of the next fit.
+
+        The refit uses the steps from `drifted` on, unless the traffic now served began less than `window` steps
+        before it (then the drift is noise of a young fit, not a new change). Scheduled fits that started by step
+        `drifted` still land; the refit on drift comes after them.
+        """
+        new_regime = drifted if drifted - self.regime_start >= window else self.regime_start
+        started = list(range(next_fit, drifted + 1, every))
+        if started:
+            self.upcoming = [(step, self.regime_start) for step in started[1:]] + [(drifted + 1, new_regime)]
+            return next_fit
+        self.regime_start = new_regime
+        return drifted + 1
+
+
+def _first_drift(served: StepScores, fitted: StepScores, drift_ratio: float, serve_from: int, num_steps: int) -> int:
+    """The trace step of the first served step that `drifted_steps` flags, `num_steps` if none."""
+    over = np.flatnonzero(drifted_steps(served.imbalance_TL.mean(axis=1), fitted.imbalance_TL.mean(), drift_ratio))
+    return serve_from + int(over[0]) if over.size else num_steps
+
+
+@dataclass
+class _ReplayParts:
+    """What each fit of a rolling replay adds to its result, in fit order (see `ReplayResult`)."""
+
+    also: dict[str, list[StepScores]]
+    held: list[StepScores] = field(default_factory=list)
+    fitted: list[StepScores] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    windows: list[tuple[int, int]] = field(default_factory=list)
+    serve_starts: list[int] = field(default_factory=list)
+    drifts: list[int] = field(default_factory=list)
+
+    def fit(self, policy: str, counts_TLE: np.ndarray, first: int, stop: int, cluster: ClusterSpec, options: dict,
+            routing: Routing) -> Placement:
+        """Fits `policy` on steps [first, stop) of `counts_TLE` [T, L, E], timing the fit and scoring it there."""
+        history_TLE = counts_TLE[first:stop]
         began = time.perf_counter()
-        placement: Placement = fit_placement(policy, history, cluster, **(policy_options or {}))
-        seconds.append(time.perf_counter() - began)
-        windows.append((first, fit_step))
-        serve_from = fit_step + lag
-        serve_starts.append(serve_from)
-        fitted.append(score_placement(placement, history, routing))
-        check_drift = drift_ratio is not None and not upcoming  # else a refit on drift is in flight
-        next_fit, regime_start = upcoming.pop(0) if upcoming else (fit_step + every, regime_start)
-        served = score_placement(placement, counts_TLE[serve_from : next_fit + lag], routing)
-        if check_drift:
-            over = np.flatnonzero(drifted_steps(served.imbalance_TL.mean(axis=1), fitted[-1].imbalance_TL.mean(),
-                                                drift_ratio))
-            drifted = serve_from + int(over[0]) if over.size else num_steps
-            if drifted + 1 + lag < num_steps:
-                drifts.append(drifted)
-                new_regime = drifted if drifted - regime_start >= window else regime_start
-                # Scheduled fits that started by step `drifted` still land; the refit on drift comes after them.
-                started = list(range(next_fit, drifted + 1, every))
-                if started:
-                    upcoming = [(step, regime_start) for step in started[1:]] + [(drifted + 1, new_regime)]
-                else:
-                    next_fit, regime_start = drifted + 1, new_regime
-        stop = min(next_fit + lag, num_steps) - serve_from
-        held.append(served.take_steps(stop))
-        for name in also_routings:
-            also[name].append(score_placement(placement, counts_TLE[serve_from : serve_from + stop], name))
-        fit_step = next_fit
-        if on_refit is not None:
-            on_refit(serve_from + stop - first_scored, num_steps - first_scored)
-    return ReplayResult(StepScores.concatenate(held), StepScores.concatenate(fitted), serve_starts, seconds,
-                        {name: StepScores.concatenate(parts) for name, parts in also.items()}, placement,
-                        windows, drifts, lag)
+        placement = fit_placement(policy, history_TLE, cluster, **options)
+        self.seconds.append(time.perf_counter() - began)
+        self.windows.append((first, stop))
+        self.fitted.append(score_placement(placement, history_TLE, routing))
+        return placement
+
+    def serve(self, placement: Placement, served: StepScores, counts_TLE: np.ndarray) -> None:
+        """Keeps the scores of the steps `counts_TLE` [T, L, E] that `placement` served (the first T of `served`),
+        and scores them under each of the further routings."""
+        self.held.append(served.take_steps(len(counts_TLE)))
+        for name, scores in self.also.items():
+            scores.append(score_placement(placement, counts_TLE, name))
+
+    def result(self, last: Placement, lag: int) -> ReplayResult:
+        return ReplayResult(StepScores.concatenate(self.held), StepScores.concatenate(self.fitted), self.serve_starts,
+                            self.seconds, {name: StepScores.concatenate(parts) for name, parts in self.also.items()},
+                            last, self.windows, self.drifts, lag)

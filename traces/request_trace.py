@@ -77,7 +77,7 @@ def load_request_trace(
     """Read the requests of a Mooncake `.jsonl` or Azure `.csv` trace, sorted by arrival (ties keep file order).
 
     A zero output length is read as 1 (every request emits at least the token its prefill produces); the Mooncake
-    and Azure 2023 traces in `shared/data/requests` hold no such row (their smallest outputs are 1 and 6 tokens).
+    and Azure 2023 traces hold no such row (figures: docs/formats.md, 'Request traces').
     Blank lines are skipped.
 
     Args:

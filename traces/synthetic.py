@@ -1,16 +1,16 @@
 """Seeded synthetic MoE decode routing traffic: skewed, domain-mixed, drifting and bursty expert loads.
 
-Legend: T steps, L MoE layers, E logical experts, K top-k, N tokens per step, D traffic domains,
-B bursts, R rows (flattened step x layer pairs).
+Legend: T steps, L MoE layers, E logical experts, K top-k, N tokens per step, Z traffic domains, R rows (flattened
+step x layer pairs). Bursts are arrays of one entry per burst, named `burst_...`.
 
 The model, in the order `generate_trace` builds it:
 
-1. Popularity. Each expert of each layer has a standard-normal base score; domain d's score is
-   `overlap * base + sqrt(1 - overlap**2) * own_d`, so `domain_overlap` is the correlation between domains.
+1. Popularity. Each expert of each layer has a standard-normal base score; domain z's score is
+   `overlap * base + sqrt(1 - overlap**2) * own_z`, so `domain_overlap` is the correlation between domains.
    A score becomes a weight by `exp(skew * score)` (lognormal) or `rank ** -zipf_exponent` (Zipf, rank 1 =
    highest score). Scores are random per layer, so which expert is hot is a random permutation per layer.
-2. Drift. Domain d's share of the traffic at step t is a softmax over domains of
-   `drift_strength * sin(2 pi t / period_d + phase_d)`, with period_d drawn in [0.5, 1.5] x `drift_period_steps`.
+2. Drift. Domain z's share of the traffic at step t is a softmax over domains of
+   `drift_strength * sin(2 pi t / period_z + phase_z)`, with period_z drawn in [0.5, 1.5] x `drift_period_steps`.
 3. Bursts. Each layer gets Poisson(`burst_rate` * T / 1000) bursts; a burst picks one expert uniformly and
    multiplies its weight by `burst_factor` for about `burst_length_steps` steps (exponentially distributed).
 4. Sampling. Each step splits its N tokens over domains by a multinomial over the mix; the pick probability
@@ -54,7 +54,7 @@ class SyntheticConfig(BaseModel):
     )
     zipf_exponent: float = Field(1.0, ge=0, description="Exponent s of Zipf popularity rank**-s; 0 = uniform.")
     num_domains: int = Field(
-        4, ge=1, description="D: traffic domains (e.g. code, chat, math), each with its own popularity."
+        4, ge=1, description="Z: traffic domains (e.g. code, chat, math), each with its own popularity."
     )
     domain_overlap: float = Field(
         0.7,
@@ -105,67 +105,70 @@ def generate_trace(config: SyntheticConfig) -> RoutingTrace:
     T, L, E, K, N = c.num_steps, c.num_layers, c.num_experts, c.top_k, c.tokens_per_step
     # Separate streams, so that e.g. changing num_steps does not reshuffle which experts are popular.
     popularity_rng, mix_rng, burst_rng, sample_rng = np.random.default_rng(c.seed).spawn(4)
-    p_DLE = _domain_popularity_DLE(c, popularity_rng)
-    mix_TD = _domain_mix_TD(c, mix_rng)
+    p_ZLE = _domain_popularity_ZLE(c, popularity_rng)
+    mix_TZ = _domain_mix_TZ(c, mix_rng)
     bursts = _draw_bursts(c, burst_rng)
     # Step 1: split each step's tokens over domains.
-    tokens_TD = sample_rng.multinomial(N, mix_TD)
+    tokens_TZ = sample_rng.multinomial(N, mix_TZ)
     counts_TLE = np.empty((T, L, E), dtype=np.int64)
     chunk = max(1, _CHUNK_VALUES // (L * E))
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
         # Step 2: pick weights of this chunk's steps, the token-weighted mix of domain popularities.
-        w_tLE = ((tokens_TD[t0:t1] / N) @ p_DLE.reshape(c.num_domains, L * E)).reshape(t1 - t0, L, E)
-        _apply_bursts(w_tLE, bursts, t0, c.burst_factor)
+        w_TLE = ((tokens_TZ[t0:t1] / N) @ p_ZLE.reshape(c.num_domains, L * E)).reshape(t1 - t0, L, E)
+        _apply_bursts(w_TLE, bursts, t0, c.burst_factor)
         # Step 3: sample N * K picks per (step, layer).
-        counts_TLE[t0:t1] = _sample_counts_RE(w_tLE.reshape(-1, E), N, K, sample_rng).reshape(t1 - t0, L, E)
+        counts_TLE[t0:t1] = _sample_counts_RE(w_TLE.reshape(-1, E), N, K, sample_rng).reshape(t1 - t0, L, E)
     source = f"traces.synthetic.generate_trace seed={c.seed} config={c.model_dump_json()}"
     return RoutingTrace.from_counts(counts_TLE, top_k=K, tokens_per_step=N, source=source)
 
 
-def _domain_popularity_DLE(c: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
-    """[D, L, E] float64: each domain's pick probability per expert and layer; sums to 1 over E."""
+def _domain_popularity_ZLE(c: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
+    """[Z, L, E] float64: each domain's pick probability per expert and layer; sums to 1 over E."""
     base_LE = rng.standard_normal((c.num_layers, c.num_experts))
-    own_DLE = rng.standard_normal((c.num_domains, c.num_layers, c.num_experts))
-    score_DLE = c.domain_overlap * base_LE + math.sqrt(1.0 - c.domain_overlap**2) * own_DLE
+    own_ZLE = rng.standard_normal((c.num_domains, c.num_layers, c.num_experts))
+    score_ZLE = c.domain_overlap * base_LE + math.sqrt(1.0 - c.domain_overlap**2) * own_ZLE
     if c.popularity == "lognormal":
-        w_DLE = np.exp(c.skew * score_DLE)
+        w_ZLE = np.exp(c.skew * score_ZLE)
     else:
-        rank_DLE = np.argsort(np.argsort(-score_DLE, axis=-1), axis=-1) + 1  # 1 = highest score
-        w_DLE = rank_DLE.astype(np.float64) ** -c.zipf_exponent
-    return w_DLE / w_DLE.sum(axis=-1, keepdims=True)
+        rank_ZLE = np.argsort(np.argsort(-score_ZLE, axis=-1), axis=-1) + 1  # 1 = highest score
+        w_ZLE = rank_ZLE.astype(np.float64) ** -c.zipf_exponent
+    return w_ZLE / w_ZLE.sum(axis=-1, keepdims=True)
 
 
-def _domain_mix_TD(c: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
-    """[T, D] float64: each domain's share of the traffic per step; sums to 1 over D and varies smoothly in t."""
-    period_D = c.drift_period_steps * rng.uniform(0.5, 1.5, size=c.num_domains)
-    phase_D = rng.uniform(0.0, 2 * math.pi, size=c.num_domains)
+def _domain_mix_TZ(c: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
+    """[T, Z] float64: each domain's share of the traffic per step; sums to 1 over Z and varies smoothly in t."""
+    period_Z = c.drift_period_steps * rng.uniform(0.5, 1.5, size=c.num_domains)
+    phase_Z = rng.uniform(0.0, 2 * math.pi, size=c.num_domains)
     t_T = np.arange(c.num_steps, dtype=np.float64)
-    logit_TD = c.drift_strength * np.sin(2 * math.pi * t_T[:, None] / period_D + phase_D)
-    mix_TD = np.exp(logit_TD - logit_TD.max(axis=-1, keepdims=True))
-    return mix_TD / mix_TD.sum(axis=-1, keepdims=True)
+    logit_TZ = c.drift_strength * np.sin(2 * math.pi * t_T[:, None] / period_Z + phase_Z)
+    mix_TZ = np.exp(logit_TZ - logit_TZ.max(axis=-1, keepdims=True))
+    return mix_TZ / mix_TZ.sum(axis=-1, keepdims=True)
 
 
 def _draw_bursts(c: SyntheticConfig, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
-    """Bursts as (start_B, stop_B, layer_B, expert_B), int64: expert_B[b] of layer_B[b] is hot in [start, stop)."""
+    """Bursts as (burst_start, burst_stop, burst_layer, burst_expert), int64 arrays of one entry per burst:
+    burst_expert[b] of burst_layer[b] is hot in steps [burst_start[b], burst_stop[b])."""
     per_layer_L = rng.poisson(c.burst_rate * c.num_steps / 1000.0, size=c.num_layers)
-    layer_B = np.repeat(np.arange(c.num_layers), per_layer_L)
-    start_B = rng.integers(0, c.num_steps, size=layer_B.size)
-    length_B = np.maximum(1, np.rint(rng.exponential(c.burst_length_steps, size=layer_B.size))).astype(np.int64)
-    expert_B = rng.integers(0, c.num_experts, size=layer_B.size)
-    return start_B, start_B + length_B, layer_B, expert_B
+    burst_layer = np.repeat(np.arange(c.num_layers), per_layer_L)
+    burst_start = rng.integers(0, c.num_steps, size=burst_layer.size)
+    burst_length = np.maximum(1, np.rint(rng.exponential(c.burst_length_steps, size=burst_layer.size))).astype(np.int64)
+    burst_expert = rng.integers(0, c.num_experts, size=burst_layer.size)
+    return burst_start, burst_start + burst_length, burst_layer, burst_expert
 
 
-def _apply_bursts(w_tLE: np.ndarray, bursts: tuple[np.ndarray, ...], t0: int, factor: float) -> None:
-    """Multiply, in place, the weights of bursting experts in the chunk of steps [t0, t0 + t) by `factor`."""
-    start_B, stop_B, layer_B, expert_B = bursts
-    num_t = w_tLE.shape[0]
-    lo_B = np.clip(start_B - t0, 0, num_t)
-    len_B = np.clip(stop_B - t0, 0, num_t) - lo_B
-    # One entry per (burst, covered step): the step is lo_B plus its offset within the burst.
-    offset = np.arange(len_B.sum()) - np.repeat(np.cumsum(len_B) - len_B, len_B)
-    t_idx = np.repeat(lo_B, len_B) + offset
-    np.multiply.at(w_tLE, (t_idx, np.repeat(layer_B, len_B), np.repeat(expert_B, len_B)), factor)
+def _apply_bursts(w_TLE: np.ndarray, bursts: tuple[np.ndarray, ...], t0: int, factor: float) -> None:
+    """Multiply, in place, the weights w_TLE [T, L, E] of bursting experts in the chunk of steps [t0, t0 + T) by
+    `factor`."""
+    burst_start, burst_stop, burst_layer, burst_expert = bursts
+    num_t = w_TLE.shape[0]
+    # Per burst, its first step in the chunk and its number of steps there.
+    burst_lo = np.clip(burst_start - t0, 0, num_t)
+    burst_len = np.clip(burst_stop - t0, 0, num_t) - burst_lo
+    # One entry per (burst, covered step): the step is burst_lo plus its offset within the burst.
+    offset = np.arange(burst_len.sum()) - np.repeat(np.cumsum(burst_len) - burst_len, burst_len)
+    t_idx = np.repeat(burst_lo, burst_len) + offset
+    np.multiply.at(w_TLE, (t_idx, np.repeat(burst_layer, burst_len), np.repeat(burst_expert, burst_len)), factor)
 
 
 def _cap_pick_probs_RE(w_RE: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,8 @@
 """Top-k id logs: which experts each token picked, grouped into decode steps of a fixed number of tokens.
 
 Legend: L layers, N tokens, K top-k, T steps, E logical experts.
-The reference layout is `../shared/data/esft-dsv2lite`: an `.npz` holding `<task>_topk_ids` [L, N, K] per task.
+The layout read is the ESFT routing logs' (DeepSeek-V2-Lite): an `.npz` holding `<task>_topk_ids` [L, N, K] per
+task (docs/formats.md, 'Top-k id logs').
 """
 
 import numpy as np

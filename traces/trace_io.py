@@ -4,7 +4,7 @@ Formats (chosen by suffix and content):
 - native `.npz`: array `counts` [T, L, E] plus `header_json` (a 0-d string array holding the TraceHeader);
 - plain `.npy`: one array [T, L, E];
 - SGLang expert-distribution dump `.pt`: a dict holding `logical_count` [T, L, E] (or [L, E], read as one step);
-- top-k id log `.npz` (as `../shared/data/esft-dsv2lite`): arrays `<task>_topk_ids` [L, N, K], grouped into steps of
+- top-k id log `.npz` (as the ESFT routing logs): arrays `<task>_topk_ids` [L, N, K], grouped into steps of
   `tokens_per_step` tokens; tasks are concatenated in file order unless `tasks` picks some.
 """
 

@@ -4,23 +4,21 @@ Legend: L layers, E logical experts, G GPUs, S slots per GPU, P = G * S slots, M
 
 Why: under dynamic routing tokens can only move between GPUs that share a replicated expert. DeepSeek's greedy
 packs replicas by expected load alone, so the GPUs fall into many small groups linked by shared experts, and the
-load of one group cannot reach another (`../shared/NOTES.md`). Here the replicated experts are laid along a ring
+load of one group cannot reach another. Here the replicated experts are laid along a ring
 of GPUs: each expert's replicas sit on consecutive GPUs, and the next expert starts on the last GPU of the one
 before, so the experts link all GPUs into one chain and every GPU holds movable tokens. Experts with one
 replica then fill the free slots, heaviest first. Their tokens cannot move, so what matters is a GPU's load on
 each step, not on average: given the window's steps, an expert goes to the free GPU whose per-step load so far
 (each movable replica counted with its equal share) is lowest on the steps where this expert is busy, i.e. the
 GPU minimising sum_t load_tg * c_te, the growth of the sum of squared per-step loads. With one "step" (the mean)
-this is the greedy's least-loaded rule. No GPU holds two replicas of one expert.
-
-Measured on the ESFT logs (rolling, 8-step windows, best per-step split, against the least-mean-load rule):
-fitted 1.019 -> 1.006 and held-out 1.164 -> 1.150 at 16 GPUs x 5 slots, fitted 1.048 -> 1.032 at 32 x 3
-(held-out unchanged); on synthetic traffic at 128 x 3, held-out 1.033 -> 1.031.
+this is the greedy's least-loaded rule. No GPU holds two replicas of one expert. Placing by per-step load fits
+the window better than the least-mean-load rule, and serves later steps no worse (figures: docs/placement.md,
+'Chain layout').
 
 The order of the replicated experts along the ring matters: heaviest first crowds the hot experts onto one arc
-of GPUs, whose load then has far to travel. Measured on synthetic drifting traffic (6 layers, 25 windows of 50
-steps, held-out, best per-step split): at 128 GPUs x 3 slots "desc" 1.050, "interleave" (hot, cold, next hot,
-...) 1.032, "random" 1.021; DeepSeek's greedy 1.117. The policy tries several orders and keeps the best fit.
+of GPUs, whose load then has far to travel; "interleave" (hot, cold, next hot, ...) spreads them, and a random
+order spreads them best, all three well ahead of DeepSeek's greedy (figures: docs/placement.md, 'Chain layout').
+The policy tries several orders and keeps the best fit.
 """
 
 ORDERS = ("desc", "interleave", "random")

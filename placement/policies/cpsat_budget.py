@@ -12,17 +12,17 @@ from collections import deque
 
 # What one layer does, best first. A layer takes a later level when the time left cannot absorb the remaining
 # layers' measured work at a better one (`plan_level`):
-#   full       every chain start scored (and the greedy: see `_solve_layer`); the ring search and CP-SAT in the
-#              spare time;
+#   full       every chain start scored (and the greedy: see `cpsat_layer._score_starts`); the ring search and
+#              CP-SAT in the spare time;
 #   starts     every chain start scored (no search, no CP-SAT);
-#   one-chain  the first chain start (`_chain_orders`) scored;
+#   one-chain  the first chain start (`cpsat_layer._chain_orders`) scored;
 #   greedy     the greedy as it is, unscored: free, and what the result must never be worse than.
 LEVELS = ("full", "starts", "one-chain", "greedy")
 MIN_SOLVE_S = 0.05  # CP-SAT runs only with at least this long
 # Before any layer has built a CP-SAT model, its cost (model, hint, reading back and scoring the solution) in units
-# of scoring one candidate: measured 8-20x on the synthetic full shape.
+# of scoring one candidate: a round value within the range seen on the synthetic full shape (figures:
+# docs/placement.md, 'CP-SAT time budget').
 MODEL_PRIOR = 10.0
-
 
 
 def plan_level(capacity_s: float, layers: int, costs: list[float], first: list[float] | None = None) -> int:
@@ -84,8 +84,8 @@ class FitBudget:
     def start_layer(self, layer: int, num_chains: int, num_others: int, best: str = "full") -> str:
         """Claims `layer`, the next one, and returns its level, no better than `best`. The layers left at the
         greedy are owed a chain start, solved again at the end if the cores free up (`reopen`, best="one-chain"):
-        that gains far more than further chain starts (README, budget benchmark), so no layer takes more than one
-        chain start unless their work fits as well. `finish_layer` must follow."""
+        that gains far more than further chain starts (figures: docs/placement.md, 'CP-SAT time budget'), so no
+        layer takes more than one chain start unless their work fits as well. `finish_layer` must follow."""
         costs = self.costs(num_chains, num_others)
         one_chain = LEVELS.index("one-chain")
         with self._lock:

@@ -1,6 +1,6 @@
 """The CP-SAT model of one layer's placement, built apart from its solving so tests can inspect it.
 
-Legend: K sampled steps, E logical experts, G GPUs, S slots per GPU, C_e the GPUs expert e may use.
+Legend: B sampled steps, E logical experts, G GPUs, S slots per GPU; `candidates[e]` are the GPUs expert e may use.
 
 Decisions (all jointly): which GPUs hold a replica of each expert (so the replica count), and how each expert's
 tokens are split over its replicas: per sampled step under dynamic routing (the router re-splits every step),
@@ -22,7 +22,7 @@ class LayerProblem:
     """The data of one layer's model.
 
     Attributes:
-        counts_KE: [K, E] int, tokens per expert in each sampled step.
+        counts_BE: [B, E] int, tokens per expert in each sampled step.
         candidates: per expert, the sorted GPU ids that may hold one of its replicas.
         num_gpus: G.
         slots_per_gpu: S.
@@ -36,7 +36,7 @@ class LayerProblem:
         nodes_per_group: most nodes one group's replicas may span.
     """
 
-    counts_KE: np.ndarray
+    counts_BE: np.ndarray
     candidates: list[np.ndarray]
     num_gpus: int
     slots_per_gpu: int
@@ -61,9 +61,9 @@ class LayerModel:
     Attributes:
         model: the CP-SAT model.
         holds: (e, g) -> BoolVar, 1 iff expert e has a replica on GPU g.
-        tokens: (k, e, g) -> IntVar, tokens of expert e on GPU g in sampled step k (dynamic routing).
+        tokens: (b, e, g) -> IntVar, tokens of expert e on GPU g in sampled step b (dynamic routing).
         shares: (e, g) -> IntVar, parts of expert e's tokens on GPU g out of weight_scale (static routing).
-        peaks: [K] IntVar, the busiest GPU's load in each sampled step (speed-scaled under static routing).
+        peaks: [B] IntVar, the busiest GPU's load in each sampled step (speed-scaled under static routing).
     """
 
     model: cp_model.CpModel
@@ -75,7 +75,7 @@ class LayerModel:
 
 def build_layer_model(problem: LayerProblem) -> LayerModel:
     """Build the CP-SAT model of `problem` (no solving)."""
-    counts, speeds = problem.counts_KE, problem.speeds
+    counts, speeds = problem.counts_BE, problem.speeds
     num_steps, num_experts = counts.shape
     lm = LayerModel(cp_model.CpModel())
     m = lm.model
@@ -93,7 +93,7 @@ def build_layer_model(problem: LayerProblem) -> LayerModel:
     for gpu in range(problem.num_gpus):
         m.add(sum(lm.holds[pair] for pair in gpu_terms[gpu]) == problem.slots_per_gpu)
 
-    # peaks[k] >= load of every GPU in sampled step k, times SPEED_SCALE, divided by its speed (static loads are
+    # peaks[b] >= load of every GPU in sampled step b, times SPEED_SCALE, divided by its speed (static loads are
     # also in parts of weight_scale).
     totals = counts.sum(axis=1) * (problem.weight_scale if problem.routing == "static" else 1)
     for step in range(num_steps):
@@ -116,14 +116,14 @@ def build_layer_model(problem: LayerProblem) -> LayerModel:
 
 
 def _add_dynamic_split(problem: LayerProblem, lm: LayerModel, gpu_terms, speeds) -> None:
-    m, counts = lm.model, problem.counts_KE
+    m, counts = lm.model, problem.counts_BE
     for step in range(counts.shape[0]):
         loads: list[list] = [[] for _ in range(problem.num_gpus)]
         for expert, gpus in enumerate(problem.candidates):
             tokens = int(counts[step, expert])
             if tokens == 0:
                 continue
-            # tokens[k, e, g]: expert e's tokens on GPU g in step k; only on GPUs holding a replica; all placed.
+            # tokens[b, e, g]: expert e's tokens on GPU g in step b; only on GPUs holding a replica; all placed.
             parts = []
             for gpu in gpus:
                 var = m.new_int_var(0, tokens, f"tokens_k{step}_e{expert}_g{gpu}")
@@ -138,7 +138,7 @@ def _add_dynamic_split(problem: LayerProblem, lm: LayerModel, gpu_terms, speeds)
 
 
 def _add_static_split(problem: LayerProblem, lm: LayerModel, gpu_terms, speeds) -> None:
-    m, counts, scale = lm.model, problem.counts_KE, problem.weight_scale
+    m, counts, scale = lm.model, problem.counts_BE, problem.weight_scale
     # shares[e, g]: parts of expert e's tokens GPU g takes, out of `scale`, the same in every step.
     for expert, gpus in enumerate(problem.candidates):
         parts = []
@@ -168,10 +168,10 @@ def _add_node_limit(problem: LayerProblem, lm: LayerModel) -> None:
 
 
 def add_placement_hint(
-    lm: LayerModel, problem: LayerProblem, phy2log_P: np.ndarray, weights_P: np.ndarray, split_KEG=None
+    lm: LayerModel, problem: LayerProblem, phy2log_P: np.ndarray, weights_P: np.ndarray, split_BEG=None
 ) -> bool:
     """Hint the model with a complete solution: a placement, its whole-token split per sampled step (dynamic:
-    `split_KEG` [K, E, G] tokens from the router, else the static weights) or its integer shares (static), and
+    `split_BEG` [B, E, G] tokens from the router, else the static weights) or its integer shares (static), and
     the resulting peaks.
 
     Returns False (and hints nothing) when the placement is outside the model: a duplicate replica on one GPU
@@ -186,23 +186,23 @@ def add_placement_hint(
         lm.model.add_hint(var, pair in pairs)
     share_EG = np.zeros((len(problem.candidates), problem.num_gpus))
     share_EG[phy2log_P, gpu_of_slot] = weights_P
-    counts, speeds = problem.counts_KE, problem.speeds
+    counts, speeds = problem.counts_BE, problem.speeds
     if problem.routing == "static":
         parts_EG = whole_parts(share_EG * problem.weight_scale, np.full(len(share_EG), problem.weight_scale))
         for (expert, gpu), var in lm.shares.items():
             lm.model.add_hint(var, int(parts_EG[expert, gpu]))
-        loads_KG = counts @ parts_EG
+        loads_BG = counts @ parts_EG
     else:
-        loads_KG = np.zeros((len(counts), problem.num_gpus), dtype=np.int64)
+        loads_BG = np.zeros((len(counts), problem.num_gpus), dtype=np.int64)
         for step in range(len(counts)):
-            wanted_EG = share_EG * counts[step][:, None] if split_KEG is None else split_KEG[step]
+            wanted_EG = share_EG * counts[step][:, None] if split_BEG is None else split_BEG[step]
             tokens_EG = whole_parts(wanted_EG, counts[step])
-            loads_KG[step] = tokens_EG.sum(axis=0)
+            loads_BG[step] = tokens_EG.sum(axis=0)
             for expert, gpu in zip(*np.nonzero(counts[step][:, None] * np.ones_like(tokens_EG))):
                 var = lm.tokens.get((step, int(expert), int(gpu)))
                 if var is not None:
                     lm.model.add_hint(var, int(tokens_EG[expert, gpu]))
-    peaks = np.ceil(SPEED_SCALE * loads_KG / speeds[None, :]).max(axis=1).astype(np.int64)
+    peaks = np.ceil(SPEED_SCALE * loads_BG / speeds[None, :]).max(axis=1).astype(np.int64)
     for step, var in enumerate(lm.peaks):
         lm.model.add_hint(var, int(peaks[step]))
     return True
@@ -221,3 +221,19 @@ def model_size(lm: LayerModel) -> dict:
     """Variables and constraints of the model (for inspection and tests)."""
     proto = lm.model.proto
     return {"variables": len(proto.variables), "constraints": len(proto.constraints)}
+
+
+def solved_placement(solver: cp_model.CpSolver, lm: LayerModel, num_gpus: int) -> np.ndarray:
+    """[P] int64: the placement of a solved model, each GPU's experts in ascending order (slot p on GPU p // S)."""
+    per_gpu: list[list[int]] = [[] for _ in range(num_gpus)]
+    for (expert, gpu), var in sorted(lm.holds.items()):
+        if solver.boolean_value(var):
+            per_gpu[gpu].append(expert)
+    return np.array([e for experts in per_gpu for e in experts], dtype=np.int64)
+
+
+def solved_weights(solver: cp_model.CpSolver, lm: LayerModel, phy2log_P: np.ndarray, slots_per_gpu: int,
+                   weight_scale: int) -> np.ndarray:
+    """[P] float: the solved static share of each slot's expert on its GPU, out of 1 (static routing)."""
+    gpu_of_slot = np.arange(len(phy2log_P)) // slots_per_gpu
+    return np.array([solver.value(lm.shares[int(e), int(g)]) / weight_scale for e, g in zip(phy2log_P, gpu_of_slot)])

@@ -1,7 +1,7 @@
 """The baseline policy: DeepSeek's public EPLB algorithm, written for this project and vectorised over layers.
 
-Legend: L layers, E logical experts, P slots (physical experts), G GPUs, N nodes, B a batch of independent rows
-(layers, or layers x nodes), I items to pack, K groups of M items.
+Legend: L layers, E logical experts, P slots (physical experts), G GPUs, H nodes, Q expert groups, X the most
+replicas one expert has, B a batch of independent rows (layers, or layers x nodes), I items to pack.
 
 The algorithm (public EPLB README): (1) pack expert groups onto nodes so node loads are even; (2) inside each node,
 give every redundant slot to the expert with the largest load per replica; (3) pack the replicas, heaviest first,
@@ -34,9 +34,9 @@ def stable_heaviest_first(weight_BI: np.ndarray) -> np.ndarray:
     return np.argsort(-weight_BI, axis=1, kind="stable")
 
 
-def sum_last_axis(array_BKM: np.ndarray) -> np.ndarray:
-    """[B, K]: numpy's sums over the last axis."""
-    return array_BKM.sum(axis=-1)
+def sum_last_axis(array: np.ndarray) -> np.ndarray:
+    """[B, Q] from array [B, Q, E / Q] (the loads of each group's experts): numpy's sums over the last axis."""
+    return array.sum(axis=-1)
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Arithmetic:
         dtype: the float type of every load, sum, quotient and pack total.
         heaviest_first: [B, I] -> [B, I] int64, each row's item indices by descending weight (ties in any order the
             function chooses; the packing follows it).
-        sum_last: [B, K, M] -> [B, K], sums over the last axis (the group loads of step 1).
+        sum_last: [B, Q, E / Q] -> [B, Q], sums over the last axis (the group loads of step 1).
     """
 
     dtype: type = np.float64
@@ -145,7 +145,7 @@ def rebalance_hierarchical(
         load_LE: [L, E] float, load per logical expert.
         num_slots: P, slots in the whole group; divisible by num_gpus.
         num_groups: expert groups; divisible by num_nodes, dividing E.
-        num_nodes: N, nodes; dividing num_gpus.
+        num_nodes: H, nodes; dividing num_gpus.
         num_gpus: G.
         arithmetic: how loads are summed, divided and sorted (the tie order; see the module docstring).
 

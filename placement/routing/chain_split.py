@@ -1,13 +1,14 @@
 """The exact whole-token split of a chain layout: the least busiest GPU, in a fixed number of vector operations.
 
-Legend: E logical experts, G GPUs, M experts spanning two or more GPUs (movable), X the most GPUs one expert spans,
-F the most one-GPU experts on a GPU, Q positions along the ring of GPUs (G of them).
+Legend: E logical experts, G GPUs (a G-sized array indexed by position along the cut ring where it says so),
+M experts spanning two or more GPUs (movable; in the class split, their span classes, each split as one), Y the most
+GPUs one expert spans, W the width of a grouped table (`index_tables.grouped`: the most entries of one row).
 
-Movable experts that span the same GPUs are interchangeable, so they are split as one (their span class, C of
-them) and the class's split is then laid over its members in order. When every class's GPUs are consecutive on the
-ring 0, 1, ..., G-1, 0 and no two classes share a pair of neighbouring GPUs (a link), as in the `cpsat` policy's
-chain layouts and in every 2-GPU layout, the best whole-token split is computed in a fixed number of vector
-operations, with no rounds (steps 1-3 on the classes, step 4 to the experts):
+Movable experts that span the same GPUs are interchangeable, so they are split as one (their span class; there
+are at most M of them) and the class's split is then laid over its members in order. When every class's GPUs are
+consecutive on the ring 0, 1, ..., G-1, 0 and no two classes share a pair of neighbouring GPUs (a link), as in
+the `cpsat` policy's chain layouts and in every 2-GPU layout, the best whole-token split is computed in a fixed
+number of vector operations, with no rounds (steps 1-3 on the classes, step 4 to the experts):
 1. Its busiest GPU. The optimum is max over arcs H of c(experts inside H) / |H| (`placement.policies.ring_search`
    says why); in whole tokens, its ceiling T (a flow problem with integer capacities has an integer optimum). All
    G(G-1) arcs are scored at once from prefix sums over the ring unrolled twice.
@@ -38,71 +39,72 @@ _UNBOUNDED = 1 << 40  # more tokens than any step holds: "no bound" in the integ
 
 @dataclass(frozen=True)
 class ChainTables:
-    """One layer's chain layout of span classes (indexed by c; below "expert" means a class), by position q along
-    the cut ring: position q is GPU (q + rotation) % G, where the
-    ring is cut between positions G-1 and 0. At most one expert lies across the cut: its tail runs from position
+    """One layer's chain layout of span classes (below "expert" means a class), by position q along the cut ring:
+    position q is GPU (q + rotation) % G, where the ring is cut between positions G-1 and 0; the [G] and [G, W]
+    tables are indexed by position. At most one expert lies across the cut: its tail runs from position
     a_w to G-1, its head from 0 to b_w (a_w = b_w = G when none does).
 
     Attributes:
-        fixed_QF: [G, F] int64, the one-GPU experts at each position, padded with E (a sink with no tokens).
-        start_Q: [G] int64, the movable expert (index into movable_M) that starts at each position, M if none; the
+        fixed_GW: [G, W] int64, the one-GPU experts at each position, padded with E (a sink with no tokens).
+        start_G: [G] int64, the movable expert (index into movable_M) that starts at each position, M if none; the
             expert across the cut starts at a_w.
-        end_Q: [G] int64, the movable expert that ends at each position, M if none; the expert across the cut
+        end_G: [G] int64, the movable expert that ends at each position, M if none; the expert across the cut
             ends at b_w.
-        from_tail_Q: [G] int64, 1 at positions >= a_w.
-        from_head_end_Q: [G] int64, 1 at positions >= b_w.
-        head_due_Q: [G] bool, b_w <= q < G-1: the positions by which the head is due and the tail not yet.
+        from_tail_G: [G] int64, 1 at positions >= a_w.
+        from_head_end_G: [G] int64, 1 at positions >= b_w.
+        head_due_G: [G] bool, b_w <= q < G-1: the positions by which the head is due and the tail not yet.
         across_M: [M] int64, 1 for the expert across the cut.
         start_M: [M] int64, the position each movable expert starts at (0 for the one across the cut: its head).
-        pos_MX: [M, X] int64, the position of GPU gpus_MX[m, x], G on padding.
-        piece_MX: [M, X] int64, 1 on the head of the expert across the cut, 2 on its tail, else 0.
-        last_MX: [M, X] bool, the last GPU of each expert along the stream (of the tail, for the one across the
+        pos_MY: [M, Y] int64, the position of GPU gpus_MY[m, y], G on padding.
+        piece_MY: [M, Y] int64, 1 on the head of the expert across the cut, 2 on its tail, else 0.
+        last_MY: [M, Y] bool, the last GPU of each expert along the stream (of the tail, for the one across the
             cut): it takes what the others leave.
-        members_CK: [C, K] int64, the movable experts (index into movable_M) of each class in ascending order,
-            padded with M; the tables above index classes (their M is C).
-        class_M: [M] int64, the class of each movable expert.
-        before_MK: [M, K] int64, the members of the same class that come before each expert, padded with M.
+        members_MW: [M, W] int64, the movable experts (index into movable_M) of each class in ascending order,
+            padded with the number of movable experts; this table and those above index classes (their M counts
+            the classes).
+        class_M: [M] int64, the class of each movable expert (this table and the next index movable experts).
+        before_MW: [M, W] int64, the members of the same class that come before each expert, padded with M.
     """
 
-    fixed_QF: torch.Tensor
-    start_Q: torch.Tensor
-    end_Q: torch.Tensor
-    from_tail_Q: torch.Tensor
-    from_head_end_Q: torch.Tensor
-    head_due_Q: torch.Tensor
+    fixed_GW: torch.Tensor
+    start_G: torch.Tensor
+    end_G: torch.Tensor
+    from_tail_G: torch.Tensor
+    from_head_end_G: torch.Tensor
+    head_due_G: torch.Tensor
     across_M: torch.Tensor
     start_M: torch.Tensor
-    pos_MX: torch.Tensor
-    piece_MX: torch.Tensor
-    last_MX: torch.Tensor
-    members_CK: torch.Tensor
+    pos_MY: torch.Tensor
+    piece_MY: torch.Tensor
+    last_MY: torch.Tensor
+    members_MW: torch.Tensor
     class_M: torch.Tensor
-    before_MK: torch.Tensor
+    before_MW: torch.Tensor
 
 
 def chain_split(counts: torch.Tensor, movable_M: torch.Tensor, num_gpus: int, chain: ChainTables) -> torch.Tensor:
-    """[M, X] int64, the whole-token split of a chain layout with the least busiest GPU (module docstring), from
+    """[M, Y] int64, the whole-token split of a chain layout with the least busiest GPU (module docstring), from
     counts [E] int64 and the layer's movable experts movable_M [M]."""
     tokens_M = counts[movable_M]
-    whole_CX = _class_split(counts, take(tokens_M, chain.members_CK).sum(1), num_gpus, chain)
+    whole_MY = _class_split(counts, take(tokens_M, chain.members_MW).sum(1), num_gpus, chain)
     # Step 4: member m's range on its class's line starts after the members before it.
-    begin_M1 = take(tokens_M, chain.before_MK).sum(1, keepdim=True)
-    gpu_end_MX = prefix_sums(whole_CX, 1)[chain.class_M]
-    gpu_begin_MX = gpu_end_MX - whole_CX[chain.class_M]
-    end_MX = torch.minimum(gpu_end_MX, begin_M1 + tokens_M[:, None])
-    return (end_MX - torch.maximum(gpu_begin_MX, begin_M1)).clamp_min(0)
+    begin_M1 = take(tokens_M, chain.before_MW).sum(1, keepdim=True)
+    gpu_end_MY = prefix_sums(whole_MY, 1)[chain.class_M]
+    gpu_begin_MY = gpu_end_MY - whole_MY[chain.class_M]
+    end_MY = torch.minimum(gpu_end_MY, begin_M1 + tokens_M[:, None])
+    return (end_MY - torch.maximum(gpu_begin_MY, begin_M1)).clamp_min(0)
 
 
 def _class_split(counts: torch.Tensor, tokens_M: torch.Tensor, num_gpus: int, chain: ChainTables) -> torch.Tensor:
-    """Steps 1-3 on the span classes: [C, X] int64 from counts [E] (one-GPU experts) and the classes' tokens
-    tokens_M [C] (here M names the classes). Prefix sums are inclusive and run along the cut ring unless they say
+    """Steps 1-3 on the span classes: [M, Y] int64 from counts [E] (one-GPU experts) and the classes' tokens
+    tokens_M [M] (here M counts the classes). Prefix sums are inclusive and run along the cut ring unless they say
     otherwise."""
     zero = counts.new_zeros(1)
     total_M = tokens_M.sum()
     across = (tokens_M * chain.across_M).sum()  # tokens of the expert across the cut
     # One scan: one-GPU tokens, movable tokens by the position their expert starts at and by where it ends.
     fixed, started, ended = prefix_sums(torch.stack(
-        [take(counts, chain.fixed_QF).sum(1), take(tokens_M, chain.start_Q), take(tokens_M, chain.end_Q)]
+        [take(counts, chain.fixed_GW).sum(1), take(tokens_M, chain.start_G), take(tokens_M, chain.end_G)]
     ), 1).unbind(0)
     # Step 1: on the ring unrolled twice, with prefixes exclusive (index q sums positions < q), arc [i, i + l) holds
     # fixed2[i + l] - fixed2[i] one-GPU tokens and the movable experts inside it: the copies ending before i + l
@@ -112,19 +114,20 @@ def _class_split(counts: torch.Tensor, tokens_M: torch.Tensor, num_gpus: int, ch
     ended2 = torch.cat([zero, ended, total_M + ended])
     started2 = across + torch.cat([zero, started, total_M + started])
     windows = num_gpus - 1
-    arcs_QL = (fixed2[1:].unfold(0, windows, 1)[:num_gpus] - fixed2[:num_gpus, None]
+    # arcs_GG [G, G - 1]: tokens inside the arc that starts at each position, by length - 1.
+    arcs_GG = (fixed2[1:].unfold(0, windows, 1)[:num_gpus] - fixed2[:num_gpus, None]
                + (ended2[1:].unfold(0, windows, 1)[:num_gpus] - started2[:num_gpus, None]).clamp_min(0))
-    length_L = torch.arange(1, num_gpus, device=counts.device)
-    busiest = torch.div(arcs_QL.amax(0) + length_L - 1, length_L, rounding_mode="floor").amax()
+    length_G = torch.arange(1, num_gpus, device=counts.device)
+    busiest = torch.div(arcs_GG.amax(0) + length_G - 1, length_G, rounding_mode="floor").amax()
     level = torch.maximum(busiest, torch.div(fixed[-1] + total_M + num_gpus - 1, num_gpus, rounding_mode="floor"))
     # Step 2: room, the movable tokens positions <= q can take under the level; supply and due, the stream's
     # tokens started and due by q without the head and tail. Positions <= q take (`taken`)
     # A(q) = room(q) + min(0, min over k <= q of supply(k) + head + (tail if k >= a_w) - room(k)).
     room = torch.arange(1, num_gpus + 1, device=counts.device) * level - fixed
-    supply = started - across * chain.from_tail_Q
-    due = ended - across * chain.from_head_end_Q
+    supply = started - across * chain.from_tail_G
+    due = ended - across * chain.from_head_end_G
     slack = supply - room
-    tail = chain.from_tail_Q.bool()
+    tail = chain.from_tail_G.bool()
     before_tail, from_tail = prefix_minima(torch.stack(
         [torch.where(tail, _UNBOUNDED, slack), torch.where(tail, slack, _UNBOUNDED)]
     ), 1).unbind(0)
@@ -133,85 +136,111 @@ def _class_split(counts: torch.Tensor, tokens_M: torch.Tensor, num_gpus: int, ch
     # below. At the level of step 1 the least head meets the upper bounds too; it is clamped to [0, tokens across]
     # so that step 3 conserves tokens whatever happens.
     margin = room - due - torch.cat([torch.zeros_like(room[1:]), across[None]])
-    least = torch.where(chain.head_due_Q, -_UNBOUNDED, -(before_tail + margin)).amax()
+    least = torch.where(chain.head_due_G, -_UNBOUNDED, -(before_tail + margin)).amax()
     head = least.clamp_min(0).minimum(across)
     taken = room + torch.minimum(torch.minimum(before_tail + head, from_tail + across), zero)
     # Step 3: GPU q takes the stream's range (taken[q-1], taken[q]]; each replica the overlap with its expert's.
-    upto = take(taken, chain.pos_MX)
-    after = torch.where(chain.pos_MX > 0, taken[(chain.pos_MX - 1).clamp_min(0)], 0)
+    upto = take(taken, chain.pos_MY)
+    after = torch.where(chain.pos_MY > 0, taken[(chain.pos_MY - 1).clamp_min(0)], 0)
     begin_M1 = (head + supply[chain.start_M] - tokens_M)[:, None]
     others_end = supply[-1]
-    begin = torch.where(chain.piece_MX == 1, 0, torch.where(chain.piece_MX == 2, head + others_end, begin_M1))
-    end = torch.where(chain.piece_MX == 1, head, torch.where(chain.piece_MX == 2, others_end + across,
+    begin = torch.where(chain.piece_MY == 1, 0, torch.where(chain.piece_MY == 2, head + others_end, begin_M1))
+    end = torch.where(chain.piece_MY == 1, head, torch.where(chain.piece_MY == 2, others_end + across,
                                                               begin_M1 + tokens_M[:, None]))
-    share_MX = (torch.minimum(upto, end) - torch.maximum(after, begin)).clamp_min(0)
-    rest_M1 = tokens_M[:, None] - torch.where(chain.last_MX, 0, share_MX).sum(1, keepdim=True)
-    return torch.where(chain.last_MX, rest_M1, share_MX)
+    share_MY = (torch.minimum(upto, end) - torch.maximum(after, begin)).clamp_min(0)
+    rest_M1 = tokens_M[:, None] - torch.where(chain.last_MY, 0, share_MY).sum(1, keepdim=True)
+    return torch.where(chain.last_MY, rest_M1, share_MY)
 
 
 def chain_tables(graph: ReplicaGraph, num_experts: int, device) -> ChainTables | None:
     """The chain tables of a layer, or None unless every span class is an arc of the ring and no link (GPU q,
     GPU q + 1) lies inside two classes' arcs. A class spanning all G GPUs is an arc only when it is the only class
     (it then starts at GPU 0)."""
+    arcs = _class_arcs(graph)
+    if arcs is None:
+        return None
+    gpus_MY, class_M, span_M, start_M = arcs
     num_gpus = graph.num_gpus
-    gpus_CX, class_M = np.unique(graph.gpus_MX, axis=0, return_inverse=True)  # rows are sorted: padding G last
+    column = np.arange(gpus_MY.shape[1])
+    inside_MY = column[None, :] < span_M[:, None] - 1  # link start + y lies inside the arc for y < span - 1
+    cover_G = np.bincount(((start_M[:, None] + column[None, :]) % num_gpus)[inside_MY], minlength=num_gpus)
+    if cover_G.max(initial=0) > 1:
+        return None
+    # Cut at a link no arc covers (the chain is then a path), else between GPUs G-1 and 0.
+    uncovered = np.flatnonzero(cover_G == 0)
+    rotation = (uncovered[0] + 1) % num_gpus if len(uncovered) else 0
+    return _cut_ring_tables(graph, num_experts, device, arcs, rotation)
+
+
+def _class_arcs(graph: ReplicaGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The span classes of a layer's movable experts if each is an arc of the ring, else None.
+
+    Returns:
+        gpus_MY: [M, Y] int64, each class's GPUs in ascending order, padded with G (M counts the classes).
+        class_M: [M] int64, the class of each movable expert (M counts the movable experts).
+        span_M: [M] int64, the GPUs each class spans.
+        start_M: [M] int64, the GPU each class's arc starts at.
+    """
+    num_gpus = graph.num_gpus
+    gpus_MY, class_M = np.unique(graph.gpus_MY, axis=0, return_inverse=True)  # rows are sorted: padding G last
     class_M = class_M.reshape(-1)
-    valid_MX = gpus_CX < num_gpus
-    span_M = valid_MX.sum(axis=1)
+    valid_MY = gpus_MY < num_gpus
+    span_M = valid_MY.sum(axis=1)
     whole_ring = span_M >= num_gpus
     if num_gpus < 2 or (whole_ring.any() and len(span_M) > 1):
         return None
     # A class's GPUs, sorted, form an arc iff exactly one cyclic step between neighbours exceeds 1; the arc
     # starts after that step (a class on the whole ring has none and starts at GPU 0).
-    column = np.arange(gpus_CX.shape[1])
-    next_MX = np.where(column[None, :-1] + 1 < span_M[:, None], gpus_CX[:, 1:], gpus_CX[:, :1] + num_gpus)
-    next_MX = np.concatenate([next_MX, gpus_CX[:, :1] + num_gpus], axis=1)
-    gap_MX = (next_MX - gpus_CX > 1) & valid_MX
-    if ((gap_MX.sum(axis=1) != 1) & ~whole_ring).any():
+    column = np.arange(gpus_MY.shape[1])
+    next_MY = np.where(column[None, :-1] + 1 < span_M[:, None], gpus_MY[:, 1:], gpus_MY[:, :1] + num_gpus)
+    next_MY = np.concatenate([next_MY, gpus_MY[:, :1] + num_gpus], axis=1)
+    gap_MY = (next_MY - gpus_MY > 1) & valid_MY
+    if ((gap_MY.sum(axis=1) != 1) & ~whole_ring).any():
         return None
+    start_M = np.where(whole_ring, 0, next_MY[np.arange(len(span_M)), gap_MY.argmax(axis=1)] % num_gpus)
+    return gpus_MY, class_M, span_M, start_M
+
+
+def _cut_ring_tables(graph: ReplicaGraph, num_experts: int, device, arcs: tuple, rotation: int) -> ChainTables:
+    """The tables of the class arcs `arcs` (as `_class_arcs` returns them) on the ring cut before GPU `rotation`."""
+    gpus_MY, class_M, span_M, start_M = arcs
+    num_gpus = graph.num_gpus
+    valid_MY = gpus_MY < num_gpus
     rows = np.arange(len(span_M))
-    start_M = np.where(whole_ring, 0, next_MX[rows, gap_MX.argmax(axis=1)] % num_gpus)
-    inside_MX = column[None, :] < span_M[:, None] - 1  # link start + x lies inside the arc for x < span - 1
-    cover_Q = np.bincount(((start_M[:, None] + column[None, :]) % num_gpus)[inside_MX], minlength=num_gpus)
-    if cover_Q.max(initial=0) > 1:
-        return None
-    # Cut at a link no arc covers (the chain is then a path), else between GPUs G-1 and 0.
-    uncovered = np.flatnonzero(cover_Q == 0)
-    rotation = (uncovered[0] + 1) % num_gpus if len(uncovered) else 0
     position_G = (np.arange(num_gpus) - rotation) % num_gpus
     first_M = (start_M - rotation) % num_gpus
     across_M = first_M + span_M - 1 >= num_gpus
     last_M = (first_M + span_M - 1) % num_gpus
     tail_from = int(first_M[across_M][0]) if across_M.any() else num_gpus
     head_end = int(last_M[across_M][0]) if across_M.any() else num_gpus
-    start_Q = np.full(num_gpus, len(span_M))
-    start_Q[first_M] = rows
-    end_Q = np.full(num_gpus, len(span_M))
-    end_Q[last_M] = rows
-    pos_MX = np.where(valid_MX, position_G[np.minimum(gpus_CX, num_gpus - 1)], num_gpus)
-    piece_MX = np.where(across_M[:, None] & (pos_MX <= head_end), 1, 0)
-    piece_MX[across_M[:, None] & (pos_MX >= tail_from) & valid_MX] = 2
+    start_G = np.full(num_gpus, len(span_M))
+    start_G[first_M] = rows
+    end_G = np.full(num_gpus, len(span_M))
+    end_G[last_M] = rows
+    pos_MY = np.where(valid_MY, position_G[np.minimum(gpus_MY, num_gpus - 1)], num_gpus)
+    piece_MY = np.where(across_M[:, None] & (pos_MY <= head_end), 1, 0)
+    piece_MY[across_M[:, None] & (pos_MY >= tail_from) & valid_MY] = 2
     fixed_gpu = graph.fixed_gpu_E(none=-1)
     fixed = np.flatnonzero(fixed_gpu >= 0)
     position = np.arange(num_gpus)
     movable = np.arange(len(class_M))
-    members_CK = grouped(class_M, movable, len(span_M), pad=len(class_M))
-    rank_M = (members_CK[class_M] < movable[:, None]).sum(axis=1)  # members of its class before it
-    before_MK = np.where(np.arange(members_CK.shape[1])[None, :] < rank_M[:, None], members_CK[class_M], len(class_M))
+    members_MW = grouped(class_M, movable, len(span_M), pad=len(class_M))
+    rank_M = (members_MW[class_M] < movable[:, None]).sum(axis=1)  # members of its class before it
+    before_MW = np.where(np.arange(members_MW.shape[1])[None, :] < rank_M[:, None], members_MW[class_M], len(class_M))
     as_int = lambda a: torch.as_tensor(a, dtype=torch.int64, device=device)  # noqa: E731
     return ChainTables(
-        fixed_QF=as_int(grouped(position_G[fixed_gpu[fixed]], fixed, num_gpus, pad=num_experts)),
-        start_Q=as_int(start_Q),
-        end_Q=as_int(end_Q),
-        from_tail_Q=as_int(position >= tail_from),
-        from_head_end_Q=as_int(position >= head_end),
-        head_due_Q=torch.as_tensor((position >= head_end) & (position < num_gpus - 1), device=device),
+        fixed_GW=as_int(grouped(position_G[fixed_gpu[fixed]], fixed, num_gpus, pad=num_experts)),
+        start_G=as_int(start_G),
+        end_G=as_int(end_G),
+        from_tail_G=as_int(position >= tail_from),
+        from_head_end_G=as_int(position >= head_end),
+        head_due_G=torch.as_tensor((position >= head_end) & (position < num_gpus - 1), device=device),
         across_M=as_int(across_M),
         start_M=as_int(np.where(across_M, 0, first_M)),
-        pos_MX=as_int(pos_MX),
-        piece_MX=as_int(piece_MX),
-        last_MX=torch.as_tensor(pos_MX == np.where(across_M, num_gpus - 1, last_M)[:, None], device=device),
-        members_CK=as_int(members_CK),
+        pos_MY=as_int(pos_MY),
+        piece_MY=as_int(piece_MY),
+        last_MY=torch.as_tensor(pos_MY == np.where(across_M, num_gpus - 1, last_M)[:, None], device=device),
+        members_MW=as_int(members_MW),
         class_M=as_int(class_M),
-        before_MK=as_int(before_MK),
+        before_MW=as_int(before_MW),
     )

@@ -1,6 +1,6 @@
 """The best per-step split of each expert's tokens over its replicas, with a certificate of optimality.
 
-Legend: B steps of one layer, E logical experts, G GPUs, M experts with replicas on two or more GPUs, X the most
+Legend: B steps of one layer, E logical experts, G GPUs, M experts with replicas on two or more GPUs, Y the most
 GPUs one such expert spans.
 
 Problem (per step): split expert e's c_e tokens over the GPUs holding its replicas to minimise the busiest GPU.
@@ -12,10 +12,9 @@ on this flow polytope), starting from the placement's static split. Each round, 
 its tokens to level the GPUs it spans, given the others' loads. Plain Jacobi is diffusion: on a ring-like replica
 graph load moves about one GPU per round, so it needs many rounds. Nesterov momentum fixes most of that: each
 round starts from the split extrapolated by MOMENTUM times the last change (projected back to a valid split:
-no negative share, each expert's tokens conserved). Measured on chain layouts (synthetic, held-out steps, 12
-rounds): 128 x 3 1.045 -> 1.030, 64 x 5 1.025 -> 1.016; plain Jacobi needs about 48 rounds for the same.
-Every few rounds the certificate is evaluated
-on the prefixes of GPUs sorted by load; the loop stops when the achieved maximum is within `tolerance`
+no negative share, each expert's tokens conserved); with it a few rounds reach what plain Jacobi needs several
+times as many rounds for (figures: docs/placement.md, 'Dynamic split'). Every few rounds the certificate is
+evaluated on the prefixes of GPUs sorted by load; the loop stops when the achieved maximum is within `tolerance`
 (relative) of the certified lower bound for every step, or after `max_rounds`. The result is therefore provably
 close: `achieved / certified - 1` is returned per step.
 Splits are fractional (tokens as reals); rounding to whole tokens adds at most one token per replica.
@@ -27,7 +26,9 @@ import numpy as np
 
 ROUTER_ROUNDS = 12  # water-filling rounds of the live router (`placement.routing.live_router`), which fits assume
 MOMENTUM = 0.8  # Nesterov extrapolation of each round (0 = plain damped Jacobi): best for a few rounds
-CERTIFY_MOMENTUM = 0.95  # for the scorer's long runs: at 128 x 3, every step within 0.1% in half the time of 0.8
+# For the scorer's long runs to a tight tolerance, where more momentum converges faster than MOMENTUM (figures:
+# docs/placement.md, 'Dynamic split').
+CERTIFY_MOMENTUM = 0.95
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,16 @@ class ReplicaGraph:
     Attributes:
         fixed_EG: [E, G] float, 1 where an expert that lives on one GPU only lives (its tokens cannot move).
         movable_M: [M] int64, the experts that span two or more GPUs.
-        gpus_MX: [M, X] int64, the GPUs each movable expert spans, padded with G (a sink column).
-        weight_MX: [M, X] float, the static share of movable expert m on GPU gpus_MX[m, x] (0 on padding);
+        gpus_MY: [M, Y] int64, the GPUs each movable expert spans, padded with G (a sink column).
+        weight_MY: [M, Y] float, the static share of movable expert m on GPU gpus_MY[m, y] (0 on padding);
             the starting split of the water-filling.
         num_gpus: G.
     """
 
     fixed_EG: np.ndarray
     movable_M: np.ndarray
-    gpus_MX: np.ndarray
-    weight_MX: np.ndarray
+    gpus_MY: np.ndarray
+    weight_MY: np.ndarray
     num_gpus: int
 
     @classmethod
@@ -90,9 +91,9 @@ class ReplicaGraph:
     def damping_M1(self) -> np.ndarray:
         """[M, 1] step of each movable expert's Jacobi update: 1 / (most movable experts on any GPU it spans),
         which keeps simultaneous updates from overshooting."""
-        valid_MX = self.gpus_MX < self.num_gpus
-        degree_G1 = np.append(np.bincount(self.gpus_MX[valid_MX], minlength=self.num_gpus), 0)
-        return 1.0 / np.maximum(1, degree_G1[self.gpus_MX].max(axis=1, keepdims=True))
+        valid_MY = self.gpus_MY < self.num_gpus
+        degree_G1 = np.append(np.bincount(self.gpus_MY[valid_MY], minlength=self.num_gpus), 0)
+        return 1.0 / np.maximum(1, degree_G1[self.gpus_MY].max(axis=1, keepdims=True))
 
 
 def first_slot_EG(phy2log_P: np.ndarray, gpu_of_slot_P: np.ndarray, num_experts: int, num_gpus: int) -> np.ndarray:
@@ -103,26 +104,26 @@ def first_slot_EG(phy2log_P: np.ndarray, gpu_of_slot_P: np.ndarray, num_experts:
     return first
 
 
-def extrapolate(share_BMX: np.ndarray, previous_BMX: np.ndarray, tokens_BM: np.ndarray, valid_MX: np.ndarray,
+def extrapolate(share_BMY: np.ndarray, previous_BMY: np.ndarray, tokens_BM: np.ndarray, valid_MY: np.ndarray,
                 momentum: float) -> np.ndarray:
     """Nesterov's look-ahead split: share + momentum * (share - previous), projected back to a valid split
     (shares >= 0, only on GPUs the expert spans, each expert's tokens conserved). Each row's extrapolation sums
     to its tokens, so a row with tokens keeps a positive entry after clamping; a row without stays all zero."""
-    ahead = np.where(valid_MX, np.maximum(share_BMX + momentum * (share_BMX - previous_BMX), 0.0), 0.0)
+    ahead = np.where(valid_MY, np.maximum(share_BMY + momentum * (share_BMY - previous_BMY), 0.0), 0.0)
     return ahead * (tokens_BM[..., None] / np.maximum(ahead.sum(axis=-1, keepdims=True), 1e-300))
 
 
-def _water_fill(tokens_BM: np.ndarray, base_BMX: np.ndarray) -> np.ndarray:
-    """Spread tokens_BM over X bins whose levels are base_BMX (inf = absent) to raise the lowest bins evenly."""
-    order = np.argsort(base_BMX, axis=-1)
-    sorted_base = np.take_along_axis(base_BMX, order, axis=-1)
+def _water_fill(tokens_BM: np.ndarray, base_BMY: np.ndarray) -> np.ndarray:
+    """Spread tokens_BM over Y bins whose levels are base_BMY (inf = absent) to raise the lowest bins evenly."""
+    order = np.argsort(base_BMY, axis=-1)
+    sorted_base = np.take_along_axis(base_BMY, order, axis=-1)
     finite = np.where(np.isfinite(sorted_base), sorted_base, 0.0)
-    k = np.arange(1, base_BMX.shape[-1] + 1)
+    k = np.arange(1, base_BMY.shape[-1] + 1)
     level_k = (tokens_BM[..., None] + np.cumsum(finite, axis=-1)) / k
     active = (sorted_base < level_k) | (k == 1)
     num_active = active.sum(axis=-1, keepdims=True)
     level = np.take_along_axis(level_k, num_active - 1, axis=-1)
-    return np.where(np.isfinite(base_BMX), np.maximum(level - base_BMX, 0.0), 0.0)
+    return np.where(np.isfinite(base_BMY), np.maximum(level - base_BMY, 0.0), 0.0)
 
 
 def certified_lower_bound(counts_BE: np.ndarray, loads_BG: np.ndarray, graph: ReplicaGraph) -> np.ndarray:
@@ -136,7 +137,7 @@ def certified_lower_bound(counts_BE: np.ndarray, loads_BG: np.ndarray, graph: Re
     weights = [counts_BE[:, fixed_experts]]
     if len(graph.movable_M):
         padded = np.concatenate([position_BG, np.full((steps, 1), -1)], axis=1)
-        entry.append(padded[np.arange(steps)[:, None, None], graph.gpus_MX[None]].max(axis=-1))
+        entry.append(padded[np.arange(steps)[:, None, None], graph.gpus_MY[None]].max(axis=-1))
         weights.append(counts_BE[:, graph.movable_M])
     entry_all = np.concatenate(entry, axis=1)
     flat = (np.arange(steps)[:, None] * num_gpus + entry_all).ravel()
@@ -171,43 +172,44 @@ def optimal_split(
     counts_BE: np.ndarray, graph: ReplicaGraph, tolerance: float = 1e-3, max_rounds: int = 400,
     momentum: float = MOMENTUM,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """As `optimal_split_loads`, also returning share_BMX [B, M, X]: tokens of movable expert m on gpus_MX[m, x]."""
+    """As `optimal_split_loads`, also returning share_BMY [B, M, Y]: tokens of movable expert m on gpus_MY[m, y]."""
     counts = np.asarray(counts_BE, dtype=np.float64)
     steps = counts.shape[0]
     num_gpus = graph.num_gpus
     fixed_BG = counts @ graph.fixed_EG
-    movable, gpus_MX = graph.movable_M, graph.gpus_MX
+    movable, gpus_MY = graph.movable_M, graph.gpus_MY
     if len(movable) == 0:
         return np.zeros((steps, 0, 1)), fixed_BG, np.zeros(steps)
     tokens_BM = counts[:, movable]
-    share_BMX = tokens_BM[..., None] * graph.weight_MX[None]
-    previous_BMX = share_BMX.copy()
-    valid_MX = gpus_MX < num_gpus
+    share_BMY = tokens_BM[..., None] * graph.weight_MY[None]
+    previous_BMY = share_BMY.copy()
+    valid_MY = gpus_MY < num_gpus
     step_M1 = graph.damping_M1()
 
-    # onehot_YG[y, g] = 1 iff entry y of the flattened [M, X] table is GPU g: loads are one matrix product.
-    onehot_YG = np.zeros((gpus_MX.size, num_gpus + 1))
-    onehot_YG[np.arange(gpus_MX.size), gpus_MX.ravel()] = 1.0
-    onehot_YG = onehot_YG[:, :num_gpus]
+    # onehot [M * Y, G]: onehot[i, g] = 1 iff entry i of the flattened [M, Y] table is GPU g: loads are one matrix
+    # product.
+    onehot = np.zeros((gpus_MY.size, num_gpus + 1))
+    onehot[np.arange(gpus_MY.size), gpus_MY.ravel()] = 1.0
+    onehot = onehot[:, :num_gpus]
 
     def loads_of(share: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        return fixed_BG[rows] + share.reshape(len(rows), -1) @ onehot_YG
+        return fixed_BG[rows] + share.reshape(len(rows), -1) @ onehot
 
     # Rounds run on the steps not yet within tolerance; converged steps drop out of the batch.
     active = np.arange(steps)
     gap = np.full(steps, np.inf)
     for round_index in range(max_rounds):
-        share, tokens = share_BMX[active], tokens_BM[active]
-        ahead = extrapolate(share, previous_BMX[active], tokens, valid_MX, momentum)
+        share, tokens = share_BMY[active], tokens_BM[active]
+        ahead = extrapolate(share, previous_BMY[active], tokens, valid_MY, momentum)
         padded = np.concatenate([loads_of(ahead, active), np.full((len(active), 1), np.inf)], axis=1)
-        base = padded[np.arange(len(active))[:, None, None], gpus_MX[None]] - ahead
-        previous_BMX[active] = share
-        share_BMX[active] = ahead + step_M1 * (_water_fill(tokens, base) - ahead)
+        base = padded[np.arange(len(active))[:, None, None], gpus_MY[None]] - ahead
+        previous_BMY[active] = share
+        share_BMY[active] = ahead + step_M1 * (_water_fill(tokens, base) - ahead)
         if round_index % 8 == 7 or round_index == max_rounds - 1:
-            loads = loads_of(share_BMX[active], active)
+            loads = loads_of(share_BMY[active], active)
             bound = certified_lower_bound(counts[active], loads, graph)
             gap[active] = loads.max(axis=1) / np.maximum(bound, 1e-12) - 1.0
             active = active[gap[active] > tolerance]
             if len(active) == 0:
                 break
-    return share_BMX, loads_of(share_BMX, np.arange(steps)), np.maximum(gap, 0.0)
+    return share_BMY, loads_of(share_BMY, np.arange(steps)), np.maximum(gap, 0.0)

@@ -1,19 +1,19 @@
 """Fixed-shape gathers and index tables shared by the routers: no padded copies, no data-dependent shapes.
 
-Legend: N values, K keys, W the most values of one key.
+Legend: R values (the entries a table holds or a gather reads), W the width of a grouped table (the most values
+of one key).
 """
 
 import numpy as np
 import torch
 
 
-def take(values_N: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """values_N[index], 0 where index >= N (a sink): a gather without building a padded copy of values_N."""
-    size = values_N.shape[0]
+def take(values_R: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """values_R[index], 0 where index >= R (a sink): a gather without building a padded copy of values_R."""
+    size = values_R.shape[0]
     if size == 0:
-        return torch.zeros(index.shape, dtype=values_N.dtype, device=values_N.device)
-    return torch.where(index < size, values_N[index.clamp_max(size - 1)], torch.zeros_like(values_N[:1]))
-
+        return torch.zeros(index.shape, dtype=values_R.dtype, device=values_R.device)
+    return torch.where(index < size, values_R[index.clamp_max(size - 1)], torch.zeros_like(values_R[:1]))
 
 
 UNROLL_MAX = 8  # scans over at most this many entries unroll, when compiled, into elementwise code
@@ -41,10 +41,13 @@ def prefix_minima(values: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.stack(parts, dim)
 
 
-def grouped(key_N: np.ndarray, value_N: np.ndarray, num_keys: int, pad: int) -> np.ndarray:
-    """[num_keys, W] int64: row k holds the values whose key is k, in their order, padded with `pad` (W >= 1)."""
-    order = np.argsort(key_N, kind="stable")
-    key, value = key_N[order], value_N[order]
+def grouped(key_R: np.ndarray, value_R: np.ndarray, num_keys: int, pad: int) -> np.ndarray:
+    """[num_keys, W] int64: row k holds the values whose key is k, in their order, padded with `pad` (W >= 1).
+
+    The keys index whatever the table's rows are (GPUs, span classes), so their count is `num_keys`, not a letter.
+    """
+    order = np.argsort(key_R, kind="stable")
+    key, value = key_R[order], value_R[order]
     width = max(1, int(np.bincount(key, minlength=num_keys).max(initial=0)))
     table = np.full((num_keys, width), pad, dtype=np.int64)
     table[key, np.arange(len(key)) - np.searchsorted(key, key)] = value

@@ -1,8 +1,8 @@
 """The live router: split one step's tokens of each expert over its replicas, in whole tokens.
 
 Legend: E logical experts, G GPUs, S slots per GPU, P = G * S slots, M experts spanning two or more GPUs
-(movable), X the most GPUs one expert spans, F the most one-GPU experts on a GPU, K the most movable experts on a
-GPU, Q positions along the ring of GPUs (G of them).
+(movable), Y the most GPUs one expert spans, W the width of a grouped table (`index_tables.grouped`: the most
+one-GPU experts on a GPU in `fixed_GW`, the most movable entries on a GPU in `entries_GW`).
 
 This is the function a decode worker runs every step (and the simulator replays): torch in, torch out, on the
 device the counts live on. With `check_values=False` the per-step path has no host synchronisation, no Python loop
@@ -41,14 +41,14 @@ class LayerRoutingTable:
     """Precomputed tables of one layer's placement, on one device.
 
     Attributes:
-        fixed_GF: [G, F] int64, the experts living on GPU g only, padded with E (a sink with no tokens).
+        fixed_GW: [G, W] int64, the experts living on GPU g only, padded with E (a sink with no tokens).
         movable_M: [M] int64, experts spanning two or more GPUs.
-        gpus_MX: [M, X] int64, the GPUs each movable expert spans, padded with G.
-        weight_MX: [M, X] float32, the placement's static share of movable expert m on each GPU it spans: the
+        gpus_MY: [M, Y] int64, the GPUs each movable expert spans, padded with G.
+        weight_MY: [M, Y] float32, the placement's static share of movable expert m on each GPU it spans: the
             split the water-filling starts from.
         step_M1: [M, 1] float32, damping of each movable expert's Jacobi update.
-        entries_GK: [G, K] int64, the flat indices m * X + x of the movable entries on GPU g, padded with M * X.
-        source_P: [P] int64, where slot p's tokens come from in cat(counts_E [E], share_MX.flatten() [M * X], [0]):
+        entries_GW: [G, W] int64, the flat indices m * Y + y of the movable entries on GPU g, padded with M * Y.
+        source_P: [P] int64, where slot p's tokens come from in cat(counts_E [E], share_MY.flatten() [M * Y], [0]):
             the count of its one-GPU expert, its movable expert's share on its GPU (the first slot of an expert on a
             GPU takes the GPU's share), or the final zero (any further slot of that expert on that GPU).
         chain: the chain tables when the layout is a chain (the exact split runs), else None (water-filling runs).
@@ -57,12 +57,12 @@ class LayerRoutingTable:
         num_slots: P.
     """
 
-    fixed_GF: torch.Tensor
+    fixed_GW: torch.Tensor
     movable_M: torch.Tensor
-    gpus_MX: torch.Tensor
-    weight_MX: torch.Tensor
+    gpus_MY: torch.Tensor
+    weight_MY: torch.Tensor
     step_M1: torch.Tensor
-    entries_GK: torch.Tensor
+    entries_GW: torch.Tensor
     source_P: torch.Tensor
     chain: ChainTables | None
     num_experts: int
@@ -97,26 +97,26 @@ class LayerRoutingTable:
         num_gpus = num_slots // slots_per_gpu
         gpu_of_slot = np.arange(num_slots) // slots_per_gpu
         graph = ReplicaGraph.build(phy2log, gpu_of_slot, num_experts, num_gpus, weights)
-        movable, gpus_MX = graph.movable_M, graph.gpus_MX
-        valid_MX = gpus_MX < num_gpus
-        flat_MX = np.arange(gpus_MX.size).reshape(gpus_MX.shape)
+        movable, gpus_MY = graph.movable_M, graph.gpus_MY
+        valid_MY = gpus_MY < num_gpus
+        flat_MY = np.arange(gpus_MY.size).reshape(gpus_MY.shape)
         fixed_gpu = graph.fixed_gpu_E(none=-1)
         fixed = np.flatnonzero(fixed_gpu >= 0)
         # Each expert's first slot on a GPU takes the GPU's share of it; every other slot takes the final zero.
         first_EG = first_slot_EG(phy2log, gpu_of_slot, num_experts, num_gpus)
-        source = np.full(num_slots, num_experts + gpus_MX.size, dtype=np.int64)
+        source = np.full(num_slots, num_experts + gpus_MY.size, dtype=np.int64)
         source[first_EG[fixed, fixed_gpu[fixed]]] = fixed
-        rows, columns = np.nonzero(valid_MX)
-        source[first_EG[movable[rows], gpus_MX[rows, columns]]] = num_experts + flat_MX[rows, columns]
+        rows, columns = np.nonzero(valid_MY)
+        source[first_EG[movable[rows], gpus_MY[rows, columns]]] = num_experts + flat_MY[rows, columns]
         as_int = lambda a: torch.as_tensor(a, dtype=torch.int64, device=device)  # noqa: E731
         as_float = lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)  # noqa: E731
         return cls(
-            fixed_GF=as_int(grouped(fixed_gpu[fixed], fixed, num_gpus, pad=num_experts)),
+            fixed_GW=as_int(grouped(fixed_gpu[fixed], fixed, num_gpus, pad=num_experts)),
             movable_M=as_int(movable),
-            gpus_MX=as_int(gpus_MX),
-            weight_MX=as_float(graph.weight_MX),
+            gpus_MY=as_int(gpus_MY),
+            weight_MY=as_float(graph.weight_MY),
             step_M1=as_float(graph.damping_M1()),
-            entries_GK=as_int(grouped(gpus_MX[valid_MX], flat_MX[valid_MX], num_gpus, pad=gpus_MX.size)),
+            entries_GW=as_int(grouped(gpus_MY[valid_MY], flat_MY[valid_MY], num_gpus, pad=gpus_MY.size)),
             source_P=as_int(source),
             chain=chain_tables(graph, num_experts, device) if exact_chains else None,
             num_experts=num_experts,
@@ -155,13 +155,13 @@ def route_step(
     _check_counts(counts_E, table, check_values)
     counts = counts_E.to(torch.int64)
     if table.chain is not None:
-        whole_MX = chain_split(counts, table.movable_M, table.num_gpus, table.chain)
+        whole_MY = chain_split(counts, table.movable_M, table.num_gpus, table.chain)
     else:
-        share_MX = _water_filling(counts_E, table, rounds, momentum)
-        whole_MX = round_preserving_sums(share_MX, counts[table.movable_M], table.gpus_MX < table.num_gpus)
+        share_MY = _water_filling(counts_E, table, rounds, momentum)
+        whole_MY = round_preserving_sums(share_MY, counts[table.movable_M], table.gpus_MY < table.num_gpus)
     source_P = table.source_P
     return torch.where(source_P < table.num_experts, take(counts, source_P),
-                       take(whole_MX.reshape(-1), (source_P - table.num_experts).clamp_min(0)))
+                       take(whole_MY.reshape(-1), (source_P - table.num_experts).clamp_min(0)))
 
 
 def fractional_split(
@@ -173,7 +173,7 @@ def fractional_split(
     Args: as `route_step`.
 
     Returns:
-        share_MX: [M, X] float32, tokens of movable expert table.movable_M[m] on GPU table.gpus_MX[m, x] (0 on
+        share_MY: [M, Y] float32, tokens of movable expert table.movable_M[m] on GPU table.gpus_MY[m, y] (0 on
             padding); each row sums to its expert's count up to float rounding. Experts on one GPU keep theirs.
 
     Raises:
@@ -188,27 +188,27 @@ def _water_filling(counts_E: torch.Tensor, table: LayerRoutingTable, rounds: int
     counts = counts_E.to(torch.float32)
     zero = counts.new_zeros(1)
     # Step 1: tokens of experts that live on one GPU cannot move; they are the base the others fill around.
-    fixed_G = take(counts, table.fixed_GF).sum(1)
+    fixed_G = take(counts, table.fixed_GW).sum(1)
     absent = torch.full_like(zero, float("inf"))  # the level of the padding column G: never filled
     # Step 2: damped Jacobi water-filling of the movable experts over the GPUs they span, each round from the
     # Nesterov look-ahead split.
-    gpus_MX = table.gpus_MX
-    valid_MX = gpus_MX < table.num_gpus
+    gpus_MY = table.gpus_MY
+    valid_MY = gpus_MY < table.num_gpus
     tokens_M = counts[table.movable_M]
-    share_MX = table.weight_MX * tokens_M[:, None]
-    previous_MX = share_MX
-    if share_MX.numel() == 0:
-        return share_MX  # no expert spans two GPUs: nothing moves
-    # The movable entries on each GPU: their index into share_MX.flatten(), and whether they are one (not padding).
-    entry_GK = table.entries_GK.clamp_max(gpus_MX.numel() - 1)
-    is_entry_GK = table.entries_GK < gpus_MX.numel()
+    share_MY = table.weight_MY * tokens_M[:, None]
+    previous_MY = share_MY
+    if share_MY.numel() == 0:
+        return share_MY  # no expert spans two GPUs: nothing moves
+    # The movable entries on each GPU: their index into share_MY.flatten(), and whether they are one (not padding).
+    entry_GW = table.entries_GW.clamp_max(gpus_MY.numel() - 1)
+    is_entry_GW = table.entries_GW < gpus_MY.numel()
     for _ in range(rounds):
-        ahead_MX = _extrapolate(share_MX, previous_MX, tokens_M, valid_MX, momentum)
-        loads_G = fixed_G + torch.where(is_entry_GK, ahead_MX.reshape(-1)[entry_GK], 0.0).sum(1)
-        base_MX = torch.cat([loads_G, absent])[gpus_MX] - ahead_MX
-        previous_MX = share_MX
-        share_MX = ahead_MX + table.step_M1 * (_water_fill(tokens_M, base_MX) - ahead_MX)
-    return share_MX
+        ahead_MY = _extrapolate(share_MY, previous_MY, tokens_M, valid_MY, momentum)
+        loads_G = fixed_G + torch.where(is_entry_GW, ahead_MY.reshape(-1)[entry_GW], 0.0).sum(1)
+        base_MY = torch.cat([loads_G, absent])[gpus_MY] - ahead_MY
+        previous_MY = share_MY
+        share_MY = ahead_MY + table.step_M1 * (_water_fill(tokens_M, base_MY) - ahead_MY)
+    return share_MY
 
 
 def _checked_layer(phy2log_P, slots_per_gpu: int, num_experts: int, weights_P) -> tuple[np.ndarray, np.ndarray | None]:
@@ -263,35 +263,35 @@ def _check_counts(counts_E: torch.Tensor, table: LayerRoutingTable, check_values
         raise ValueError(f"counts_E must be >= 0; found {int(counts_E.min())}")
 
 
-def _extrapolate(share_MX: torch.Tensor, previous_MX: torch.Tensor, tokens_M: torch.Tensor, valid_MX: torch.Tensor,
+def _extrapolate(share_MY: torch.Tensor, previous_MY: torch.Tensor, tokens_M: torch.Tensor, valid_MY: torch.Tensor,
                  momentum: float) -> torch.Tensor:
     """share + momentum * (share - previous), projected to a valid split (as `dynamic_split.extrapolate`).
 
     Each row's extrapolation sums to its tokens, so a row with tokens keeps a positive entry after clamping.
     """
-    ahead = (share_MX + momentum * (share_MX - previous_MX)).clamp_min_(0.0).mul_(valid_MX)
+    ahead = (share_MY + momentum * (share_MY - previous_MY)).clamp_min_(0.0).mul_(valid_MY)
     return ahead.mul_(tokens_M[:, None] / ahead.sum(1, keepdim=True).clamp_min_(1e-30))
 
 
-def _water_fill(tokens_M: torch.Tensor, base_MX: torch.Tensor) -> torch.Tensor:
-    """Spread tokens_M over bins at levels base_MX (inf = absent), raising the lowest bins evenly."""
-    sorted_base = _sorted_rows(base_MX)
+def _water_fill(tokens_M: torch.Tensor, base_MY: torch.Tensor) -> torch.Tensor:
+    """Spread tokens_M over bins at levels base_MY (inf = absent), raising the lowest bins evenly."""
+    sorted_base = _sorted_rows(base_MY)
     finite = torch.where(torch.isfinite(sorted_base), sorted_base, torch.zeros_like(sorted_base))
-    k = torch.arange(1, base_MX.shape[1] + 1, device=base_MX.device, dtype=base_MX.dtype)
+    k = torch.arange(1, base_MY.shape[1] + 1, device=base_MY.device, dtype=base_MY.dtype)
     level_k = (tokens_M[:, None] + prefix_sums(finite, 1)) / k
     active = (sorted_base < level_k) | (k == 1)
     level = level_k.gather(1, active.sum(1, keepdim=True) - 1)
-    return torch.where(torch.isfinite(base_MX), (level - base_MX).clamp_min(0.0), torch.zeros_like(base_MX))
+    return torch.where(torch.isfinite(base_MY), (level - base_MY).clamp_min(0.0), torch.zeros_like(base_MY))
 
 
-def _sorted_rows(values_MX: torch.Tensor) -> torch.Tensor:
-    """values_MX sorted along each row. Compiled, for a few columns: an odd-even transposition network of
+def _sorted_rows(values_MY: torch.Tensor) -> torch.Tensor:
+    """values_MY sorted along each row. Compiled, for a few columns: an odd-even transposition network of
     elementwise minima and maxima, which the compiler fuses with the rest of a water-filling round (a sort is a
     separate kernel, one per round); the same values as `sort`, which runs eagerly (fewer, larger operations)."""
-    width = values_MX.shape[1]
+    width = values_MY.shape[1]
     if width > UNROLL_MAX or not torch.compiler.is_compiling():
-        return values_MX.sort(dim=1).values
-    columns = list(values_MX.unbind(1))
+        return values_MY.sort(dim=1).values
+    columns = list(values_MY.unbind(1))
     for phase in range(width):
         for left in range(phase % 2, width - 1, 2):
             low, high = columns[left], columns[left + 1]
@@ -299,20 +299,20 @@ def _sorted_rows(values_MX: torch.Tensor) -> torch.Tensor:
     return torch.stack(columns, 1)
 
 
-def round_preserving_sums(share_MX: torch.Tensor, tokens_M: torch.Tensor, valid_MX: torch.Tensor) -> torch.Tensor:
-    """[M, X] int64, a whole-token split of share_MX [M, X] (float) that gives row m exactly tokens_M[m] (int64),
-    only where valid_MX [M, X] is True: floor each share, then hand the leftover tokens to the largest remainders
+def round_preserving_sums(share_MY: torch.Tensor, tokens_M: torch.Tensor, valid_MY: torch.Tensor) -> torch.Tensor:
+    """[M, Y] int64, a whole-token split of share_MY [M, Y] (float) that gives row m exactly tokens_M[m] (int64),
+    only where valid_MY [M, Y] is True: floor each share, then hand the leftover tokens to the largest remainders
     (ties to the lower column, so the result is deterministic)."""
-    share = torch.where(valid_MX, share_MX.clamp_min(0.0), torch.zeros_like(share_MX))
+    share = torch.where(valid_MY, share_MY.clamp_min(0.0), torch.zeros_like(share_MY))
     scale = tokens_M.to(share.dtype) / share.sum(1).clamp_min(1e-9)
     share = share * scale[:, None]
     floor = share.floor().to(torch.int64)
     leftover = tokens_M - floor.sum(1)
-    remainder = torch.where(valid_MX, share - floor.to(share.dtype), torch.full_like(share, -1.0))
-    # rank_MX: how many entries of the row come first, by larger remainder, then lower column.
+    remainder = torch.where(valid_MY, share - floor.to(share.dtype), torch.full_like(share, -1.0))
+    # rank_MY: how many entries of the row come first, by larger remainder, then lower column.
     column = torch.arange(share.shape[1], device=share.device)
-    ahead_MXX = (remainder[:, None, :] > remainder[:, :, None]) | (
+    ahead_MYY = (remainder[:, None, :] > remainder[:, :, None]) | (
         (remainder[:, None, :] == remainder[:, :, None]) & (column[None, :] < column[:, None])
     )
-    rank_MX = ahead_MXX.sum(2)
-    return floor + (rank_MX < leftover[:, None]).to(torch.int64)
+    rank_MY = ahead_MYY.sum(2)
+    return floor + (rank_MY < leftover[:, None]).to(torch.int64)

@@ -21,12 +21,12 @@ def fitted_weights(
     num_experts = len(load_E)
     gpu_of_slot = np.arange(len(phy2log)) // slots_per_gpu
     graph = ReplicaGraph.build(phy2log, gpu_of_slot, num_experts, num_gpus)
-    share_1MX, _, _ = optimal_split(np.asarray(load_E, dtype=np.float64)[None], graph, 1e-3, max_rounds)
+    share_1MY, _, _ = optimal_split(np.asarray(load_E, dtype=np.float64)[None], graph, 1e-3, max_rounds)
     pair_share = np.zeros((num_experts, num_gpus + 1))
     pair_share[np.arange(num_experts), graph.fixed_gpu_E(none=num_gpus)] = 1.0  # column G: movable, overwritten
     if len(graph.movable_M):
         load_M = np.maximum(load_E[graph.movable_M], 1e-12)
-        pair_share[graph.movable_M[:, None], graph.gpus_MX] = share_1MX[0] / load_M[:, None]
+        pair_share[graph.movable_M[:, None], graph.gpus_MY] = share_1MY[0] / load_M[:, None]
     first_EG = first_slot_EG(phy2log, gpu_of_slot, num_experts, num_gpus)
     is_first = first_EG[phy2log, gpu_of_slot] == np.arange(len(phy2log))
     weights = np.where(is_first, pair_share[phy2log, gpu_of_slot], 0.0)

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from collectives import CollectiveError, CollectiveTimeoutError, backend_for, run_local_group
+from collectives import CollectiveError, backend_for, run_local_group
 from collectives.errors import BackendUnavailableError
 
 

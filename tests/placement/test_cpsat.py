@@ -8,13 +8,13 @@ from ortools.sat.python import cp_model
 
 from placement import ClusterSpec, PlacementInfeasibleError, fit_placement
 from placement.policies.cpsat_model import LayerProblem, add_placement_hint, build_layer_model, model_size
-from placement.policies.cpsat_policy import fitted_objective
+from placement.policies.cpsat_layer import fitted_objective
 
 
 def small_problem(routing: str = "dynamic") -> LayerProblem:
     counts = np.array([[6, 2, 0], [3, 3, 4]])  # 2 sampled steps, 3 experts (expert 2 idle in step 0)
     candidates = [np.array([0, 1]), np.array([0]), np.array([1])]
-    return LayerProblem(counts_KE=counts, candidates=candidates, num_gpus=2, slots_per_gpu=2, routing=routing)
+    return LayerProblem(counts_BE=counts, candidates=candidates, num_gpus=2, slots_per_gpu=2, routing=routing)
 
 
 def test_model_size_is_known_without_solving():
@@ -35,9 +35,9 @@ def test_static_model_has_one_share_per_candidate_instead_of_per_step_tokens():
     assert len(lm.shares) == 4 and not lm.tokens
 
 
-def brute_force_best_sum_of_peaks(counts_KE: np.ndarray, num_gpus: int, slots: int) -> float:
+def brute_force_best_sum_of_peaks(counts_BE: np.ndarray, num_gpus: int, slots: int) -> float:
     """Every placement without duplicate replicas; each step split optimally (fractional) over replicas."""
-    num_experts = counts_KE.shape[1]
+    num_experts = counts_BE.shape[1]
     gpu_sets = list(itertools.combinations(range(num_experts), slots))
     best = np.inf
     for layout in itertools.product(gpu_sets, repeat=num_gpus):
@@ -45,7 +45,7 @@ def brute_force_best_sum_of_peaks(counts_KE: np.ndarray, num_gpus: int, slots: i
         if any(not h for h in holders):
             continue
         total = 0.0
-        for counts in counts_KE:
+        for counts in counts_BE:
             # The optimum of a step is max over GPU sets H of the tokens of experts living only on H, over |H|.
             peak = 0.0
             for size in range(1, num_gpus + 1):
@@ -61,7 +61,7 @@ def brute_force_best_sum_of_peaks(counts_KE: np.ndarray, num_gpus: int, slots: i
 def test_solver_reaches_the_brute_force_optimum_on_small_cases(seed):
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, 30, size=(2, 4))
-    problem = LayerProblem(counts_KE=counts, candidates=[np.arange(3)] * 4, num_gpus=3, slots_per_gpu=2)
+    problem = LayerProblem(counts_BE=counts, candidates=[np.arange(3)] * 4, num_gpus=3, slots_per_gpu=2)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = 20
     solver.parameters.num_workers = 1

@@ -9,9 +9,9 @@ import pytest
 
 from placement import ClusterSpec, fit_placement
 from placement import blas_threads
-from placement.policies import cpsat_policy
+from placement.policies import cpsat_layer
 from placement.policies.cpsat_budget import LEVELS, MIN_SOLVE_S, FitBudget, plan_level
-from placement.policies.cpsat_policy import fitted_objective
+from placement.policies.cpsat_layer import fitted_objective
 
 
 @pytest.mark.parametrize(
@@ -204,7 +204,7 @@ def test_the_fixed_load_bound_never_exceeds_the_fitted_objective(seed):
     greedy = fit_placement("deepseek", counts, cluster)
     chain = fit_placement("cpsat", counts, cluster, time_limit_s=1.0, ring_search=False)
     for placement in (greedy, chain):
-        bound = cpsat_policy._fixed_load_bound(counts[:, 0], placement.phy2log_LP[0], cluster, speed)
+        bound = cpsat_layer._fixed_load_bound(counts[:, 0], placement.phy2log_LP[0], cluster, speed)
         assert bound <= fitted_objective(counts[:, 0], placement.phy2log_LP[0], placement.weights_LP[0], cluster,
                                          "dynamic", speed) + 1e-12
 

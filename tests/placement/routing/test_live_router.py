@@ -107,20 +107,20 @@ def test_router_split_before_rounding_is_the_numpy_split_with_the_same_rounds(la
         table = LayerRoutingTable.build(phy2log, slots, num_experts, weights_P=weights_P, exact_chains=False)
         counts_BE = rng.multinomial(32 * num_gpus, rng.dirichlet(np.ones(num_experts)), size=4)
         # -inf tolerance: no step leaves the batch early, so numpy runs exactly the router's rounds.
-        share_BMX, loads_BG, _ = optimal_split(counts_BE, graph, -np.inf, ROUTER_ROUNDS, MOMENTUM)
-        valid_MX = graph.gpus_MX < num_gpus
+        share_BMY, loads_BG, _ = optimal_split(counts_BE, graph, -np.inf, ROUTER_ROUNDS, MOMENTUM)
+        valid_MY = graph.gpus_MY < num_gpus
         fixed_G = counts_BE @ graph.fixed_EG
-        for counts, numpy_share_MX, numpy_loads_G, fixed in zip(counts_BE, share_BMX, loads_BG, fixed_G):
-            share_MX = fractional_split(torch.as_tensor(counts), table).double().numpy()
-            loads_G = fixed + np.bincount(graph.gpus_MX[valid_MX], share_MX[valid_MX], minlength=num_gpus)
+        for counts, numpy_share_MY, numpy_loads_G, fixed in zip(counts_BE, share_BMY, loads_BG, fixed_G):
+            share_MY = fractional_split(torch.as_tensor(counts), table).double().numpy()
+            loads_G = fixed + np.bincount(graph.gpus_MY[valid_MY], share_MY[valid_MY], minlength=num_gpus)
             np.testing.assert_allclose(loads_G, numpy_loads_G, rtol=1e-4)
-            np.testing.assert_allclose(share_MX, numpy_share_MX, atol=1e-4 * counts.max())
+            np.testing.assert_allclose(share_MY, numpy_share_MY, atol=1e-4 * counts.max())
             # Rounding moves each replica's share by less than one token.
             tokens_P = route_step(torch.as_tensor(counts), table).numpy()
-            source_P = table.source_P.numpy() - num_experts  # slot p takes entry source_P[p] of share_MX, if in range
-            takes = (source_P >= 0) & (source_P < share_MX.size)
-            assert takes.sum() == valid_MX.sum()
-            assert np.abs(tokens_P[takes] - share_MX.reshape(-1)[source_P[takes]]).max() < 1 + 1e-4
+            source_P = table.source_P.numpy() - num_experts  # slot p takes entry source_P[p] of share_MY, if in range
+            takes = (source_P >= 0) & (source_P < share_MY.size)
+            assert takes.sum() == valid_MY.sum()
+            assert np.abs(tokens_P[takes] - share_MY.reshape(-1)[source_P[takes]]).max() < 1 + 1e-4
 
 
 def _turned_chain(rng: np.random.Generator, num_gpus: int, slots: int, num_experts: int) -> np.ndarray:
