@@ -1,8 +1,7 @@
 """Benchmark and fidelity checks of the simulator (`eplb sim`).
 
-1. Speed: the 1-hour Mooncake conversation trace (12,031 requests) through one 128-card decode unit and its
-   prefill nodes: simulated seconds per wall second (goal: the hour in under 30 s on 2 cores). Skipped when the
-   data is absent.
+1. Speed: the 1-hour Mooncake conversation trace through one 128-card decode unit and its prefill nodes:
+   simulated seconds per wall second. Skipped when the data is absent.
 2. Decode balance: the same traffic (single turns with long replies, so the batch grows to tens of sequences per
    card) through one decode unit whose experts are placed by no policy
    (one replica per expert), DeepSeek's greedy and `cpsat`: MoE imbalance, the MoE share of a step, decode tokens
@@ -12,10 +11,10 @@
    each needs.
 4. The fleet run (`--section fleet`): DeepSeek's published Feb-2025 day beside what the autoscaled fleet
    reproduces; the autoscaled fleet against a fixed split of the same node-hours; faults handled by rerouting
-   (with and without spares) against restarting the unit; the seed's fleet (155T tokens a day) and what it
-   implies; its wall time for a day and a week; and the agreement of the fleet model (units from the cost model,
-   token rates per step) with the request-by-request run where both run (one decode unit and its prefill nodes,
-   the saturated traffic of section 2).
+   (with and without spares) against restarting the unit; the seed's fleet (sim/configs/seed-fleet-day.yaml) and
+   what it implies; its wall time for a day and a week; and the agreement of the fleet model (units from the cost
+   model, token rates per step) with the request-by-request run where both run (one decode unit and its prefill
+   nodes, the saturated traffic of section 2).
 
 Usage: python scripts/bench_sim.py [--quick] [--section all|speed|balance|windows|fleet]
 """
@@ -40,7 +39,9 @@ MOONCAKE = ROOT / "sim" / "configs" / "mooncake-conversation.yaml"
 FEB_DAY = ROOT / "sim" / "configs" / "deepseek-feb2025-day.yaml"
 SEED_DAY = ROOT / "sim" / "configs" / "seed-fleet-day.yaml"
 STRESS = 50.0  # failure-rate multiplier of the faults table: tens of failures in a day
+# DeepSeek's published Feb-2025 day, which the fleet run is compared with (sim/configs/deepseek-feb2025-day.yaml)
 PUBLISHED_FEB = {"nodes_mean": 226.75, "nodes_peak": 278, "cost_usd": 87_072, "revenue_usd": 562_027}
+SEED_USD_PER_CARD_HOUR = 38.0  # the seed fleet's revenue per card-hour at valley pricing, as its post states
 
 
 def _single_turns(duration_s: float, sessions_per_s: float, prompt: float, reply: float, prefill_nodes: int,
@@ -168,12 +169,16 @@ def seed_fleet(quick: bool) -> None:
         week_wall = time.perf_counter() - began
     cards = report["nodes_mean"] * config.cluster.cards_per_node
     valley = report["revenue_per_card_hour_usd"]
-    print(f"\nseed fleet (sim/configs/seed-fleet-day.yaml, 155T tokens a day): {report['nodes_mean']:,.0f} nodes on "
+    traffic, target = config.fleet.traffic, SEED_USD_PER_CARD_HOUR
+    tokens = traffic.input_tokens_per_day + traffic.output_tokens_per_day
+    print(f"\nseed fleet (sim/configs/seed-fleet-day.yaml, {tokens / 1e12:.0f}T tokens a day): "
+          f"{report['nodes_mean']:,.0f} nodes on "
           f"average ({cards:,.0f} cards), peak {report['nodes_peak']:,.0f}; revenue at R1's valley price "
           f"${valley:.2f} per card-hour (list price: ${valley / config.fleet.prices.valley_price_factor:.2f}); "
-          f"$38 per card-hour at valley pricing needs prices {38 / valley:.1f}x R1's valley "
-          f"({38 / valley * config.fleet.prices.valley_price_factor:.2f}x its list), or a fleet {38 / valley:.1f}x "
-          f"smaller for the same tokens; wall {day:.2f} s for a day, {week_wall:.2f} s for a week")
+          f"${target:.0f} per card-hour at valley pricing needs prices {target / valley:.1f}x R1's valley "
+          f"({target / valley * config.fleet.prices.valley_price_factor:.2f}x its list), or a fleet "
+          f"{target / valley:.1f}x smaller for the same tokens; wall {day:.2f} s for a day, {week_wall:.2f} s for a "
+          f"week")
 
 
 def agreement(quick: bool) -> None:

@@ -107,22 +107,23 @@ class ClusterConfig(_Strict):
     """How many machines each stage has and how it batches."""
 
     vision_cards: int = Field(4, ge=1, le=4096, description="Single-card vision encoder instances.")
-    prefill_nodes: int = Field(16, ge=1, le=1024, description="Prefill instances, one 8-card node each.")
+    prefill_nodes: int = Field(16, ge=1, le=1024, description="Prefill instances, one node of "
+                                                                "cards_per_node cards each.")
     cards_per_node: int = Field(8, ge=1, le=384, description="Cards per prefill node (and per node of the fleet).")
     max_prefill_batch_tokens: int = Field(16384, ge=1, le=1 << 24, description="New tokens one prefill batch may "
                                                                                 "hold.")
     decode_units: int = Field(1, ge=1, le=256, description="Decode EP units.")
-    decode_cards: int = Field(128, ge=1, le=MAX_GPUS, description="Cards per decode EP unit (64-128 in DeepSeek's "
-                                                                  "setup; at most the placement's 1,024).")
+    decode_cards: int = Field(128, ge=1, le=MAX_GPUS, description="Cards per decode EP unit (at most the "
+                                                                  f"placement's {MAX_GPUS:,}).")
     max_decode_batch_per_card: int = Field(128, ge=1, le=4096, description="Sequences per decode card at most "
                                                                            "(besides the HBM bound).")
 
 
 class CacheConfig(_Strict):
-    """The KV cache tiers: a persistent SSD tier keyed by prefix blocks, and the sliding-window state."""
+    """The KV cache tiers: a persistent SSD tier keyed by prefix blocks, and the sliding-window state (the
+    defaults' sources: docs/simulator.md, 'KV cache tiers')."""
 
-    disk_capacity_tb: float = Field(1000.0, gt=0, le=1e6, description="Persistent tier capacity (TB; DeepSeek: "
-                                                                      "~100 PB for the whole fleet).")
+    disk_capacity_tb: float = Field(1000.0, gt=0, le=1e6, description="Persistent tier capacity (TB).")
     retention_days: _per_class(0, 3650, low_open=True) = Field(
         {"agent": 3.0, "chat": 7.0}, description="Days a prefix block is kept after its last use, per class (at "
                                                  "most 3,650, which keeps every block of any run).")
@@ -167,7 +168,7 @@ class SimConfig(_Strict):
                               "drains after); at most a day (86,400 s): longer spans are the fleet run's.")
     workload: WorkloadConfig = Field(WorkloadConfig(), description="Requests.")
     model: ModelProfile = Field(ModelProfile(sliding_window_share=0.5), description="The served model (default: "
-                                "DeepSeek-V3's shape with half its layers sliding-window, as the post's V4.1).")
+                                "DeepSeek-V3's shape with half its layers sliding-window).")
     hardware: HardwareConfig = Field(HardwareConfig(), description="Cards per stage.")
     cluster: ClusterConfig = Field(ClusterConfig(), description="Machines per stage.")
     cache: CacheConfig = Field(CacheConfig(), description="KV cache tiers.")

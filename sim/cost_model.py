@@ -79,7 +79,7 @@ def _all_to_all_seconds(model: ModelProfile, hardware: HardwareProfile, cards: i
     (combine_bytes), to experts spread evenly over the cards: 1/cards stay on the card, the rest of the scale-up
     domain goes over scale-up and the remainder over scale-out, without de-duplication: right for DeepEP's
     low-latency (decode) kernels; its normal (prefill) kernels send a token once per node, so a multi-node prefill
-    instance's scale-out bytes are overstated about 2x (at EP32; still hidden under compute with CALIBRATED).
+    instance's scale-out bytes are overstated (still hidden under compute with CALIBRATED).
     The busiest card moves moe_imbalance times the mean.
     """
     if cards <= 1:
@@ -117,14 +117,14 @@ def _pass_cost(model: ModelProfile, hardware: HardwareProfile, cards: int, token
 def prefill_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, new_tokens: int | Sequence[int],
                     cached_tokens: int | Sequence[int] = 0, efficiency: Efficiency = CALIBRATED, *,
                     moe_imbalance: float = 1.0, redundant_experts: int = 0, overlap: bool = True) -> StepCost:
-    """Cost of one prefill batch on an instance of `cards` cards (an 8-card node; DeepSeek used 32).
+    """Cost of one prefill batch on an instance of `cards` cards (an 8-card node, or several).
 
     Args:
         new_tokens: tokens to compute, one int per prompt (or one int for a single prompt).
         cached_tokens: tokens of each prompt already cached (read from the KV cache, not recomputed); same
             length as `new_tokens`, or one int for all prompts.
         moe_imbalance: busiest card's routed tokens over the mean (1.0: perfect balance).
-        redundant_experts: extra expert replicas in the instance (DeepSeek prefill: 32 over 32 cards).
+        redundant_experts: extra expert replicas in the instance.
         overlap: communication hidden under computation (two micro-batches), else added.
 
     Returns:
@@ -164,7 +164,7 @@ def decode_step_seconds(model: ModelProfile, hardware: HardwareProfile, cards: i
         moe_imbalance: busiest card's routed tokens over the mean, this step (1.0: perfect balance).
         tokens_per_sequence: tokens each sequence runs this step (1 + draft tokens under speculative decoding);
             they share one read of the cache and the weights.
-        redundant_experts: extra expert replicas in the unit (DeepSeek decode: 32 over 144 cards).
+        redundant_experts: extra expert replicas in the unit.
         overlap: communication hidden under computation (two micro-batches), else added.
 
     Returns:
@@ -198,8 +198,8 @@ def vision_encode_seconds(hardware: HardwareProfile, images: int, tokens_per_ima
                           encoder_layers: int = 32, encoder_width: int = 1280) -> float:
     """Seconds for one card to encode `images` images with a ViT-style encoder, in BF16.
 
-    Defaults follow Qwen2.5-VL's vision tower (~0.67B parameters, 32 layers, width 1280, 14-pixel patches), with a
-    448 x 448 image = 1,024 patch tokens (256 after its 2 x 2 merge). FLOPs: 2 x params per patch token, plus full
+    Defaults follow Qwen2.5-VL's vision tower and a 448 x 448 image (figures: docs/simulator.md, 'Vision
+    encoder'). FLOPs: 2 x params per patch token, plus full
     attention within each image (4 x tokens^2 x width per layer); weights (2 bytes each) read once per batch.
     """
     if images < 0:

@@ -1,12 +1,12 @@
 """The served model's shape: parameters, KV cache bytes and FLOPs per token, for the simulator's cost model.
 
-Defaults are DeepSeek-V3/R1 (config.json of deepseek-ai/DeepSeek-V3; report arXiv 2412.19437, sec. 2 and 4.2):
+Defaults are DeepSeek-V3/R1's published shape (sources: docs/simulator.md, 'Model profile'):
 61 layers, the first 3 dense, 256 routed experts of which 8 are active plus 1 shared expert, MLA attention with
 128 heads. The multi-token-prediction module (one more layer) is left out, like the 671B total it is not part of.
 
 Glossary:
   full layer        attention over the whole context; MLA caches kv_lora_rank + qk_rope_head_dim = 512 + 64 = 576
-                    values per token (V3 report sec. 2.1.1), 1,152 bytes in BF16.
+                    values per token, 1,152 bytes in BF16.
   sliding layer     attention over the last `sliding_window` tokens only; its cache never grows past the window.
   compressed layer  attention over one cached entry per `compression_ratio` tokens (a compressed or strided cache).
   linear FLOPs      matrix products with the weights (FP8 or INT8 on the cards this project models).
@@ -121,9 +121,9 @@ class ModelProfile(BaseModel):
                                                                      "attention, spread evenly over the depth.")
     sliding_window_layers: tuple[int, ...] | None = Field(None, description="Explicit sliding-window layer indices "
                                                                             "(overrides sliding_window_share).")
-    sliding_window: int = Field(128, ge=1, le=1 << 24, description="Tokens a sliding layer sees and caches. 128 "
-                                "because the V4.1 post recomputes exactly the last 128 tokens to rebuild that cache, "
-                                "which restores it only if the window is <= 128.")
+    sliding_window: int = Field(128, ge=1, le=1 << 24, description="Tokens a sliding layer sees and caches. The "
+                                "default equals the tokens recomputed to rebuild a missing window state "
+                                "(cache.window_recompute_tokens), which restores it only if the window is no longer.")
     compressed_layers: tuple[int, ...] = Field((), description="Layer indices with a compressed cache.")
     compression_ratio: int = Field(4, ge=1, le=1024, description="Tokens per cached entry in a compressed layer.")
 

@@ -36,7 +36,7 @@ from sim.hardware import HardwareProfile
 from sim.model_profile import ModelProfile
 
 POLICIES = ("all", "first_n", "threshold")
-SAMPLED_SEQUENCES = 65_536  # rows of the Monte Carlo: tokens per step to a standard error of ~0.006 at k = 5
+SAMPLED_SEQUENCES = 65_536  # rows of the Monte Carlo: its error on tokens per step is far below the policies' gaps
 STREAM = 11  # this module's random stream under the run's seed (the workload uses 7)
 _EDGE = 1e-9  # q and predictions are kept in [_EDGE, 1 - _EDGE] before a logit
 
@@ -44,26 +44,23 @@ _EDGE = 1e-9  # q and predictions are kept in [_EDGE, 1 - _EDGE] before a logit
 class SpeculativeConfig(BaseModel):
     """Speculative decoding on the decode units: the draft, the acceptance model and the verification policy.
 
-    Defaults and why:
-    - first_acceptance 0.875: the middle of the 85-90% DeepSeek-V3's report (arXiv 2412.19437, sec. 5.4.3) gives
-      for its MTP module's token; with k = 1 a step yields 1.875 tokens, and the report's 1.8x tokens per second is
-      that over a step 4% longer (draft_cost_share below).
-    - acceptance_decay 0.83: DeepSeek's MTP was trained to predict one token ahead; reused autoregressively for
-      later positions it drifts. Nebius measured the original V3 MTP at 3.20 tokens per step with k = 7
-      (temperature 0; MT-bench, HumanEval, GSM8K; model card of nebius/MTP-DeepSeek-V3-0324): 0.875 decayed by 0.83
-      per position gives 3.20 there (0.9 would give 3.68, 0.8 3.06).
+    Defaults and why (figures and sources: docs/simulator.md, 'Speculative decoding'):
+    - first_acceptance 0.875: the middle of the range DeepSeek-V3's report gives for its MTP module's token; with
+      draft_cost_share below, k = 1 turns it into the report's published speed-up.
+    - acceptance_decay 0.83: DeepSeek's MTP was trained to predict one token ahead and drifts when reused
+      autoregressively for later positions; this decay reproduces the tokens per step published for the original
+      V3 MTP reused at k = 7.
     - confidence_spread 1/3: a Beta of concentration 2, uniform at p = 0.5 and skewed to certainty at p = 0.875
       (most tokens easy, a tail of hard ones), so a predictor has easy and hard tokens to tell apart.
-    - predictor_noise 0.5 logits: EAGLE-2 (arXiv 2406.16858) finds the draft's confidence tracks the acceptance
-      rate closely; 0.5 keeps it informative without making it an oracle.
-    - draft_cost_share 0.04: one MTP module is one MLA + MoE layer, a 7168 x 14336 projection and the shared
-      output head: 3.2 GFLOP of weights and a 61st of the attention core, 2.5-3% of a V3 token's time at a 5K
-      context; its weight reads (the BF16 head) are a larger share when memory-bound. 0.04 sits between, and is
-      what turns DeepSeek's 1.875 tokens per step into its published 1.8x (1.875 / 1.04). A DSpark-style parallel
-      drafter costs less per token; lower the share for one.
-    - threshold 0.4: the best fixed cut at 7-8 sequences per card, where verification starts to be what the step
-      pays for (scripts/bench_speculative.py: best 0.3-0.5 there for first acceptances 0.7-0.95); lower is better
-      at smaller batches (memory-bound, verification nearly free), higher at larger ones.
+    - predictor_noise 0.5 logits: EAGLE-2 finds the draft's confidence tracks the acceptance rate closely; 0.5
+      keeps it informative without making it an oracle.
+    - draft_cost_share 0.04: one MTP module is one MLA + MoE layer, a projection and the shared output head, a few
+      percent of a V3 token's time when compute-bound and more when its weight reads dominate; 0.04 sits between,
+      and is what turns DeepSeek's tokens per step into its published speed-up. A DSpark-style parallel drafter
+      costs less per token; lower the share for one.
+    - threshold 0.4: the best fixed cut where verification starts to be what the step pays for
+      (scripts/bench_speculative.py sweeps it); lower is better at smaller batches (memory-bound, verification
+      nearly free), higher at larger ones.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -78,7 +75,7 @@ class SpeculativeConfig(BaseModel):
     threshold: float = Field(0.4, ge=0, le=1, description="Predicted cumulative acceptance below which a draft "
                                                           "token (and all after it) is not verified.")
     first_acceptance: float = Field(0.875, ge=0, le=1, description="Mean acceptance of the first draft token "
-                                                                   "(DeepSeek-V3's MTP: 85-90%).")
+                                                                   "(default: DeepSeek-V3's MTP, as published).")
     acceptance_decay: float = Field(0.83, ge=0, le=1, description="Each later position's mean conditional "
                                                                   "acceptance is the previous one's times this.")
     confidence_spread: float = Field(1 / 3, ge=0, lt=1, description="Variance of a token's acceptance around its "

@@ -15,8 +15,9 @@ exceed a budget:
 - the fleet run (`sim.fleet.run`): its steps within `MAX_FLEET_STEPS` and its expected card failures within
   `MAX_FLEET_FAILURES`.
 
-Synthetic requests are estimated from the generator's means; a trace's are counted (it is read first: reading the
-input is not the work budgeted). Decode steps are estimated as if each step took the one-sequence step time
+The budgets bound a run's wall time and memory on one machine (how they were sized: docs/simulator.md, 'Work
+budgets'). Synthetic requests are estimated from the generator's means; a trace's are counted (it is read first:
+reading the input is not the work budgeted). Decode steps are estimated as if each step took the one-sequence step time
 throughout the arrivals and a few replies after: an upper estimate, since a fuller batch takes longer steps.
 """
 
@@ -29,7 +30,7 @@ from sim.config import SimConfig, SimConfigError, SyntheticWorkload
 from sim.workload import TYPICAL_OUTPUT_TOKENS_PER_S
 from traces.request_trace import Request
 
-MAX_ENGINE_EVENTS = 20_000_000  # tens of minutes of the SimPy engine on one core
+MAX_ENGINE_EVENTS = 20_000_000  # SimPy events of one run, so that it ends in reasonable wall time
 MAX_ROUTED_SLOT_STEPS = 4_000_000  # steps x layers x slots the live router splits during the decode replay
 MAX_LAYER_FITS = 500  # refits x layers of the decode replay's policy
 MAX_SOLVER_S = 300.0  # refits x balance.time_limit_s under cpsat

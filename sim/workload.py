@@ -4,8 +4,9 @@ Synthetic sessions: conversations start as a Poisson process (optionally modulat
 or agent; each turn resends the whole history (earlier prompts and replies) plus new tokens, so a returning turn
 can reuse the cached prefix. Prompts are cut into 512-token blocks whose ids are stable along a session (block k of
 session s is the same block in every later turn) except the last, partial block, which changes as the history
-grows, as Mooncake's `hash_ids` behave. The next turn arrives after the reply would take at 20 tokens per second
-plus a think time (an open loop: arrivals do not wait on the simulated service).
+grows, as Mooncake's `hash_ids` behave. The next turn arrives after the reply would take at
+`TYPICAL_OUTPUT_TOKENS_PER_S` plus a think time (an open loop: arrivals do not wait on the simulated service); that
+speed is DeepSeek's published per-user one (docs/simulator.md, 'Workload').
 """
 
 import math
@@ -16,7 +17,7 @@ from sim.config import SimConfig, SimConfigError, SyntheticWorkload
 from traces.errors import TraceFormatError
 from traces.request_trace import Request, load_request_trace
 
-TYPICAL_OUTPUT_TOKENS_PER_S = 20.0  # the reply time a user waits before the next turn (DeepSeek: 20-22 tok/s)
+TYPICAL_OUTPUT_TOKENS_PER_S = 20.0  # the reply time a user waits before the next turn (DeepSeek's published speed)
 BLOCK_ID_STRIDE = 1 << 20  # block ids: session * stride + position (a partial block gets a fresh id per turn)
 
 

@@ -66,7 +66,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def _fleet(args: argparse.Namespace, config) -> int:
     """The fleet run of a config with a fleet section."""
-    from sim.fleet.run import fleet_text, run_fleet
+    from sim.fleet.report import fleet_text
+    from sim.fleet.run import run_fleet
     from sim.fleet.plots import write_fleet_plots
 
     progress = _progress_bar(args, round(config.fleet.days * 24), "sim h", per=3600.0)

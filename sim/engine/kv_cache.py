@@ -2,10 +2,11 @@
 
 - `PrefixCache`, the persistent tier: attention state of earlier prompts on an SSD storage cluster, keyed by prefix
   blocks of `block_tokens` tokens (Mooncake `hash_ids`). A returning conversation skips the prefill of its cached
-  leading blocks. DeepSeek keeps a block 3 days after its last use by agent traffic and 7 days by chat
-  (`DEEPSEEK_RETENTION_S`); capacity is bounded by evicting the least recently used blocks.
-- `WindowCache`, the host-memory tier: state of the sliding-window attention layers, kept about 180 s
-  (`WINDOW_LIFETIME_S`); when it is missing the last `WINDOW_RECOMPUTE_TOKENS` tokens are recomputed.
+  leading blocks. A block is kept for a retention per traffic class after its last use (default
+  `DEEPSEEK_RETENTION_S`, DeepSeek's published one: docs/simulator.md, 'KV cache tiers'); capacity is bounded by
+  evicting the least recently used blocks.
+- `WindowCache`, the host-memory tier: state of the sliding-window attention layers, kept for a lifetime
+  (default `WINDOW_LIFETIME_S`); when it is missing the last `WINDOW_RECOMPUTE_TOKENS` tokens are recomputed.
 
 Time convention (both tiers): an entry last used (stored) at `t` with lifetime `r` is alive while `now_s < t + r` and
 gone from `now_s >= t + r` on; `math.inf` = never expires. Calls must come in non-decreasing `now_s`, as a
@@ -223,7 +224,7 @@ class WindowCache:
         """Check and keep the lifetime; the cache starts empty.
 
         Args:
-            lifetime_s: seconds an entry lives after its last store (DeepSeek: about 180); math.inf: forever.
+            lifetime_s: seconds an entry lives after its last store; math.inf: forever.
         """
         self.lifetime_s = _check_positive("lifetime_s", lifetime_s, finite=False)
         self._clock = _Clock()

@@ -1,4 +1,4 @@
-"""The autoscaler: moves 8-card nodes between prefill and decode as the traffic moves, and grows or shrinks the
+"""The autoscaler: moves nodes between prefill and decode as the traffic moves, and grows or shrinks the
 fleet within its quota.
 
 Every `interval_s` it sizes each stage for the load it is given (whole units: a prefill instance, a decode EP unit,

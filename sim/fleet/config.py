@@ -6,7 +6,8 @@ fleet run works per time step (a minute by default) on token rates: each stage's
 batch and step of the detailed run, at the traffic's operating point; an autoscaler moves nodes between the stages
 and grows or shrinks the fleet; faults take cards away; prices turn the tokens served into revenue and the nodes
 held into cost. Every field has a default; the traffic's and the prices' are DeepSeek's published Feb-2025 day
-(`sim/configs/deepseek-feb2025-day.yaml` sets the rest of that day's assumptions).
+(`sim/configs/deepseek-feb2025-day.yaml` sets the rest of that day's assumptions; figures: docs/simulator.md,
+'Fleet calibration').
 
 Every number has a finite range (NaN and infinity are refused), wide enough for a fleet of a million nodes serving
 a thousand times DeepSeek's published day for a year; what a whole run would cost (its steps and card failures) is
@@ -17,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-MAX_TOKENS_PER_DAY = 1e15  # over a thousand times DeepSeek's published day (608e9 prompt tokens)
+MAX_TOKENS_PER_DAY = 1e15  # over a thousand times the default day (DeepSeek's published one)
 MAX_NODES = 1_000_000  # nodes of a fleet (quota, minimums, fixed split, spares)
 
 
@@ -37,7 +38,7 @@ class DailyTraffic(_Strict):
     output_tokens_per_request: float = Field(600.0, gt=0, le=1e6, description="Mean generated tokens per request "
                                                                               "(turns tokens into requests).")
     kv_tokens_per_sequence: float = Field(4989.0, gt=0, le=1e7, description="Mean context of a decoding sequence "
-                                                                            "(DeepSeek: 4,989 per output token).")
+                                                                            "(default: DeepSeek's published one).")
     prompt_tokens: float = Field(4989.0, gt=0, le=1e7, description="Mean prompt of a prefill batch's requests.")
     peak_to_mean: float = Field(1.25, ge=1, lt=2, description="Peak over mean of the daily load curve (a cosine).")
     peak_hour: float = Field(15.0, ge=0, lt=24, description="Hour of the daily peak (local time of the prices).")
@@ -51,7 +52,7 @@ class DailyTraffic(_Strict):
 
 
 class AutoscalerConfig(_Strict):
-    """The controller that moves 8-card nodes between prefill and decode and grows or shrinks the fleet."""
+    """The controller that moves nodes between prefill and decode and grows or shrinks the fleet."""
 
     enabled: bool = Field(True, description="Autoscale (False: the fixed split of `fixed_*_nodes`).")
     interval_s: float = Field(300.0, ge=1, le=86400, description="Seconds between decisions.")
@@ -83,14 +84,14 @@ class Prices(_Strict):
     """What the tokens are billed and what the cards cost."""
 
     input_cache_hit_per_m_usd: float = Field(0.14, ge=0, le=1000, description="$ per million prompt tokens served "
-                                             "from cache (DeepSeek-R1 list price).")
+                                             "from cache (default: DeepSeek-R1's list prices throughout).")
     input_cache_miss_per_m_usd: float = Field(0.55, ge=0, le=1000, description="$ per million prompt tokens "
                                                                                "computed.")
     output_per_m_usd: float = Field(2.19, ge=0, le=1000, description="$ per million generated tokens.")
     valley_hours: tuple[float, float] | None = Field((0.5, 8.5), description="Off-peak ('valley') hours [start, "
                                                      "end), local time; None: one price all day.")
     valley_price_factor: float = Field(1.0, ge=0, le=1, description="Prices times this in the valley hours "
-                                       "(DeepSeek's R1 valley: 0.25; 1.0: list price all day).")
+                                       "(1.0: list price all day).")
     card_hour_usd: float | None = Field(None, ge=0, le=1000, description="$ per card-hour of every card (None: "
                                                                          "each stage's card profile price).")
 
@@ -102,10 +103,10 @@ class Prices(_Strict):
 
 
 class FaultConfig(_Strict):
-    """Card failures and how the fleet rides them out."""
+    """Card failures and how the fleet rides them out (the default rate's source: docs/simulator.md, 'Faults')."""
 
-    card_failures_per_hour: float = Field(1.97e-5, ge=0, le=1, description="Failures per card-hour (Llama 3: 419 "
-                                          "unexpected interruptions in 54 days on 16,384 H100s).")
+    card_failures_per_hour: float = Field(1.97e-5, ge=0, le=1, description="Failures per card-hour (default: the "
+                                          "interruption rate of Llama 3's training run).")
     repair_hours: float = Field(4.0, gt=0, le=8784, description="Hours until a failed card serves again.")
     handling: Literal["reroute", "restart"] = Field(
         "reroute", description="reroute: the unit goes on without the card (its experts and sequences move to "
@@ -138,9 +139,9 @@ class FleetConfig(_Strict):
     days: float = Field(1.0, gt=0, le=366, description="Days simulated.")
     step_s: float = Field(60.0, ge=1, le=3600, description="Seconds per time step.")
     tokens_per_s_per_user: float = Field(21.0, gt=0, le=10_000, description="Decode speed each sequence is served "
-                                                                            "at (DeepSeek: 20-22 tok/s).")
-    prefill_instance_nodes: int = Field(4, ge=1, le=1024, description="Nodes per prefill instance (DeepSeek: 4, "
-                                                                      "EP32).")
+                                                                            "at (default: DeepSeek's published one).")
+    prefill_instance_nodes: int = Field(4, ge=1, le=1024, description="Nodes per prefill instance (default: "
+                                                                      "DeepSeek's).")
     decode_imbalance: float = Field(1.0, ge=1, le=100, description="Busiest card's routed tokens over the mean in "
                                     "the decode units (1.0: the calibrated rates, which carry DeepSeek's own).")
     drain_s: float = Field(3600.0, ge=0, le=7 * 86400.0, description="Seconds after the last arrival to serve what "

@@ -2,10 +2,10 @@
 
 Failures arrive as a Poisson process per serving card. A failed card's unit either goes on without it (reroute,
 as the live `Rebalancer` recovers: its experts' share moves to surviving replicas, lost experts come back from host
-memory, its sequences are re-queued and re-prefilled) and a spare card takes its place after `spare_swap_s` (without a free
-spare the unit runs one card short until the repair); or the whole unit restarts (restart), down for `restart_s`
-(until the repair when no spare is free), every sequence on it re-queued. A spare stays in use until the failed
-card is repaired. Nothing is dropped: re-queued work goes back to prefill.
+memory, its sequences are re-queued and re-prefilled) and a spare card takes its place after `spare_swap_s`
+(without a free spare the unit runs one card short until the repair); or the whole unit restarts (restart), down
+for `restart_s` (until the repair when no spare is free), every sequence on it re-queued. A spare stays in use until
+the failed card is repaired. Nothing is dropped: re-queued work goes back to prefill.
 """
 
 import heapq
@@ -18,6 +18,9 @@ from sim.fleet.config import FaultConfig
 
 @dataclass
 class FaultEvent:
+    """One card failure: when, at which stage, how it was handled, whether a spare covered it, and the sequences
+    it sent back to prefill."""
+
     time_s: float
     stage: str
     handling: str

@@ -3,12 +3,15 @@ the detailed run times every batch and step with (`sim.stage_costs`, imported).
 
 - Prefill: an instance of `prefill_instance_nodes` nodes runs one mean prompt per card per batch, the cached share
   read from the persistent tier rather than computed (the read costs time, as in the detailed run; the window
-  state is taken to be found); its rate counts every prompt token, hits included (as DeepSeek's 73.7k per node).
+  state is taken to be found); its rate counts every prompt token, hits included (as DeepSeek's published
+  per-node rate does).
 - Decode: a unit of `cluster.decode_cards` cards holds the most sequences whose step still meets the per-user
   speed (one step per 1 / tokens_per_s_per_user seconds), whose caches fit its HBM when each reserves its final
   context (prompt + reply, as the detailed run's admission does) and which the batch cap
   (`cluster.max_decode_batch_per_card`) admits, at the fleet's `decode_imbalance`; its rate is that many
-  sequences times the speed (as DeepSeek's 14.8k per node at 20-22 tok/s per user).
+  sequences times the speed (as DeepSeek's published per-node rate at its per-user speed).
+
+(DeepSeek's rates: docs/simulator.md, 'Fleet calibration'.)
 """
 
 from dataclasses import dataclass

@@ -1,14 +1,12 @@
 """Speculative decoding in the simulator: the acceptance model's limits (acceptance 1 gives k + 1 tokens per step
 at the cost model's price, acceptance 0 gives one), what each policy verifies, the default's match to DeepSeek-V3's
-MTP figures, seeded reproducibility, the selective policy's gain where verification binds, the engine run, and
-the config naming a bad field."""
-
-import json
+MTP figures, seeded reproducibility, the selective policy's gain where verification binds, and the config naming a
+bad field (the engine's run with speculation: tests/sim/engine/test_speculative_run.py)."""
 
 import numpy as np
 import pytest
 
-from sim import SimConfig, SimConfigError, load_sim_config, run_simulation
+from sim import SimConfigError, load_sim_config
 from sim.cost_model import decode_step_seconds
 from sim.hardware import PROFILES
 from sim.model_profile import ModelProfile
@@ -19,12 +17,6 @@ V3 = ModelProfile()
 H800 = PROFILES["H800"]
 CARDS = 128
 CONTEXT = 4989  # DeepSeek's average KV length (Day-6 post)
-SMALL = {
-    "duration_s": 8.0,
-    "workload": {"synthetic": {"sessions_per_s": 2.0, "images_per_request": 0.3}},
-    "cluster": {"prefill_nodes": 2, "decode_cards": 16, "vision_cards": 1},
-    "balance": {"policy": "none", "layers": 2, "steps": 60},
-}
 
 
 def _sample(spec: SpeculativeConfig, seed: int = 0, sequences: int = 8192):
@@ -131,28 +123,6 @@ def test_a_sequence_needs_ceil_of_its_remaining_tokens_over_tau_steps():
     assert steps_to_finish(12, 2.5) == 5
     with pytest.raises(ValueError, match="tokens_per_step"):
         steps_to_finish(10, 0.5)
-
-
-def _small(**speculative) -> SimConfig:
-    data = json.loads(json.dumps(SMALL))
-    data["speculative"] = speculative
-    return SimConfig.model_validate(data)
-
-
-def test_engine_with_speculation_finishes_every_request_and_raises_decode_tokens_per_card():
-    plain_result, plain = run_simulation(_small())
-    result, report = run_simulation(_small(enabled=True))
-    assert report["requests"] == plain["requests"] >= 5 and report["requests_lost"] == 0
-    assert report["decode_tokens_per_s_per_card"] > 1.2 * plain["decode_tokens_per_s_per_card"]
-    assert report["decode_steps"] < plain["decode_steps"]
-    needed = sum(r.request.output_tokens - 1 for r in result.records if r.request.output_tokens > 1)
-    assert abs(result.decode.tokens - needed) <= 1 and plain_result.decode.tokens == needed
-    assert result.timeline["output_tokens"].sum() == pytest.approx(needed + len(result.records))
-    step = expected_step(result.config.speculative, result.config.seed)
-    assert report["speculative"] == {"policy": "threshold", "draft_tokens": 5, "tokens_per_step": step.tokens_per_step,
-                                     "verified_per_step": step.verified_per_step,
-                                     "drafted_per_step": step.drafted_per_step}
-    assert plain["speculative"] is None
 
 
 @pytest.mark.parametrize("text, message", [

@@ -49,6 +49,7 @@ def test_a_run_needing_more_memory_than_the_machine_has_is_refused_before_any_re
 
     monkeypatch.setattr(sim.engine.run, "synthetic_requests", no_work)
     monkeypatch.setattr("sim.work_budget.machine_memory_bytes", lambda: 2**20)
-    with pytest.raises(SimConfigError, match=r"this run would need about .* GiB .*; a run may take 0\.0 GiB, half this machine's\): "
-                                             r"lower workload\.synthetic\.sessions_per_s or duration_s"):
+    with pytest.raises(SimConfigError, match=r"this run would need about .* GiB .*; a run may take 0\.0 GiB, half "
+                                             r"this machine's\): lower workload\.synthetic\.sessions_per_s or "
+                                             r"duration_s"):
         run_simulation(SimConfig.model_validate(SMALL))

@@ -1,19 +1,15 @@
-"""The fleet run: autoscaler, faults, economics, and DeepSeek's published Feb-2025 day."""
+"""The fleet run: its economics, faults, quota and daily curve, and DeepSeek's published Feb-2025 day (the
+autoscaler, the prices and the units have their own files)."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from sim.fleet.autoscaler import Autoscaler, within_quota
 from sim.config import SimConfig, SimConfigError, load_sim_config
-from sim.cost_model import kv_cache_read_seconds, prefill_seconds
-from sim.stage_costs import disk_bytes_per_block
-from sim.fleet.economics import price_factor, revenue_usd
-from sim.fleet.run import daily_load, run_fleet
-from sim.fleet.config import AutoscalerConfig, DailyTraffic, FleetConfig, Prices
-from sim.hardware import PROFILES
-from sim.fleet.unit_capacity import unit_capacity
+from sim.fleet.config import DailyTraffic, FleetConfig
+from sim.fleet.run import run_fleet
+from sim.fleet.steps import daily_load
 
 CONFIGS = Path(__file__).resolve().parents[3] / "sim" / "configs"
 
@@ -32,22 +28,6 @@ def _tiny(**fleet) -> SimConfig:
                 "faults": {"card_failures_per_hour": 0.0, "spare_nodes": {"prefill": 0, "decode": 0}}, **fleet}
     return SimConfig(cluster={"decode_cards": 144}, balance={"slots_per_card": 2},
                      fleet=FleetConfig.model_validate(settings))
-
-
-def test_unit_capacities_are_deepseeks_calibrated_rates_with_the_detailed_runs_disk_reads():
-    # Decode: the calibrated 14.8k per node. Prefill: the calibrated compute (73.7k per node, fitted without the
-    # disk) plus reading the cached prefixes at the configured bandwidth, as the request-level engine charges it.
-    config = load_sim_config(CONFIGS / "deepseek-feb2025-day.yaml")
-    unit = unit_capacity(config)
-    assert unit.decode_tokens_per_s / unit.decode_nodes == pytest.approx(14_800, rel=0.02)
-    assert unit.decode_step_s <= 1 / 21.0
-    prompt, nodes = 4989, unit.prefill_nodes
-    cached = round(prompt * config.fleet.traffic.cache_hit_share)
-    cards = 8 * nodes
-    compute = prefill_seconds(config.model, PROFILES["H800"], cards, [prompt - cached] * cards, [cached] * cards)
-    read = kv_cache_read_seconds(cards * cached / 512 * disk_bytes_per_block(config), 40.0 * nodes)
-    assert unit.prefill_tokens_per_s == pytest.approx(cards * prompt / (compute.total_s + read), rel=1e-9)
-    assert 0.90 < unit.prefill_tokens_per_s / nodes / 73_700 < 0.95  # the read is what the calibration left out
 
 
 def test_fleet_run_reproduces_deepseeks_feb2025_day_within_10_percent():
@@ -76,51 +56,6 @@ def test_economics_add_up_to_the_hand_calculation_on_a_tiny_config():
     assert report["revenue_per_card_hour_usd"] == pytest.approx(report["revenue_usd"] / ((8 + 18) * 8), rel=1e-9)
     assert report["nodes_mean"] == report["nodes_peak"] == 26
     assert report["requests_lost"] == 0 and report["queue_wait_p99_s"] == 0
-
-
-def test_valley_hours_may_wrap_past_midnight():
-    prices = Prices(valley_hours=(22.0, 6.0), valley_price_factor=0.25)
-    assert [price_factor(hour, prices) for hour in (21.9, 22.0, 3.0, 5.99, 6.0, 12.0)] == [1, 0.25, 0.25, 0.25, 1, 1]
-    assert revenue_usd(1e6, 1e6, 1e6, 23.0, prices) == pytest.approx((0.14 + 0.55 + 2.19) * 0.25)
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_autoscaler_never_shrinks_the_fleet_while_quota_use_is_above_the_threshold(seed):
-    rng = np.random.default_rng(seed)
-    quota = int(rng.integers(40, 120))
-    config = AutoscalerConfig(quota_nodes=quota, shrink_quota_threshold=float(rng.uniform(0.5, 0.9)),
-                              shrink_after_s=float(rng.choice([0.0, 600.0])), move_s=float(rng.uniform(0, 900)),
-                              grow_s=float(rng.uniform(0, 900)), min_prefill_nodes=2, min_decode_nodes=4)
-    scaler = Autoscaler(config, {"prefill": 2, "decode": 4}, {"prefill": 4, "decode": 8})
-    shrinks = refusals = 0
-    for step in range(600):
-        # Random daily-like waves with bursts, first well under the quota, then reaching past the threshold.
-        reach = 0.2 if step < 300 else 0.45  # both stages: up to 2 x reach x quota, bursts aside
-        wave = 1 + np.sin(step / 15.0 + np.array([0.0, 1.0])) * rng.uniform(0.5, 1.0, size=2)
-        burst = rng.uniform(1.0, 1.6) if rng.random() < 0.05 else 1.0
-        needed = dict(zip(("prefill", "decode"), (wave * burst * reach * quota / 2).tolist()))
-        held_before = scaler.held
-        surplus_before = scaler.surplus_since
-        decision = scaler.decide(step * config.interval_s, needed)
-        assert scaler.held <= quota
-        # Quota use: the nodes the load needs now (the stages' targets) over the quota.
-        assert decision.quota_use == pytest.approx(sum(decision.target.values()) / quota)
-        if scaler.held < held_before:
-            shrinks += 1
-            assert decision.quota_use <= config.shrink_quota_threshold
-        elif surplus_before is not None and decision.quota_use > config.shrink_quota_threshold:
-            refusals += 1
-    assert shrinks > 0 and refusals > 0  # both sides of the rule were exercised
-
-
-def test_autoscaler_moves_nodes_between_stages_before_adding_any():
-    config = AutoscalerConfig(quota_nodes=100, min_prefill_nodes=4, min_decode_nodes=4, move_s=120.0)
-    scaler = Autoscaler(config, {"prefill": 4, "decode": 4}, {"prefill": 40, "decode": 20})
-    decision = scaler.decide(0.0, {"prefill": 20.0, "decode": 40.0})
-    assert decision.moved == {"prefill": 0, "decode": 20} and decision.grown == {"prefill": 0, "decode": 0}
-    assert scaler.serving == {"prefill": 20, "decode": 20}  # the moved nodes serve after move_s
-    scaler.advance(120.0)
-    assert scaler.serving == {"prefill": 20, "decode": 40}
 
 
 def test_autoscaled_fleet_follows_the_daily_curve_and_waits_less_than_a_fixed_split_of_the_same_node_hours():
@@ -221,28 +156,3 @@ def test_a_bad_fleet_field_is_one_config_error_naming_it(tmp_path, text, message
         load_sim_config(path)
 
 
-def _cut_one_unit_at_a_time(nodes: dict[str, int], unit_nodes: dict[str, int], room: int) -> dict[str, int]:
-    """Reference for `within_quota`: one unit at a time from the larger stage (the first on a tie)."""
-    nodes = dict(nodes)
-    while sum(nodes.values()) > room:
-        stage = max(nodes, key=nodes.get)
-        if nodes[stage] <= unit_nodes[stage]:
-            break
-        nodes[stage] -= unit_nodes[stage]
-    return nodes
-
-
-def test_the_cut_to_the_quota_is_the_unit_by_unit_cut_done_at_once():
-    rng = np.random.default_rng(0)
-    for _ in range(5000):
-        units = {"prefill": int(rng.integers(1, 6)), "decode": int(rng.integers(1, 20))}
-        nodes = {stage: units[stage] * int(rng.integers(1, 40)) for stage in units}
-        if rng.random() < 0.3:
-            nodes["decode"] = nodes["prefill"]  # ties go to the first stage
-        room = int(rng.integers(0, 600))
-        assert within_quota(nodes, units, room) == _cut_one_unit_at_a_time(nodes, units, room)
-    # billions of nodes beyond the quota take a few dozen turns, not one per unit (the same as ten thousand)
-    units = {"prefill": 4, "decode": 18}
-    assert within_quota({"prefill": 4 * 10**9, "decode": 18 * 10**9}, units, 320) == \
-        _cut_one_unit_at_a_time({"prefill": 4 * 10**4, "decode": 18 * 10**4}, units, 320) == \
-        {"prefill": 160, "decode": 144}
