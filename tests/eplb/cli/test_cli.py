@@ -143,7 +143,7 @@ def test_place_with_the_cpsat_policy_writes_a_solver_report(run_eplb, small_trac
 
 
 def test_demo_writes_its_files_and_one_json_object(run_eplb, tmp_path):
-    result = run_eplb("demo", "--steps", "110", "--time-limit", "1", "--out-dir", tmp_path / "demo", "--json")
+    result = run_eplb("demo", "--steps", "60", "--time-limit", "1", "--out-dir", tmp_path / "demo", "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert {(r["policy"], r["routing"], r["fit"]) for r in summary["rows"]} == {
