@@ -28,7 +28,8 @@
    greedy fit on other traffic): the plan's time (what every rank used to spend at one decode step, now the
    helper's, beside the solve), its encoding, and what a rank spends at that step now (decoding its own part)
    against decoding the whole plan, in the same process.
-7. The README's demo commands with a killed rank, `--runs` times each (`--section demo-switches`): how many runs
+7. The documented demo commands with a killed rank (docs/benchmarks.md, "The demo's commands with a killed rank";
+   the first is docs/live-layer.md's, "Live demo"), `--runs` times each (`--section demo-switches`): how many runs
    switched before the step the rank is killed in to a placement that served better than the start placement on
    the same steps.
 8. Host copies at the full shape (`--section host-copies`: 61 layers x 256 experts on 64 GPUs x 5 slots and 128 x 3,
@@ -226,7 +227,7 @@ QUICK_DEMO = ("--world-size", "3", "--steps", "24", "--experts", "12", "--hidden
               "thread")
 
 
-KILL_DEMOS = (  # the README's demo commands with a killed rank
+KILL_DEMOS = (  # the demo commands with a killed rank: docs/benchmarks.md, "The demo's commands with a killed rank"
     ("--world-size", "4", "--steps", "60", "--rebalance-every", "15", "--fail-rank", "2", "--fail-at-step", "45"),
     ("--world-size", "4", "--steps", "80", "--rebalance-every", "20", "--fail-rank", "3", "--fail-at-step", "55"),
     ISSUE_DEMO,

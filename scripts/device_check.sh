@@ -8,9 +8,9 @@
 #    demo's shape and at 256 experts top-8 (scripts/bench_live.py --device cuda);
 # 4. rebalancing while decoding on that group (scripts/bench_live.py --section rebalance --device cuda): step time
 #    with a background cpsat solve, staging and switch against none.
-# Python packages the GPU image lacks travel as wheels in .whl/ (see the README's benchmark section). Each part has
-# its own time limit, so a slow one leaves the others' figures. Output: stdout, and one file per part under $OUT
-# when that is set.
+# Python packages the GPU image lacks travel as wheels in .whl/ (see docs/benchmarks.md, the "GPU figures" paragraph
+# at its top). Each part has its own time limit, so a slow one leaves the others' figures. Output: stdout, and one
+# file per part under $OUT when that is set.
 #
 # Usage: bash scripts/device_check.sh [router] [demo] [layer] [rebalance]   (default: all four)
 set -u

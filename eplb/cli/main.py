@@ -138,12 +138,24 @@ def _add_routing(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `eplb` parser: global flags, then one subparser per subcommand (in the order `--help` lists them)."""
     parser = OneLineParser(prog="eplb", description=DESCRIPTION, epilog=EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log what each step read, fitted and wrote to stderr (before the subcommand)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
+    _add_demo_command(sub)
+    _add_synth_command(sub)
+    _add_place_command(sub)
+    _add_score_command(sub)
+    _add_replay_command(sub)
+    _add_sim_command(sub)
+    _add_plot_command(sub)
+    return parser
 
+
+def _add_demo_command(sub: argparse._SubParsersAction) -> None:
+    """`eplb demo`: its flags."""
     p = sub.add_parser("demo", help="the main job on an embedded default: synth, place, score, replay, plot",
                        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default="out/demo", help="where plots, trace and placement go (default out/demo)")
@@ -152,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cpsat budget per refit of the whole model, seconds (default 10)")
     _add_common(p)
 
+
+def _add_synth_command(sub: argparse._SubParsersAction) -> None:
+    """`eplb synth`: its flags."""
     p = sub.add_parser("synth", help="write a synthetic decode routing trace")
     p.add_argument("--out", required=True, help="output trace (.npz keeps the header, .npy only counts)")
     p.add_argument("--steps", type=POSITIVE_INT, default=2000, help="T: decode steps (default 2000)")
@@ -169,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help="also write a load heatmap PNG here")
     _add_common(p)
 
+
+def _add_place_command(sub: argparse._SubParsersAction) -> None:
+    """`eplb place`: its flags."""
     p = sub.add_parser("place", help="fit a placement to a trace and write the placement file")
     _add_trace(p)
     _add_cluster(p)
@@ -185,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "3 x 7168 x 2048 FP8)")
     _add_common(p)
 
+
+def _add_score_command(sub: argparse._SubParsersAction) -> None:
+    """`eplb score`: its flags."""
     p = sub.add_parser("score", help="score a placement on a trace")
     p.add_argument("--placement", required=True, help="placement file written by `eplb place`")
     _add_trace(p)
@@ -192,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help="also write per-GPU loads before/after as a PNG here")
     _add_common(p)
 
+
+def _add_replay_command(sub: argparse._SubParsersAction) -> None:
+    """`eplb replay`: its flags."""
     p = sub.add_parser("replay", help="rolling replay: refit every N steps on the last W, score what follows")
     _add_trace(p)
     _add_cluster(p)
@@ -207,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 
+
+def _add_sim_command(sub: argparse._SubParsersAction) -> None:
+    """`eplb sim`: its flags."""
     p = sub.add_parser("sim", help="simulate the serving cluster: vision, prefill with KV cache tiers, decode EP units",
                        description=sim_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None,
@@ -218,12 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "example sim/configs/deepseek-feb2025-day.yaml)")
     _add_common(p)
 
+
+def _add_plot_command(sub: argparse._SubParsersAction) -> None:
+    """`eplb plot`: its flags."""
     p = sub.add_parser("plot", help="write figures for a trace (and a placement)")
     _add_trace(p)
     p.add_argument("--placement", default=None, help="placement file: adds per-GPU loads before/after")
     p.add_argument("--out-dir", default="out/plots", help="directory for the PNG files (default out/plots)")
     _add_common(p)
-    return parser
 
 
 HANDLERS = {

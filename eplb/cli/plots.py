@@ -140,7 +140,7 @@ def plot_gpu_loads(
         )
     if len(labels) != 2:
         raise ValueError(f"labels: expected two names (before, after), found {len(labels)}")
-    L, G = before_LG.shape
+    G = before_LG.shape[1]
     imb_before_L, imb_after_L = _imbalance_L(before_LG), _imbalance_L(after_LG)
     worst = int(np.argmax(imb_before_L))
 
@@ -148,47 +148,58 @@ def plot_gpu_loads(
     ax_bars, ax_layers = fig.subplots(2, 1, height_ratios=[3, 2])
     fig.suptitle(title, fontsize=13)
 
-    # Top: the worst layer before, before and after side by side per GPU.
+    _draw_worst_layer(ax_bars, before_LG[worst], after_LG[worst], worst, labels,
+                      (imb_before_L[worst], imb_after_L[worst]))
+    _draw_layer_imbalance(ax_layers, imb_before_L, imb_after_L, worst, labels)
+    _save(fig, path)
+
+
+def _draw_worst_layer(ax, before_G: np.ndarray, after_G: np.ndarray, worst: int, labels: tuple[str, str],
+                      imbalances: tuple[float, float]) -> None:
+    """The top panel of `plot_gpu_loads`: layer `worst`, before and after side by side per GPU, and the means."""
+    G = len(before_G)
     x_G = np.arange(G)
-    sides = ((before_LG[worst], labels[0], _BEFORE, imb_before_L[worst]),
-             (after_LG[worst], labels[1], _AFTER, imb_after_L[worst]))
+    sides = ((before_G, labels[0], _BEFORE, imbalances[0]), (after_G, labels[1], _AFTER, imbalances[1]))
     handles = [
-        ax_bars.bar(x_G + (side - 0.5) * 0.4, load_G, width=0.4, color=colour, label=f"{label}: max/mean {imb:.2f}")
+        ax.bar(x_G + (side - 0.5) * 0.4, load_G, width=0.4, color=colour, label=f"{label}: max/mean {imb:.2f}")
         for side, (load_G, label, colour, imb) in enumerate(sides)
     ]
-    means = (before_LG[worst].mean(), after_LG[worst].mean())
+    means = (before_G.mean(), after_G.mean())
     if np.isclose(means[0], means[1], rtol=1e-6):
-        handles.append(ax_bars.axhline(means[0], color="black", ls="--", lw=1.2, label=f"mean: {means[0]:.4g} tokens"))
+        handles.append(ax.axhline(means[0], color="black", ls="--", lw=1.2, label=f"mean: {means[0]:.4g} tokens"))
     else:
         for mean, label, colour in zip(means, labels, (_BEFORE, _AFTER)):
-            line = ax_bars.axhline(mean, color=colour, ls="--", lw=1.2, label=f"{label} mean: {mean:.4g} tokens")
+            line = ax.axhline(mean, color=colour, ls="--", lw=1.2, label=f"{label} mean: {mean:.4g} tokens")
             handles.append(line)
-    ax_bars.set_title(f"layer {worst}, where {labels[0]} is most imbalanced", fontsize=11)
-    ax_bars.set_xlabel("GPU (rank)")
-    ax_bars.set_ylabel("tokens per step")
-    ax_bars.set_xlim(-0.75, G - 0.25)
-    if before_LG[worst].max() > 0 or after_LG[worst].max() > 0:
-        ax_bars.set_ylim(bottom=0)
+    ax.set_title(f"layer {worst}, where {labels[0]} is most imbalanced", fontsize=11)
+    ax.set_xlabel("GPU (rank)")
+    ax.set_ylabel("tokens per step")
+    ax.set_xlim(-0.75, G - 0.25)
+    if before_G.max() > 0 or after_G.max() > 0:
+        ax.set_ylim(bottom=0)
     # Every GPU when few, else every node of 8 (the default gpus_per_node).
-    ax_bars.xaxis.set_major_locator(MultipleLocator(1 if G <= 16 else 8 * int(np.ceil(G / 128))))
-    ax_bars.legend(handles=handles, **_OUTSIDE)  # bars first, then mean lines
+    ax.xaxis.set_major_locator(MultipleLocator(1 if G <= 16 else 8 * int(np.ceil(G / 128))))
+    ax.legend(handles=handles, **_OUTSIDE)  # bars first, then mean lines
 
-    # Bottom: every layer's imbalance.
+
+def _draw_layer_imbalance(ax, imb_before_L: np.ndarray, imb_after_L: np.ndarray, worst: int,
+                          labels: tuple[str, str]) -> None:
+    """The bottom panel of `plot_gpu_loads`: every layer's imbalance before and after, layer `worst` marked."""
+    L = len(imb_before_L)
     x_L = np.arange(L)
     marker = "o" if L <= 80 else None
     for imb_L, label, colour in ((imb_before_L, labels[0], _BEFORE), (imb_after_L, labels[1], _AFTER)):
-        ax_layers.plot(x_L, imb_L, color=colour, marker=marker, ms=3.5, lw=1.5,
-                       label=f"{label}: mean {imb_L.mean():.3f}, worst {imb_L.max():.3f}")
-    ax_layers.axhline(1.0, color="grey", lw=1, ls=":", label="perfect (1.0)")
-    ax_layers.axvline(worst, color="grey", lw=0.8, alpha=0.5, label=f"layer {worst}, shown above")
-    ax_layers.set_xlabel("MoE layer")
-    ax_layers.set_ylabel("max / mean GPU load")
-    ax_layers.set_title("imbalance per layer", fontsize=11)
-    ax_layers.set_xlim(-0.5, L - 0.5)
-    ax_layers.xaxis.set_major_locator(_index_locator(L))
-    ax_layers.grid(axis="y", alpha=0.3)
-    ax_layers.legend(**_OUTSIDE)
-    _save(fig, path)
+        ax.plot(x_L, imb_L, color=colour, marker=marker, ms=3.5, lw=1.5,
+                label=f"{label}: mean {imb_L.mean():.3f}, worst {imb_L.max():.3f}")
+    ax.axhline(1.0, color="grey", lw=1, ls=":", label="perfect (1.0)")
+    ax.axvline(worst, color="grey", lw=0.8, alpha=0.5, label=f"layer {worst}, shown above")
+    ax.set_xlabel("MoE layer")
+    ax.set_ylabel("max / mean GPU load")
+    ax.set_title("imbalance per layer", fontsize=11)
+    ax.set_xlim(-0.5, L - 0.5)
+    ax.xaxis.set_major_locator(_index_locator(L))
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(**_OUTSIDE)
 
 
 def _running_mean(y_T: np.ndarray, window: int) -> np.ndarray:
@@ -230,6 +241,29 @@ def plot_imbalance_over_time(
     fig = Figure(figsize=(11.0, 5.0), layout="constrained")
     ax = fig.add_subplot()
     window = max(5, T // 50)
+    _draw_series(ax, checked, window)
+    if bound_T is not None:
+        ax.plot(np.arange(len(bound_T)), bound_T, color="dimgrey", ls="--", lw=1.5,
+                label=f"lower bound: mean {bound_T.mean():.3f}")
+    for j, step in enumerate(steps):
+        ax.axvline(step, color="grey", lw=0.8, alpha=0.5, zorder=0, label="placement re-fitted" if j == 0 else None)
+    ax.axhline(1.0, color="black", lw=0.9, ls=":", label="perfect (1.0)")
+    if T > 60:
+        title += f"  (bold: running mean over {window} steps)"
+        _clip_spikes(ax, checked, bound_T)
+    ax.set_title(title, fontsize=12)
+    ax.set_xlabel("decode step")
+    ax.set_ylabel("max / mean GPU load")
+    ax.set_xlim(0, max(T - 1, 1))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(**_OUTSIDE)
+    _save(fig, path)
+
+
+def _draw_series(ax, checked: dict[str, np.ndarray], window: int) -> None:
+    """One line per series [T]: raw (faint) with a running mean over `window` steps (bold) when longer than 60
+    steps, else raw with markers."""
     for i, (name, y_T) in enumerate(checked.items()):
         colour, ls = _COLOURS[i % len(_COLOURS)], _LINESTYLES[(i // len(_COLOURS)) % len(_LINESTYLES)]
         x_T = np.arange(len(y_T))
@@ -239,29 +273,15 @@ def plot_imbalance_over_time(
             ax.plot(x_T, _running_mean(y_T, window), color=colour, lw=2.2, ls=ls, label=label)
         else:
             ax.plot(x_T, y_T, color=colour, lw=2.0, ls=ls, marker="o", ms=3, label=label)
-    if bound_T is not None:
-        ax.plot(np.arange(len(bound_T)), bound_T, color="dimgrey", ls="--", lw=1.5,
-                label=f"lower bound: mean {bound_T.mean():.3f}")
-    for j, step in enumerate(steps):
-        ax.axvline(step, color="grey", lw=0.8, alpha=0.5, zorder=0, label="placement re-fitted" if j == 0 else None)
-    ax.axhline(1.0, color="black", lw=0.9, ls=":", label="perfect (1.0)")
 
-    if T > 60:
-        title += f"  (bold: running mean over {window} steps)"
-        # Rare spikes would flatten the lines people compare: cut the y axis at the 99.5th percentile and say so.
-        raw = np.concatenate(list(checked.values()))
-        top = max(np.percentile(raw, 99.5), 1.0 if bound_T is None else bound_T.max())
-        bottom = min(1.0, raw.min(), np.inf if bound_T is None else bound_T.min())
-        if raw.max() > top:
-            ax.set_ylim(bottom - 0.03 * (top - bottom), top + 0.05 * (top - bottom))
-            ax.text(0.99, 0.98, f"{int(np.sum(raw > top))} step values above the top edge (max {raw.max():.2f})",
-                    transform=ax.transAxes, ha="right", va="top", fontsize=8, color="dimgrey",
-                    bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))
-    ax.set_title(title, fontsize=12)
-    ax.set_xlabel("decode step")
-    ax.set_ylabel("max / mean GPU load")
-    ax.set_xlim(0, max(T - 1, 1))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(**_OUTSIDE)
-    _save(fig, path)
+
+def _clip_spikes(ax, checked: dict[str, np.ndarray], bound_T: np.ndarray | None) -> None:
+    """Rare spikes would flatten the lines people compare: cut the y axis at the 99.5th percentile and say so."""
+    raw = np.concatenate(list(checked.values()))
+    top = max(np.percentile(raw, 99.5), 1.0 if bound_T is None else bound_T.max())
+    bottom = min(1.0, raw.min(), np.inf if bound_T is None else bound_T.min())
+    if raw.max() > top:
+        ax.set_ylim(bottom - 0.03 * (top - bottom), top + 0.05 * (top - bottom))
+        ax.text(0.99, 0.98, f"{int(np.sum(raw > top))} step values above the top edge (max {raw.max():.2f})",
+                transform=ax.transAxes, ha="right", va="top", fontsize=8, color="dimgrey",
+                bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))

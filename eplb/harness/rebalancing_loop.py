@@ -1,7 +1,7 @@
 """A synthetic decode loop with a `Rebalancer`, for the live demo, the tests and the benchmark: shifting traffic,
 rebalances while decoding, and ranks that die (SIGKILL) or are drained.
 
-Legend: T steps, L layers, E experts, W ranks as first formed.
+Legend: T steps, L layers, E experts, G ranks as first formed, N tokens, D hidden size.
 
 Tokens belong to original ranks: step t's tokens are split over the W original ranks as in `synthetic_decode`, and
 a rank serves its share; when a rank is lost, its sequences are re-queued to another unit (counted, never served
@@ -20,6 +20,7 @@ import torch
 
 from collectives import CollectiveError, CollectiveTimeoutError, Communicator
 from eplb.harness.dense_reference import dense_moe
+from eplb.live.experts import ExpertWeights
 from eplb.live.load_recorder import LoadRecorder
 from eplb.live.moe_config import MoELayerConfig
 from eplb.live.moe_layer import MoEDecodeLayer
@@ -109,10 +110,70 @@ def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, con
     `loads`: (step, placement file): every rank calls `Rebalancer.load(file)` before that step (a refusal is
     recorded in the report's `load_errors`, and serving goes on). `recorder_scope`: the load recorder's (the
     group's counts: a rebalance starts without a collective; "rank": the window is all-reduced)."""
-    num_layers, num_ranks = setup.placement.num_layers, comm.world_size
-    me = comm.original_rank
+    rank = _start_rank(comm, setup, config, faults, recorder_scope)
+    me, num_ranks = comm.original_rank, comm.world_size
+    report = LoopReport(original_rank=me)
+    kills = _Kills({step for r, step in faults.kills if r == me}, {n for r, n in faults.kills_while_moving if r == me})
+    drains = {step: r for r, step in faults.drains}
+    load_at = dict(loads)
+    outputs_by_step: dict[int, list[torch.Tensor]] = {}  # checked against the dense layer after the run
+    step = 0
+    while step < steps:
+        split = tokens_per_rank(step, setup.tokens_per_step, num_ranks, setup.seed)
+        try:
+            if step in drains and drains[step] in comm.members and not _drain(rank, report, drains[step], step, split):
+                break
+            if step in load_at:
+                try:
+                    rank.rebalancer.load(load_at.pop(step), step)
+                except (PlacementFormatError, RuntimeError) as exc:
+                    report.load_errors.append(str(exc))
+            outputs, timing = _timed_step(rank, step, split, faults.refuse_switch_rank != me, kills)
+        except CollectiveError:
+            step = _recover(rank, report, num_ranks, step)
+            continue
+        outputs_by_step[step] = outputs
+        report.steps[step] = _step_record(rank, timing)
+        step += 1
+    rank.rebalancer.close()
+    report.max_abs_err = _max_err_vs_dense(setup, rank.gate, rank.experts, outputs_by_step, me, num_ranks)
+    _finish_report(rank, report)
+    return report
+
+
+@dataclass
+class _Rank:
+    """What this rank runs the loop with."""
+
+    comm: Communicator
+    setup: DecodeSetup
+    gate: torch.Tensor
+    experts: list[ExpertWeights]
+    recorder: LoadRecorder
+    layers: list[MoEDecodeLayer]
+    rebalancer: Rebalancer
+
+
+@dataclass
+class _Kills:
+    """When this rank dies: at the steps `steps`, or at the n-th step run with weights in flight, n in `moving`."""
+
+    steps: set[int]
+    moving: set[int]
+    steps_moving: int = 0
+
+    def doomed(self, step: int, transfer_in_flight: bool) -> bool:
+        """Whether this rank dies during `step` (counts the steps run with weights in flight)."""
+        self.steps_moving += transfer_in_flight
+        return step in self.steps or (transfer_in_flight and self.steps_moving in self.moving)
+
+
+def _start_rank(comm: Communicator, setup: DecodeSetup, config: RebalanceConfig, faults: Faults,
+                recorder_scope: str) -> _Rank:
+    """This rank's model, layers, recorder and rebalancer, with the faults that act on the communicator."""
     gate, experts = model_weights(setup)
     gate, experts = gate.to(comm.device), [weights.to(comm.device) for weights in experts]
+    num_layers = setup.placement.num_layers
     recorder = LoadRecorder(config.window, num_layers, setup.config.num_experts, comm.device, scope=recorder_scope)
     layers = [MoEDecodeLayer(setup.config, setup.placement, layer, comm, gate,
                              experts[layer].select(MoEDecodeLayer.slots_of_rank(setup.placement, layer, comm.rank)),
@@ -120,93 +181,102 @@ def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, con
               for layer in range(num_layers)]
     rebalancer = Rebalancer(config, comm, layers, recorder, setup.placement,
                             policy_fn=failing_policy if faults.failing_solve else None)
-    if faults.stalled_transfer_rank == me:
+    if faults.stalled_transfer_rank == comm.original_rank:
         _stall_transfers(comm, config.transfer_timeout_s)
-    if faults.kill_in_answer_broadcast == me:
+    if faults.kill_in_answer_broadcast == comm.original_rank:
         _die_in_broadcast(comm)
-    report = LoopReport(original_rank=me)
-    kill_steps = {step for rank, step in faults.kills if rank == me}
-    kill_moving = {n for rank, n in faults.kills_while_moving if rank == me}
-    steps_moving = 0
-    drains = {step: rank for rank, step in faults.drains}
-    load_at = dict(loads)
-    outputs_by_step: dict[int, list[torch.Tensor]] = {}  # checked against the dense layer after the run
-    step = 0
-    while step < steps:
-        split = tokens_per_rank(step, setup.tokens_per_step, num_ranks, setup.seed)
-        try:
-            if step in drains and drains[step] in comm.members:
-                recovery = rebalancer.mark_failed(drains[step], step)
-                if recovery is None:
-                    report.drained = True
-                    break
-                report.requeued += split[drains[step]]
-                report.recoveries.append({"lost_ranks": recovery.lost_ranks, "resume_step": recovery.resume_step,
-                                          "seconds": recovery.seconds, "drained": True})
-            if step in load_at:
-                try:
-                    rebalancer.load(load_at.pop(step), step)
-                except (PlacementFormatError, RuntimeError) as exc:
-                    report.load_errors.append(str(exc))
-            start = sum(split[:me])
-            mine = step_inputs_LND(setup, step)[:, start : start + split[me]].to(comm.device)
-            began = time.perf_counter()
-            busy_before, phase_before = rebalancer.in_progress, rebalancer.phase
-            rebalancer.step(step, accept_switch=faults.refuse_switch_rank != me)
-            pause = time.perf_counter() - began
-            steps_moving += rebalancer.transfer_in_flight
-            doomed = step in kill_steps or (rebalancer.transfer_in_flight and steps_moving in kill_moving)
-            outputs = []
-            for index, layer in enumerate(layers):
-                outputs.append(layer(mine[index]))
-                if index == 0 and doomed:
-                    _die(comm)
-            recorder.next_step()
-            if comm.device.type == "cuda":
-                torch.cuda.synchronize(comm.device)
-            seconds = time.perf_counter() - began
-        except CollectiveError:
-            detected_at = time.time()
-            recovery = rebalancer.recover(step)
-            lost_split = tokens_per_rank(recovery.resume_step, setup.tokens_per_step, num_ranks, setup.seed)
-            report.requeued += sum(lost_split[rank] for rank in recovery.lost_ranks)
-            report.recoveries.append({"lost_ranks": recovery.lost_ranks, "resume_step": recovery.resume_step,
-                                      "seconds": recovery.seconds, "detected_at": detected_at,
-                                      "killed_at": _killed_at(comm), "restored_experts": recovery.restored_experts})
-            step = recovery.resume_step
-            continue
-        outputs_by_step[step] = outputs
-        report.steps[step] = {
-            "seconds": seconds,
-            "pause_seconds": pause,
-            "phase": f"{phase_before}>{rebalancer.phase}",
-            "rebalancing": busy_before or rebalancer.in_progress,
-            "world_size": comm.world_size,
-            "group_rank": comm.rank,
-            "computed_L": [int(layer.last_step["computed_S"].sum()) for layer in layers],
-            "planned_gpu_LG": [layer.last_step["quota_P"].view(-1, layer.slots_per_gpu).sum(1).tolist()
-                               for layer in layers],
-            "counts_LE": [layer.last_step["counts_E"].tolist() for layer in layers],
-            "completed_at": time.time(),
-        }
-        step += 1
-    rebalancer.close()
-    report.max_abs_err = _max_err_vs_dense(setup, gate, experts, outputs_by_step, me, num_ranks)
+    return _Rank(comm, setup, gate, experts, recorder, layers, rebalancer)
+
+
+def _drain(rank: _Rank, report: LoopReport, drained: int, step: int, split: list[int]) -> bool:
+    """Every rank drains original rank `drained` before `step`; False on the drained rank itself (it leaves)."""
+    recovery = rank.rebalancer.mark_failed(drained, step)
+    if recovery is None:
+        report.drained = True
+        return False
+    report.requeued += split[drained]
+    report.recoveries.append({"lost_ranks": recovery.lost_ranks, "resume_step": recovery.resume_step,
+                              "seconds": recovery.seconds, "drained": True})
+    return True
+
+
+def _timed_step(rank: _Rank, step: int, split: list[int], accept_switch: bool,
+                kills: _Kills) -> tuple[list[torch.Tensor], dict]:
+    """The rebalancer's step and every layer's forward on this rank's tokens of `step`; the outputs [N, D] per
+    layer and the step's timing and phases (the making of the inputs is not timed)."""
+    comm, rebalancer, me = rank.comm, rank.rebalancer, rank.comm.original_rank
+    start = sum(split[:me])
+    mine_LND = step_inputs_LND(rank.setup, step)[:, start : start + split[me]].to(comm.device)
+    began = time.perf_counter()
+    busy_before, phase_before = rebalancer.in_progress, rebalancer.phase
+    rebalancer.step(step, accept_switch=accept_switch)
+    pause = time.perf_counter() - began
+    doomed = kills.doomed(step, rebalancer.transfer_in_flight)
+    outputs = []
+    for index, layer in enumerate(rank.layers):
+        outputs.append(layer(mine_LND[index]))
+        if index == 0 and doomed:
+            _die(comm)
+    rank.recorder.next_step()
+    if comm.device.type == "cuda":
+        torch.cuda.synchronize(comm.device)
+    seconds = time.perf_counter() - began
+    return outputs, {"seconds": seconds, "pause_seconds": pause, "phase_before": phase_before,
+                     "busy_before": busy_before}
+
+
+def _step_record(rank: _Rank, timing: dict) -> dict:
+    """What the report keeps of a step served: its timing, the rebalancer's phases, and what each layer planned
+    and computed."""
+    rebalancer, layers = rank.rebalancer, rank.layers
+    return {
+        "seconds": timing["seconds"],
+        "pause_seconds": timing["pause_seconds"],
+        "phase": f"{timing['phase_before']}>{rebalancer.phase}",
+        "rebalancing": timing["busy_before"] or rebalancer.in_progress,
+        "world_size": rank.comm.world_size,
+        "group_rank": rank.comm.rank,
+        "computed_L": [int(layer.last_step["computed_S"].sum()) for layer in layers],
+        "planned_gpu_LG": [layer.last_step["quota_P"].view(-1, layer.slots_per_gpu).sum(1).tolist()
+                           for layer in layers],
+        "counts_LE": [layer.last_step["counts_E"].tolist() for layer in layers],
+        "completed_at": time.time(),
+    }
+
+
+def _recover(rank: _Rank, report: LoopReport, num_ranks: int, step: int) -> int:
+    """After a `CollectiveError` during `step`: recover, count the lost ranks' tokens as re-queued; the step to
+    resume from."""
+    detected_at = time.time()
+    recovery = rank.rebalancer.recover(step)
+    lost_split = tokens_per_rank(recovery.resume_step, rank.setup.tokens_per_step, num_ranks, rank.setup.seed)
+    report.requeued += sum(lost_split[r] for r in recovery.lost_ranks)
+    report.recoveries.append({"lost_ranks": recovery.lost_ranks, "resume_step": recovery.resume_step,
+                              "seconds": recovery.seconds, "detected_at": detected_at,
+                              "killed_at": _killed_at(rank.comm), "restored_experts": recovery.restored_experts})
+    return recovery.resume_step
+
+
+def _finish_report(rank: _Rank, report: LoopReport) -> None:
+    """The rebalancer's stats and host memory, and, on a rank still serving, whether each slot and host copy
+    holds the expert the placement serving names, the placement and the members."""
+    rebalancer, experts = rank.rebalancer, rank.experts
     report.stats = vars(rebalancer.stats)
     report.host_copy_bytes, report.failures_tolerated = rebalancer.host_copy_bytes, rebalancer.failures_tolerated
-    if not report.drained:
-        report.slots_match_placement = all(
-            torch.equal(layer.slot_experts.gate_ADF, experts[index].select(
-                MoEDecodeLayer.slots_of_rank(rebalancer.placement, index, comm.rank)).gate_ADF)
-            and torch.equal(layer.slot_experts.down_AFD, experts[index].select(
-                MoEDecodeLayer.slots_of_rank(rebalancer.placement, index, comm.rank)).down_AFD)
-            for index, layer in enumerate(layers))
-        report.host_copies_match_placement = all(
-            sorted(rebalancer.backup[index]) == rebalancer.backups_of(rebalancer.placement, index)
-            for index in range(num_layers))
-        report.final_phy2log_LP = rebalancer.placement.phy2log_LP
-        report.final_members = list(comm.members)
-    return report
+    if report.drained:
+        return
+    placement, me = rebalancer.placement, rank.comm.rank
+    report.slots_match_placement = all(
+        torch.equal(layer.slot_experts.gate_ADF,
+                    experts[index].select(MoEDecodeLayer.slots_of_rank(placement, index, me)).gate_ADF)
+        and torch.equal(layer.slot_experts.down_AFD,
+                        experts[index].select(MoEDecodeLayer.slots_of_rank(placement, index, me)).down_AFD)
+        for index, layer in enumerate(rank.layers))
+    copies = rebalancer.host_copies
+    report.host_copies_match_placement = all(sorted(copies.copies_L[index]) == copies.wanted(placement, index)
+                                             for index in range(placement.num_layers))
+    report.final_phy2log_LP = placement.phy2log_LP
+    report.final_members = list(rank.comm.members)
 
 
 def _max_err_vs_dense(setup: DecodeSetup, gate: torch.Tensor, experts: list, outputs_by_step: dict[int, list],

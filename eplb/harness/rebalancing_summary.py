@@ -40,34 +40,19 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
     served = [r for r in reports if isinstance(r, LoopReport)]
     steps = sorted(set().union(*(r.steps for r in finished)))
     served_by = {step: [r for r in served if step in r.steps] for step in steps}
-    measured, lost, waited = {}, 0, 0
-    for step in steps:
-        ranks = served_by[step]
-        # Rows per GPU: as computed by the ranks that reported the step, as planned for a rank that died later
-        # (every survivor's rows equal its plan, which `tokens_lost` checks).
-        planned_LG = np.array(ranks[0].steps[step]["planned_gpu_LG"], dtype=float)
-        rows_LG = planned_LG.copy()
-        for r in ranks:
-            rows_LG[:, r.steps[step]["group_rank"]] = r.steps[step]["computed_L"]
-        measured[step] = float(np.mean(rows_LG.max(1) / np.maximum(rows_LG.mean(1), 1e-12)))
-        lost += int(np.sum(ranks[0].steps[step]["counts_LE"]) - rows_LG.sum())
+    measured, lost = _measured_and_lost(served_by)
     times = {row["step"]: row for row in group_step_times(reports) if row["step"] in served_by}
     quiet = [row["seconds"] for row in times.values() if not row["rebalancing"]]
     busy = [row["seconds"] for row in times.values() if row["rebalancing"]]
     median_quiet = float(np.median(quiet)) if quiet else 0.0
-    for step in steps:  # a step waited if the rebalancer's work before it outlasted a whole quiet decode step
-        waited += any(r.steps[step]["pause_seconds"] > median_quiet for r in served_by[step])
+    # A step waited if the rebalancer's work before it outlasted a whole quiet decode step.
+    waited = sum(any(r.steps[step]["pause_seconds"] > median_quiet for r in served_by[step]) for step in steps)
     stats = finished[0].stats
     switches = stats["switch_steps"]
     after_steps = [s for s in steps if switches and s >= switches[-1]]
     before, basis = _imbalance_before(setup, finished[0], after_steps, steps)
     first_switch = _first_switch(setup, finished[0], switches, measured, steps)
     recoveries = finished[0].recoveries
-    kill_to_step = None
-    if recoveries and recoveries[0].get("killed_at"):
-        resume = recoveries[0]["resume_step"]
-        done = [r.steps[resume]["completed_at"] for r in finished if resume in r.steps]
-        kill_to_step = max(done) - recoveries[0]["killed_at"] if done else None
     return {
         "steps": len(steps),
         "world_size": setup.placement.cluster.num_gpus,
@@ -85,7 +70,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "requests_requeued": finished[0].requeued,
         "failed_rank": failed_rank,
         "recoveries": [{k: v for k, v in rec.items() if k not in ("detected_at", "killed_at")} for rec in recoveries],
-        "seconds_from_kill_to_first_step": kill_to_step,
+        "seconds_from_kill_to_first_step": _kill_to_first_step(finished),
         "decode_steps_waiting_on_rebalance": int(waited),
         "step_time_p99_ratio": p99_ratio(busy, quiet),
         "step_time_p99_ratio_interval": p99_ratio_interval(busy, quiet),
@@ -102,6 +87,33 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "failures_tolerated": finished[0].failures_tolerated,
         "host_copy_bytes_max": max(r.host_copy_bytes for r in finished),
     }
+
+
+def _measured_and_lost(served_by: dict[int, list[LoopReport]]) -> tuple[dict[int, float], int]:
+    """Per step, the imbalance measured (max / mean rows over the group's ranks, mean over layers), and the tokens
+    lost over all steps (picks the quotas left out plus rows a reporting rank did not compute). `served_by`: step ->
+    the reports of the ranks that served it."""
+    measured, lost = {}, 0
+    for step, ranks in served_by.items():
+        # Rows per GPU: as computed by the ranks that reported the step, as planned for a rank that died later
+        # (every survivor's rows equal its plan, which `tokens_lost` checks).
+        planned_LG = np.array(ranks[0].steps[step]["planned_gpu_LG"], dtype=float)
+        rows_LG = planned_LG.copy()
+        for r in ranks:
+            rows_LG[:, r.steps[step]["group_rank"]] = r.steps[step]["computed_L"]
+        measured[step] = float(np.mean(rows_LG.max(1) / np.maximum(rows_LG.mean(1), 1e-12)))
+        lost += int(np.sum(ranks[0].steps[step]["counts_LE"]) - rows_LG.sum())
+    return measured, lost
+
+
+def _kill_to_first_step(finished: list[LoopReport]) -> float | None:
+    """Seconds from the first kill to the end of the first step served after it (None without a kill)."""
+    recoveries = finished[0].recoveries
+    if not (recoveries and recoveries[0].get("killed_at")):
+        return None
+    resume = recoveries[0]["resume_step"]
+    done = [r.steps[resume]["completed_at"] for r in finished if resume in r.steps]
+    return max(done) - recoveries[0]["killed_at"] if done else None
 
 
 def _first_switch(setup: DecodeSetup, report: LoopReport, switches: list[int], measured: dict[int, float],

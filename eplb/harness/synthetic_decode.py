@@ -1,6 +1,6 @@
 """A synthetic decode loop over a real EP group: MoE layers whose gates follow a synthetic routing trace.
 
-Legend: T steps, L layers, E experts, K top-k, N tokens of the whole group in a step, D hidden size.
+Legend: T steps, L layers, E experts, G ranks (GPUs), K top-k, N tokens of the whole group in a step, D hidden size.
 
 For the demo and the benchmark of the live layer. The traffic is skewed and drifting as in `traces.synthetic`: a
 trace gives, per step and layer, each expert's share p of the picks; a token's hidden state carries
@@ -122,10 +122,10 @@ def run_decode_loop(comm: Communicator, setup: DecodeSetup, steps: int) -> RankR
 def summarize(reports: list[RankReport], routing: str) -> dict:
     """The loop's figures over all ranks: imbalance measured (rows each rank computed) and planned (the quotas),
     mean over steps and layers; tokens lost (picks minus rows computed); worst error against the dense layer."""
-    computed_WTL = np.array([r.computed_TL for r in reports], dtype=float)
+    computed_GTL = np.array([r.computed_TL for r in reports], dtype=float)
     planned_TLG = np.array(reports[0].planned_gpu_TLG, dtype=float)
     picks_TL = np.array(reports[0].picks_TL)
-    measured = computed_WTL.max(0) / np.maximum(computed_WTL.mean(0), 1e-12)
+    measured = computed_GTL.max(0) / np.maximum(computed_GTL.mean(0), 1e-12)
     planned = planned_TLG.max(-1) / np.maximum(planned_TLG.mean(-1), 1e-12)
     return {
         "steps": int(picks_TL.shape[0]),
@@ -134,6 +134,6 @@ def summarize(reports: list[RankReport], routing: str) -> dict:
         "max_abs_err_vs_dense": max(r.max_abs_err for r in reports),
         "imbalance_measured": float(measured.mean()),
         "imbalance_planned": float(planned.mean()),
-        "tokens_lost": int(picks_TL.sum() - computed_WTL.sum()),
+        "tokens_lost": int(picks_TL.sum() - computed_GTL.sum()),
         "seconds_per_step_mean": float(np.mean([np.mean(r.seconds_per_step) for r in reports])),
     }

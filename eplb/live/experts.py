@@ -1,6 +1,7 @@
 """SwiGLU experts: the weights of every logical expert, the slices a rank holds, and the batched compute.
 
-Legend: E experts, S slots on this rank, D hidden size, F expert inner size, R rows (token picks).
+Legend: A a stack of experts (the E experts of a layer, the S slots of this rank, or a staging buffer), D hidden size,
+F expert inner size, R rows (token picks).
 """
 
 from dataclasses import dataclass

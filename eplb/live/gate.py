@@ -1,6 +1,6 @@
 """The MoE gate: router logits -> each token's top-k experts and their weights (DeepSeek-V3's rules, optional).
 
-Legend: N tokens, D hidden size, E experts, K top-k, Gr expert groups.
+Legend: N tokens, D hidden size, E experts, K top-k, Q expert groups (`n_group`).
 """
 
 import torch
@@ -25,6 +25,7 @@ def gate_topk(
     scores = logits_NE.float().softmax(-1) if config.scoring == "softmax" else logits_NE.float().sigmoid()
     choice = scores if correction_bias_E is None else scores + correction_bias_E.float()
     if config.n_group > 1:
+        # grouped: [N, Q, E / Q] biased scores by group; best: [N, Q] each group's score.
         grouped = choice.view(choice.shape[0], config.n_group, config.num_experts // config.n_group)
         best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
         keep = torch.zeros_like(best).scatter_(1, best.topk(config.topk_group, dim=-1).indices, 1.0)

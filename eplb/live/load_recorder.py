@@ -1,6 +1,7 @@
 """The load recorder: tokens per logical expert per decode step and layer, in a ring buffer on the tokens' device.
 
-Legend: W window (steps kept), L MoE layers, E logical experts, N tokens of this rank in a step, K top-k.
+Legend: T steps (the buffer keeps `window` finished steps and the current one), L MoE layers, E logical experts,
+N tokens of this rank in a step, K top-k.
 
 Each MoE layer counts its own tokens' top-k picks into the current step's row of the buffer; `next_step()` moves to
 the next row at the end of a decode step. Nothing synchronises with the host on this path: the current row is a
@@ -31,9 +32,9 @@ def count_picks_E(topk_ids_NK: torch.Tensor, num_experts: int) -> torch.Tensor:
     return counts.index_add_(0, ids.clamp_min(0), valid)
 
 
-def add_to_row_(buffer_WE: torch.Tensor, row: torch.Tensor, counts_E: torch.Tensor) -> None:
-    """buffer_WE[row] += counts_E, with `row` a 0-d or [1] int64 device tensor (no host synchronisation)."""
-    buffer_WE.index_add_(0, row.reshape(1), counts_E.reshape(1, -1))
+def add_to_row_(buffer_TE: torch.Tensor, row: torch.Tensor, counts_E: torch.Tensor) -> None:
+    """buffer_TE[row] += counts_E, with `row` a 0-d or [1] int64 device tensor (no host synchronisation)."""
+    buffer_TE.index_add_(0, row.reshape(1), counts_E.reshape(1, -1))
 
 
 class LoadRecorder:
@@ -41,7 +42,8 @@ class LoadRecorder:
     `window` steps.
 
     Attributes:
-        buffer_WLE: [W + 1, L, E] int64 on `device`: the W finished steps and the current one, in ring order.
+        buffer_TLE: [window + 1, L, E] int64 on `device`: the `window` finished steps and the current one, in ring
+            order.
         position: 0-d int64 device tensor, the row the current step writes.
         steps_recorded: decode steps finished so far (host-side counter, advanced by `next_step`).
         scope: "rank" or "group": whose tokens the MoE layers count into it.
@@ -55,7 +57,7 @@ class LoadRecorder:
         if scope not in ("rank", "group"):
             raise ValueError(f"scope must be 'rank' or 'group'; got {scope!r}")
         self.window, self.num_layers, self.num_experts, self.scope = window, num_layers, num_experts, scope
-        self.buffer_WLE = torch.zeros(window + 1, num_layers, num_experts, dtype=torch.int64, device=device)
+        self.buffer_TLE = torch.zeros(window + 1, num_layers, num_experts, dtype=torch.int64, device=device)
         self.position = torch.zeros((), dtype=torch.int64, device=device)
         self.steps_recorded = 0
 
@@ -66,17 +68,17 @@ class LoadRecorder:
     def record_counts(self, layer: int, counts_E: torch.Tensor) -> None:
         """Add this step's tokens per expert of one layer ([E] int64, as `count_picks_E` gives, for a caller that
         counts them anyway; the group's total with `scope="group"`) to the current row."""
-        add_to_row_(self.buffer_WLE[:, layer], self.position, counts_E)
+        add_to_row_(self.buffer_TLE[:, layer], self.position, counts_E)
 
     def next_step(self) -> None:
         """End the current decode step: the next row is cleared and becomes current."""
         self.position.add_(1).remainder_(self.window + 1)
-        self.buffer_WLE.index_fill_(0, self.position.reshape(1), 0)
+        self.buffer_TLE.index_fill_(0, self.position.reshape(1), 0)
         self.steps_recorded += 1
 
     def discard_current_step(self) -> None:
         """Clear the current step's row (a step that is recomputed after a failure records once)."""
-        self.buffer_WLE.index_fill_(0, self.position.reshape(1), 0)
+        self.buffer_TLE.index_fill_(0, self.position.reshape(1), 0)
 
     def window_load_LE(self) -> torch.Tensor:
         """[L, E] int64: tokens per expert summed over the finished steps still in the window."""
@@ -87,8 +89,8 @@ class LoadRecorder:
         kept = min(self.steps_recorded, self.window)
         rows = self.window + 1
         start = (int(self.position) - kept) % rows  # one host read, off the per-step path
-        order = (torch.arange(kept, device=self.buffer_WLE.device) + start) % rows
-        return self.buffer_WLE.index_select(0, order)
+        order = (torch.arange(kept, device=self.buffer_TLE.device) + start) % rows
+        return self.buffer_TLE.index_select(0, order)
 
     def save_sglang_dump(self, path: str | os.PathLike) -> None:
         """Write `{"logical_count": [T, L, E]}` as a torch file, the SGLang expert-distribution dump `eplb` reads."""

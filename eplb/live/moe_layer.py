@@ -1,11 +1,11 @@
 """The expert-parallel MoE decode layer: gate, replica choice inside the EP group, dispatch, expert compute, combine.
 
-Legend: W ranks (one per GPU of the placement), N tokens of this rank, D hidden size, E experts, K top-k,
-S slots on this rank, P = W x S slots, R rows received by this rank.
+Legend: G ranks (one per GPU of the placement), N tokens of this rank, D hidden size, E experts, K top-k,
+S slots on this rank, P = G x S slots, R rows received by this rank.
 
 One forward, on every rank of the group at the same step:
 1. gate: each token's top-k experts and weights (`gate_topk`); the picks are recorded if a recorder is given;
-2. all-gather the per-rank counts [W, E] (the one collective besides the two all-to-alls);
+2. all-gather the per-rank counts [G, E] (the one collective besides the two all-to-alls);
 3. quotas per replica from the global counts, identical on every rank (`slot_quotas_EX`: router, static or
    equal split), and each pick's slot so that the quotas are met exactly (`assign_slots_NK`);
 4. dispatch: picks sorted by slot, rows sent to the rank holding the slot (variable all-to-all);
@@ -37,12 +37,13 @@ class MoEDecodeLayer(nn.Module):
 
     Attributes:
         last_step: what the last forward planned and did: `quota_P` [P] tokens the quotas gave each slot (the
-            same on every rank), `rows_sent_WP` [W, P] rows each rank sent to each slot, `computed_S` [S] rows
+            same on every rank), `rows_sent_GP` [G, P] rows each rank sent to each slot, `computed_S` [S] rows
             this rank's slots computed, `counts_E` [E] picks of each expert over the group.
         placement: the placement this layer serves now (`install` swaps it).
-        piggyback: None, or a small int64 tensor [M] the next forward sends along with its counts (the all-gather
-            it runs anyway), to every rank; it is then cleared and what every rank sent lands in
-            `piggyback_received` [W, M]. The rebalancer's agreements travel this way, so they cost no collective.
+        piggyback: None, or one short int64 message (a 1-D tensor) the next forward sends along with its counts
+            (the all-gather it runs anyway), to every rank; it is then cleared and what every rank sent lands in
+            `piggyback_received` [G, message length]. The rebalancer's agreements travel this way, so they cost no
+            collective.
     """
 
     def __init__(
@@ -135,28 +136,28 @@ class MoEDecodeLayer(nn.Module):
             self.recorder.record_counts(self.layer, counts_E)
         # Step 2-3: global counts, quotas, and each pick's slot (identical arithmetic on every rank).
         if self.piggyback is None:
-            counts_WE = comm.all_gather(counts_E)
+            counts_GE = comm.all_gather(counts_E)
         else:
             gathered = comm.all_gather(torch.cat([counts_E, self.piggyback.to(counts_E)]))
-            counts_WE, self.piggyback_received = gathered[:, : config.num_experts], gathered[:, config.num_experts :]
+            counts_GE, self.piggyback_received = gathered[:, : config.num_experts], gathered[:, config.num_experts :]
             self.piggyback = None
         if self.recorder is not None and self.recorder.scope == "group":
-            self.recorder.record_counts(self.layer, counts_WE.sum(0))
-        quota_EX, slot_NK, sent_WP = self.plan_step(topk_ids, counts_WE, comm.rank, tables, self.routing)
-        sent_WP = sent_WP.cpu()  # the all-to-alls' split sizes, on the host
-        sent_WGS = sent_WP.view(comm.world_size, comm.world_size, self.slots_per_gpu)
-        send_counts = sent_WGS[comm.rank].sum(1).tolist()
-        recv_WS = sent_WGS[:, comm.rank]
-        recv_counts = recv_WS.sum(1).tolist()
+            self.recorder.record_counts(self.layer, counts_GE.sum(0))
+        quota_EX, slot_NK, sent_GP = self.plan_step(topk_ids, counts_GE, comm.rank, tables, self.routing)
+        sent_GP = sent_GP.cpu()  # the all-to-alls' split sizes, on the host
+        sent_GGS = sent_GP.view(comm.world_size, comm.world_size, self.slots_per_gpu)
+        send_counts = sent_GGS[comm.rank].sum(1).tolist()
+        recv_GS = sent_GGS[:, comm.rank]
+        recv_counts = recv_GS.sum(1).tolist()
         # Step 4: dispatch the picks, sorted by slot (hence by destination rank).
         order = torch.sort(slot_NK.reshape(-1), stable=True).indices
         rows = x_ND[order // top_k]
         received = comm.all_to_all(rows, send_counts, recv_counts)
         # Step 5: group the received rows by local slot (from each source they arrive sorted by slot).
         local_slot_R = torch.repeat_interleave(torch.arange(self.slots_per_gpu).repeat(comm.world_size),
-                                               recv_WS.reshape(-1)).to(x_ND.device)
+                                               recv_GS.reshape(-1)).to(x_ND.device)
         by_slot = torch.sort(local_slot_R, stable=True).indices
-        computed_S = recv_WS.sum(0)
+        computed_S = recv_GS.sum(0)
         outputs = torch.empty_like(received)
         outputs[by_slot] = grouped_swiglu(received[by_slot], computed_S.tolist(), self.slot_experts)
         # Step 6: combine.
@@ -167,8 +168,8 @@ class MoEDecodeLayer(nn.Module):
         shared = self.shared_experts
         for index in range(config.num_shared_experts):
             out = out + swiglu(x_ND, shared.gate_ADF[index], shared.up_ADF[index], shared.down_AFD[index])
-        self.last_step = {"quota_P": slot_quotas_P(quota_EX, tables), "rows_sent_WP": sent_WP, "computed_S": computed_S,
-                          "counts_E": counts_WE.sum(0)}
+        self.last_step = {"quota_P": slot_quotas_P(quota_EX, tables), "rows_sent_GP": sent_GP, "computed_S": computed_S,
+                          "counts_E": counts_GE.sum(0)}
         return out
 
 

@@ -1,13 +1,13 @@
 """Replica choice inside the EP group: per-slot quotas for this step, and each rank's picks given to replicas so
 that the quotas are met exactly.
 
-Legend: W ranks (= G GPUs, one rank per GPU), E experts, X most replicas of one expert, P = G x S slots, N tokens of
-this rank, K top-k.
+Legend: G ranks (one per GPU), E experts, X most replicas of one expert, P = G x S slots, N tokens of this rank,
+K top-k.
 
-Every rank holds only its own tokens, so each step: the per-rank counts [W, E] are all-gathered (the variable
+Every rank holds only its own tokens, so each step: the per-rank counts [G, E] are all-gathered (the variable
 all-to-all needs them anyway); every rank computes the same per-slot quotas from the same global counts (the
 router's split, the placement's static weights, or an equal split); then the picks of expert e are laid in rank
-order on one line, rank w owning positions [start[w, e], start[w, e] + counts[w, e]), and replica x of e owns the
+order on one line, rank g owning positions [start[g, e], start[g, e] + counts[g, e]), and replica x of e owns the
 next quota_EX[e, x] positions. A pick goes to the replica whose positions hold it, so every replica gets exactly
 its quota, and every rank knows, without another collective, how many rows each rank sends to each slot (the
 overlap of the two ranges). All functions here keep fixed shapes and never read a value to the host, so they
@@ -91,21 +91,21 @@ def slot_quotas_P(quota_EX: torch.Tensor, tables: ReplicaTables) -> torch.Tensor
     return quota_P[: tables.num_slots]
 
 
-def rows_sent_WP(counts_WE: torch.Tensor, quota_EX: torch.Tensor, tables: ReplicaTables) -> torch.Tensor:
-    """[W, P] int64: picks rank w sends to slot p this step (the overlap of its range with the slot's range)."""
-    rank_end = prefix_sums(counts_WE, 0)
-    rank_start = rank_end - counts_WE
+def rows_sent_GP(counts_GE: torch.Tensor, quota_EX: torch.Tensor, tables: ReplicaTables) -> torch.Tensor:
+    """[G, P] int64: picks rank g sends to slot p this step (the overlap of its range with the slot's range)."""
+    rank_end = prefix_sums(counts_GE, 0)
+    rank_start = rank_end - counts_GE
     replica_end = prefix_sums(quota_EX, 1)
     replica_start = replica_end - quota_EX
-    overlap_WEX = (torch.minimum(rank_end[:, :, None], replica_end[None])
+    overlap_GEX = (torch.minimum(rank_end[:, :, None], replica_end[None])
                    - torch.maximum(rank_start[:, :, None], replica_start[None])).clamp_min(0)
-    sent = torch.zeros(counts_WE.shape[0], tables.num_slots + 1, dtype=torch.int64, device=counts_WE.device)
-    index = tables.log2phy_EX.reshape(1, -1).expand(counts_WE.shape[0], -1)
-    sent.scatter_add_(1, index, overlap_WEX.reshape(counts_WE.shape[0], -1))
+    sent = torch.zeros(counts_GE.shape[0], tables.num_slots + 1, dtype=torch.int64, device=counts_GE.device)
+    index = tables.log2phy_EX.reshape(1, -1).expand(counts_GE.shape[0], -1)
+    sent.scatter_add_(1, index, overlap_GEX.reshape(counts_GE.shape[0], -1))
     return sent[:, : tables.num_slots]
 
 
-def assign_slots_NK(topk_ids_NK: torch.Tensor, counts_WE: torch.Tensor, rank: int, quota_EX: torch.Tensor,
+def assign_slots_NK(topk_ids_NK: torch.Tensor, counts_GE: torch.Tensor, rank: int, quota_EX: torch.Tensor,
                     tables: ReplicaTables) -> torch.Tensor:
     """[N, K] int64: the slot each of this rank's picks goes to, meeting `quota_EX` exactly across the group.
 
@@ -122,7 +122,7 @@ def assign_slots_NK(topk_ids_NK: torch.Tensor, counts_WE: torch.Tensor, rank: in
     within_sorted = torch.arange(flat.numel(), device=flat.device) - first_of_expert[sorted_ids]
     within = torch.empty_like(within_sorted).scatter_(0, order, within_sorted)
     # Step 2: position on the expert's line, then the replica whose range holds it.
-    rank_start_E = counts_WE[:rank].sum(0)
+    rank_start_E = counts_GE[:rank].sum(0)
     position = rank_start_E[flat] + within
     replica_end = prefix_sums(quota_EX, 1)
     replica = (position[:, None] >= replica_end[flat]).sum(1)
@@ -130,13 +130,13 @@ def assign_slots_NK(topk_ids_NK: torch.Tensor, counts_WE: torch.Tensor, rank: in
     return tables.log2phy_EX[flat, replica].reshape(topk_ids_NK.shape)
 
 
-def plan_step(topk_ids_NK: torch.Tensor, counts_WE: torch.Tensor, rank: int, tables: ReplicaTables,
+def plan_step(topk_ids_NK: torch.Tensor, counts_GE: torch.Tensor, rank: int, tables: ReplicaTables,
               mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step's replica choice on one rank: quota_EX [E, X] (the same on every rank), slot_NK [N, K] (this
-    rank's picks' slots) and rows_sent_WP [W, P] (every rank's rows to every slot: the all-to-all split sizes)."""
-    quota_EX = slot_quotas_EX(counts_WE.sum(0), tables, mode)
-    slot_NK = assign_slots_NK(topk_ids_NK, counts_WE, rank, quota_EX, tables)
-    return quota_EX, slot_NK, rows_sent_WP(counts_WE, quota_EX, tables)
+    rank's picks' slots) and rows_sent_GP [G, P] (every rank's rows to every slot: the all-to-all split sizes)."""
+    quota_EX = slot_quotas_EX(counts_GE.sum(0), tables, mode)
+    slot_NK = assign_slots_NK(topk_ids_NK, counts_GE, rank, quota_EX, tables)
+    return quota_EX, slot_NK, rows_sent_GP(counts_GE, quota_EX, tables)
 
 
 @functools.cache

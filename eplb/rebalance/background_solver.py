@@ -1,18 +1,18 @@
 """The rebalancer's solve, off the decode process: a helper process at a low CPU priority, or a thread.
 
 A process shares neither the interpreter lock nor the scheduler's favour with decode: the `cpsat` policy's Python
-parts (building models, scoring candidates) would otherwise hold the lock for milliseconds at a time while the
-decode thread waits for it. The process starts once, as `python -m eplb.rebalance.background_solver` (so it imports
-only what solving needs: no torch, and not the worker's main module, which a multiprocessing spawn would run
-again; under a second of imports, in the background), talks over a socket pair, and solves one job at a time,
-optionally paced to a share of the time (`eplb.rebalance.cpu_pacer`: where decode ranks fill every core, a low
-priority alone does not keep background work from delaying them). A job is the recorder's window
-(or a placement loaded from a file) and the placement serving now; its answer the new placement relabelled to move
-the fewest experts, the move counts, and the weight moves planned (seconds of Python at the full shape, which
-would otherwise stall a decode step on every rank). The process ends when its parent does, however the parent ends
-and also in the middle of a job (`collectives.lifeline`); `close` ends it sooner, by closing its socket.
+parts (building models, scoring candidates) would otherwise hold the lock for long stretches while the decode
+thread waits for it. The process starts once, as `python -m eplb.rebalance.background_solver` (so it imports only
+what solving needs: no torch, and not the worker's main module, which a multiprocessing spawn would run again; its
+imports run in the background), talks over a socket pair, and solves one job at a time, optionally paced to a
+share of the time (`eplb.rebalance.cpu_pacer`: where decode ranks fill every core, a low priority alone does not
+keep background work from delaying them). A job is the recorder's window (or a placement loaded from a file) and
+the placement serving now; its answer the new placement relabelled to move the fewest experts, the move counts,
+and the weight moves planned (slow Python at the full shape, which would otherwise stall a decode step on every
+rank; figures: docs/rebalancing.md, 'The background solve'). The process ends when its parent does, however the
+parent ends and also in the middle of a job (`collectives.lifeline`); `close` ends it sooner, by closing its
+socket.
 """
-
 import os
 import pickle
 import socket
@@ -33,7 +33,7 @@ from eplb.rebalance.move_plan import TransferShape, encode_fills, encode_rounds,
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
 from placement.scoring import score_placement
 
-LOW_PRIORITY_NICE = 10  # CPU share about 1/10 of a decode process when they compete (19 starves it)
+LOW_PRIORITY_NICE = 10  # low, yet the solve still progresses beside busy decode processes (19 starves it)
 PolicyFn = Callable[[np.ndarray, ClusterSpec], Placement]  # (counts_TLE, cluster) -> placement
 
 
@@ -52,7 +52,7 @@ class SolveResult:
             optimal per-step split standing for the live router, which is within a token of it on chain layouts
             and takes a step at a time): the level the refit-on-drift trigger compares served steps with (None for
             a placement given, not fitted).
-        fills_N8, chunks_C6: the weight moves (`move_plan.plan_rebalance`, encoded).
+        fills_U8, chunks_C6: the weight moves (`move_plan.plan_rebalance`, encoded).
         kept: the new placement fits the window less than `min_gain` better than the one serving, which keeps
             serving: `placement` is the serving one, nothing to move, and `fitted_imbalance` the serving one's level.
         gain: the new placement's fitted level against the serving one's on the same steps (serving / new - 1;
@@ -64,7 +64,7 @@ class SolveResult:
     placement: Placement
     moves: tuple[int, int]
     fitted_imbalance: float | None
-    fills_N8: np.ndarray
+    fills_U8: np.ndarray
     chunks_C6: np.ndarray
     kept: bool = False
     gain: float | None = None
@@ -162,7 +162,7 @@ class BackgroundSolver:
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for the helper process to have imported what it solves with and started its pacer
-        (under a second; call once, before the first `submit`, where a wait costs nothing, so that its start-up
+        (call once, before the first `submit`, where a wait costs nothing, so that its start-up
         does not run beside the first decode steps); True when it is ready (a thread always is)."""
         if self._conn is None or self._ready:
             return True

@@ -1,6 +1,7 @@
 """Planning the weight moves of a placement change: what each rank must receive, from whom, in bounded rounds.
 
-Legend: G ranks (one GPU each), S slots per rank, D hidden size, F expert inner size.
+Legend: G ranks (one GPU each), S slots per rank, D hidden size, F expert inner size, U fills and C chunks of an
+encoded plan.
 
 A rank holds, per layer, the weights of its slots (on its device) and host copies of some experts it serves nowhere
 (`backup_wanted`): enough that every expert has a copy, in a slot or in host memory, on `failures_tolerated` + 1
@@ -213,9 +214,9 @@ def holders_of(experts_GS: np.ndarray, failures_tolerated: int | None) -> dict[i
 
 def plan_rebalance(current: Placement, target: Placement, shape: TransferShape) -> tuple[list[Fill], list[list[Chunk]]]:
     """The fills and rounds that take a group from `current` to `target` (same GPUs and slots): every slot whose
-    expert changes, and the host copies the new placement needs that the old one's did not include; then the rounds. Pure
-    (the same on any process), and at the full shape seconds of Python: the rebalancer runs it beside the solve,
-    never on the decode path."""
+    expert changes, and the host copies the new placement needs that the old one's did not include; then the rounds.
+    Pure (the same on any process), and slow in Python at the full shape (figures: docs/rebalancing.md, 'The
+    background solve'): the rebalancer runs it beside the solve, never on the decode path."""
     grid = (current.cluster.num_gpus, current.cluster.slots_per_gpu)
     fills: list[Fill] = []
     sends: dict[int, int] = {}
@@ -233,17 +234,17 @@ def plan_rebalance(current: Placement, target: Placement, shape: TransferShape) 
 
 
 def encode_fills(fills: list[Fill]) -> np.ndarray:
-    """[N, 8] int64: (layer, expert, dst_rank, dst kind, dst_index, src_rank, src kind, src_index) per fill, kinds
+    """[U, 8] int64: (layer, expert, dst_rank, dst kind, dst_index, src_rank, src kind, src_index) per fill, kinds
     as their index in `KINDS`."""
     rows = [(f.layer, f.expert, f.dst_rank, KINDS.index(f.dst_kind), f.dst_index, f.src_rank,
              KINDS.index(f.src_kind), f.src_index) for f in fills]
     return np.array(rows, dtype=np.int64).reshape(-1, 8)
 
 
-def decode_fills(fills_N8: np.ndarray) -> list[Fill]:
+def decode_fills(fills_U8: np.ndarray) -> list[Fill]:
     """The inverse of `encode_fills`."""
     return [Fill(layer, expert, dst_rank, KINDS[dst_kind], dst_index, src_rank, KINDS[src_kind], src_index)
-            for layer, expert, dst_rank, dst_kind, dst_index, src_rank, src_kind, src_index in fills_N8.tolist()]
+            for layer, expert, dst_rank, dst_kind, dst_index, src_rank, src_kind, src_index in fills_U8.tolist()]
 
 
 def encode_rounds(rounds: list[list[Chunk]]) -> np.ndarray:
@@ -264,12 +265,13 @@ def decode_rounds(chunks_C6: np.ndarray, num_rounds: int | None = None) -> list[
     return rounds
 
 
-def decode_for_rank(fills_N8: np.ndarray, chunks_C6: np.ndarray, rank: int) -> tuple[dict[int, Fill],
+def decode_for_rank(fills_U8: np.ndarray, chunks_C6: np.ndarray, rank: int) -> tuple[dict[int, Fill],
                                                                                      list[list[Chunk]]]:
     """One rank's part of an encoded plan: its fills (by their index in the plan: it sends or receives them) and
     every round with only its chunks (the same number of rounds on every rank). Filtering before decoding keeps
-    this to milliseconds at the full shape, where decoding the whole plan takes most of a second."""
-    mine = np.flatnonzero((fills_N8[:, 2] == rank) | (fills_N8[:, 5] == rank))
-    fills = dict(zip(mine.tolist(), decode_fills(fills_N8[mine])))
+    this fast at the full shape, where decoding the whole plan is not (figures: docs/rebalancing.md, 'The background
+    solve')."""
+    mine = np.flatnonzero((fills_U8[:, 2] == rank) | (fills_U8[:, 5] == rank))
+    fills = dict(zip(mine.tolist(), decode_fills(fills_U8[mine])))
     num_rounds = int(chunks_C6[:, 0].max()) + 1 if len(chunks_C6) else 1
     return fills, decode_rounds(chunks_C6[np.isin(chunks_C6[:, 1], mine)], num_rounds)

@@ -1,6 +1,6 @@
 """Local search over which expert holds which replica set of a ring layout, scored exactly on the window's steps.
 
-Legend: T window steps, E logical experts, G GPUs, S slots per GPU, P = G * S slots, A = G(G-1)+1 arcs of the
+Legend: T window steps, E logical experts, G GPUs, S slots per GPU, P = G * S slots, O = G(G-1)+1 arcs of the
 ring (every run of 1..G-1 consecutive GPUs, and the whole ring), B swaps scored per round (a batch of one layer).
 
 Why: the chain layout (`chain_layout`) lays replica sets along a ring and fills them by a rule (ring order,
@@ -15,7 +15,7 @@ built so), the busiest GPU under the best split of one step equals max over arcs
 (`dynamic_split` gives the general form over GPU sets; the best set is a union of arcs, and a union of disjoint
 arcs never beats its best arc, since an arc-shaped replica set inside the union lies inside one of them). So the
 fitted objective, the mean over steps of that maximum over the mean GPU load, is one product of the [T, E] counts
-with the [E, A] containment of experts in arcs. Swapping experts a and b changes every arc's load by
+with the [E, O] containment of experts in arcs. Swapping experts a and b changes every arc's load by
 (c_b - c_a)(in_a - in_b), so B candidate swaps are scored at once by broadcasting. When some expert's replicas are
 not consecutive the arc value is only a lower bound on the objective; the policy re-scores every candidate with
 the router and keeps the best, so the search can never make a fit worse.
@@ -36,12 +36,12 @@ import numpy as np
 
 MAX_ROUNDS = 400
 PATIENCE = 6
-BATCH_ELEMENTS = 2_000_000  # T * A * B per round (16 MB of float64)
+BATCH_ELEMENTS = 2_000_000  # T * O * B per round (16 MB of float64)
 MIN_BATCH = 64  # fewer swaps per round than this: too slow to pay off, the policy skips the search
 
 
 def search_pays_off(num_steps: int, num_gpus: int) -> bool:
-    """Whether a round scores at least MIN_BATCH swaps: T * A * MIN_BATCH <= BATCH_ELEMENTS.
+    """Whether a round scores at least MIN_BATCH swaps: T * O * MIN_BATCH <= BATCH_ELEMENTS.
 
     True for the small clusters where the search matters (8 steps: up to 62 GPUs). On large clusters the chain
     layout already fits closely, and the search would spend most of the budget for no gain in the fitted objective
@@ -51,7 +51,7 @@ def search_pays_off(num_steps: int, num_gpus: int) -> bool:
 
 
 def arc_masks(num_gpus: int) -> np.ndarray:
-    """[A, G] bool: arc a covers GPU g; arcs of lengths 1..G-1 from every start, then the whole ring."""
+    """[O, G] bool: arc a covers GPU g; arcs of lengths 1..G-1 from every start, then the whole ring."""
     lengths = np.repeat(np.arange(1, num_gpus), num_gpus)
     starts = np.tile(np.arange(num_gpus), num_gpus - 1)
     offset = (np.arange(num_gpus)[None, :] - starts[:, None]) % num_gpus
@@ -93,7 +93,7 @@ def ring_search(
         (phy2log_P [P] int64, its `ring_objective`), never worse than the start's.
     """
     state = _SearchState(counts_TE, phy2log_P, num_gpus, slots_per_gpu, speed_G)
-    num_steps, num_arcs = state.loads_TA.shape
+    num_steps, num_arcs = state.loads_TO.shape
     num_experts = counts_TE.shape[1]
     batch = max(1, BATCH_ELEMENTS // (num_steps * num_arcs))
     rng = np.random.default_rng(seed)
@@ -104,9 +104,9 @@ def ring_search(
             break
         a = rng.integers(0, num_experts, batch)
         b = rng.integers(0, num_experts, batch)
-        # [T, A, B] arc loads after each swap.
-        swapped = state.loads_TA[:, :, None] + ((state.counts_TE[:, b] - state.counts_TE[:, a])[:, None, :]
-                                                * (state.inside_AE[:, a] - state.inside_AE[:, b])[None])
+        # [T, O, B] arc loads after each swap.
+        swapped = state.loads_TO[:, :, None] + ((state.counts_TE[:, b] - state.counts_TE[:, a])[:, None, :]
+                                                * (state.inside_OE[:, a] - state.inside_OE[:, b])[None])
         scores = state.score(swapped)
         pick = int(np.argmin(scores))
         if scores[pick] < best - 1e-12:
@@ -126,26 +126,26 @@ class _SearchState:
         self.counts_TE = np.asarray(counts_TE, dtype=np.float64)
         self.phy2log_P = np.array(phy2log_P, dtype=np.int64)
         speed = np.ones(num_gpus) if speed_G is None else np.asarray(speed_G, dtype=np.float64)
-        masks_AG = arc_masks(num_gpus)
-        self.speed_A = masks_AG @ speed
+        masks_OG = arc_masks(num_gpus)
+        self.speed_O = masks_OG @ speed
         replicas_GE = np.zeros((num_gpus, num_experts))
         np.add.at(replicas_GE, (np.arange(len(self.phy2log_P)) // slots_per_gpu, self.phy2log_P), 1.0)
-        # [A, E] 1 where all of an expert's replicas lie inside the arc.
-        self.inside_AE = (masks_AG.astype(np.float64) @ replicas_GE == replicas_GE.sum(axis=0)).astype(np.float64)
-        self.loads_TA = self.counts_TE @ self.inside_AE.T
+        # [O, E] 1 where all of an expert's replicas lie inside the arc.
+        self.inside_OE = (masks_OG.astype(np.float64) @ replicas_GE == replicas_GE.sum(axis=0)).astype(np.float64)
+        self.loads_TO = self.counts_TE @ self.inside_OE.T
         self.mean_T = np.maximum(self.counts_TE.sum(axis=1) / num_gpus, 1e-12)
 
     def objective(self) -> float:
         """The fitted objective of the layout as it stands."""
-        return float(self.score(self.loads_TA[:, :, None])[0])
+        return float(self.score(self.loads_TO[:, :, None])[0])
 
-    def score(self, loads_TAB: np.ndarray) -> np.ndarray:
-        """[B] fitted objective of each candidate's arc loads [T, A, B]."""
-        busiest_TB = (loads_TAB / self.speed_A[None, :, None]).max(axis=1)
+    def score(self, loads_TOB: np.ndarray) -> np.ndarray:
+        """[B] fitted objective of each candidate's arc loads [T, O, B]."""
+        busiest_TB = (loads_TOB / self.speed_O[None, :, None]).max(axis=1)
         return (busiest_TB / self.mean_T[:, None]).mean(axis=0)
 
-    def swap(self, a: int, b: int, loads_TA: np.ndarray) -> None:
+    def swap(self, a: int, b: int, loads_TO: np.ndarray) -> None:
         is_a, is_b = self.phy2log_P == a, self.phy2log_P == b
         self.phy2log_P[is_a], self.phy2log_P[is_b] = b, a
-        self.inside_AE[:, [a, b]] = self.inside_AE[:, [b, a]]
-        self.loads_TA = loads_TA.copy()
+        self.inside_OE[:, [a, b]] = self.inside_OE[:, [b, a]]
+        self.loads_TO = loads_TO.copy()

@@ -128,7 +128,6 @@ def test_a_drift_after_the_next_fit_started_lets_that_fit_serve_until_the_refit_
                                score_placement(scheduled, counts[45:48], "dynamic").imbalance_TL)
 
 
-
 def test_with_lag_above_every_the_fits_in_flight_land_before_the_refit_on_drift():
     # Fit at f serves [f + 12, f + 17); the fit at 25 serves step 40, the switch, when fits at 30, 35 and 40 have
     # started: they serve their turns, unchecked (fitted before the switch, they would trigger), then the refit.

@@ -60,9 +60,9 @@ def test_bad_shapes_are_refused_naming_the_parameter(args, message):
 
 
 def test_the_per_step_update_compiles_as_one_graph():
-    def update(buffer_WE, row, topk_ids_NK):
-        add_to_row_(buffer_WE, row, count_picks_E(topk_ids_NK, buffer_WE.shape[1]))
-        return buffer_WE
+    def update(buffer_TE, row, topk_ids_NK):
+        add_to_row_(buffer_TE, row, count_picks_E(topk_ids_NK, buffer_TE.shape[1]))
+        return buffer_TE
 
     compiled = torch.compile(update, fullgraph=True, dynamic=False)
     buffer, eager = torch.zeros(4, 6, dtype=torch.int64), torch.zeros(4, 6, dtype=torch.int64)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eplb.live.load_recorder import count_picks_E
-from eplb.live.replica_assignment import ReplicaTables, assign_slots_NK, rows_sent_WP, slot_quotas_EX
+from eplb.live.replica_assignment import ReplicaTables, assign_slots_NK, rows_sent_GP, slot_quotas_EX
 from placement import ClusterSpec, fit_placement
 
 WORLD, SLOTS, EXPERTS, TOP_K = 4, 3, 10, 3
@@ -29,17 +29,17 @@ def rank_picks(seed: int, tokens_per_rank=(5, 0, 9, 4)) -> list[torch.Tensor]:
 def test_every_replica_gets_exactly_its_quota_and_rows_sent_match_the_picks(mode, policy):
     tables = ReplicaTables.build(placement(policy), 0)
     picks = rank_picks(7)
-    counts_WE = torch.stack([count_picks_E(ids, EXPERTS) for ids in picks])
-    quota_EX = slot_quotas_EX(counts_WE.sum(0), tables, mode)
-    assert torch.equal(quota_EX.sum(1), counts_WE.sum(0))
+    counts_GE = torch.stack([count_picks_E(ids, EXPERTS) for ids in picks])
+    quota_EX = slot_quotas_EX(counts_GE.sum(0), tables, mode)
+    assert torch.equal(quota_EX.sum(1), counts_GE.sum(0))
     assert (quota_EX[~tables.valid_EX] == 0).all() and (quota_EX >= 0).all()
-    sent_WP = rows_sent_WP(counts_WE, quota_EX, tables)
+    sent_GP = rows_sent_GP(counts_GE, quota_EX, tables)
     got = torch.zeros(WORLD, WORLD * SLOTS, dtype=torch.int64)
     for rank, ids in enumerate(picks):
-        slots = assign_slots_NK(ids, counts_WE, rank, quota_EX, tables)
+        slots = assign_slots_NK(ids, counts_GE, rank, quota_EX, tables)
         assert (torch.as_tensor(placement(policy).phy2log_LP[0])[slots] == ids).all(), "a pick left its expert"
         got[rank] = torch.bincount(slots.reshape(-1), minlength=WORLD * SLOTS)
-    assert torch.equal(got, sent_WP)
+    assert torch.equal(got, sent_GP)
     quota_P = torch.zeros(WORLD * SLOTS + 1, dtype=torch.int64).scatter_add_(
         0, tables.log2phy_EX.reshape(-1), quota_EX.reshape(-1))[:-1]
     assert torch.equal(got.sum(0), quota_P)
@@ -60,12 +60,12 @@ def test_oblivious_splits_equally_and_static_follows_the_weights():
 def test_assignment_and_quotas_compile_as_one_graph():
     tables = ReplicaTables.build(placement("deepseek"), 0)
 
-    def per_step(ids_NK, counts_WE):
-        quota = slot_quotas_EX(counts_WE.sum(0), tables, "static")
-        return assign_slots_NK(ids_NK, counts_WE, 2, quota, tables), rows_sent_WP(counts_WE, quota, tables)
+    def per_step(ids_NK, counts_GE):
+        quota = slot_quotas_EX(counts_GE.sum(0), tables, "static")
+        return assign_slots_NK(ids_NK, counts_GE, 2, quota, tables), rows_sent_GP(counts_GE, quota, tables)
 
     compiled = torch.compile(per_step, fullgraph=True, dynamic=False)
     picks = rank_picks(3)
-    counts_WE = torch.stack([count_picks_E(ids, EXPERTS) for ids in picks])
-    for got, want in zip(compiled(picks[2], counts_WE), per_step(picks[2], counts_WE)):
+    counts_GE = torch.stack([count_picks_E(ids, EXPERTS) for ids in picks])
+    for got, want in zip(compiled(picks[2], counts_GE), per_step(picks[2], counts_GE)):
         assert torch.equal(got, want)

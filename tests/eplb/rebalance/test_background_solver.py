@@ -62,7 +62,7 @@ def test_the_answer_is_the_policys_placement_relabelled_to_move_the_fewest_exper
         live = score_placement(placement, counts[-32:], "live").imbalance_TL.mean()
         assert answer.fitted_imbalance - 1e-9 <= live <= 1.01 * answer.fitted_imbalance  # whole tokens of ~60
         fills, rounds = plan_rebalance(current, placement, SHAPE)
-        assert decode_fills(answer.fills_N8) == fills and decode_rounds(answer.chunks_C6) == rounds
+        assert decode_fills(answer.fills_U8) == fills and decode_rounds(answer.chunks_C6) == rounds
         solver.submit(counts, current)  # a new job replaces the old one's state
         assert "result" not in solver.poll()
         assert "result" in wait_for(solver)
@@ -101,7 +101,7 @@ def test_a_loaded_placement_is_relabelled_and_planned_without_a_fit(window):
     solver.submit(None, current, given)
     answer = wait_for(solver)["result"]
     assert np.array_equal(answer.placement.phy2log_LP, plan_migration(current, given).realised.phy2log_LP)
-    assert answer.fitted_imbalance is None and len(answer.fills_N8) >= answer.moves[0]
+    assert answer.fitted_imbalance is None and len(answer.fills_U8) >= answer.moves[0]
 
 
 def test_a_paced_helper_says_when_it_is_ready_then_answers_and_is_left_running(window):
@@ -143,11 +143,11 @@ def test_a_fit_that_gains_less_than_min_gain_is_kept_with_nothing_to_move(window
         assert answer.kept == kept and 0.01 < answer.gain < 100
         if kept:
             assert answer.placement is current or np.array_equal(answer.placement.phy2log_LP, current.phy2log_LP)
-            assert answer.moves == (0, 0) and len(answer.fills_N8) == 0 and len(answer.chunks_C6) == 0
+            assert answer.moves == (0, 0) and len(answer.fills_U8) == 0 and len(answer.chunks_C6) == 0
             assert answer.fitted_imbalance == pytest.approx(serving)
         else:
             assert answer.fitted_imbalance == pytest.approx(serving / (1 + answer.gain))
-            assert len(answer.fills_N8) >= answer.moves[0] > 0
+            assert len(answer.fills_U8) >= answer.moves[0] > 0
 
 
 def test_a_fit_no_placement_could_make_worth_moving_to_is_not_even_run(window):
@@ -163,7 +163,7 @@ def test_a_fit_no_placement_could_make_worth_moving_to_is_not_even_run(window):
         if min_gain > room:
             answer = job["result"]
             assert answer.kept and answer.fit_skipped and answer.gain == pytest.approx(room)
-            assert answer.moves == (0, 0) and len(answer.fills_N8) == 0
+            assert answer.moves == (0, 0) and len(answer.fills_U8) == 0
             assert answer.fitted_imbalance == pytest.approx(serving)
         else:
             assert "injected solver failure" in job["error"]

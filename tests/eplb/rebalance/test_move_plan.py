@@ -147,11 +147,11 @@ def test_a_rebalance_plan_fills_every_changed_slot_and_new_host_copy(two_placeme
 def test_a_plan_survives_its_encoding_whole_and_as_one_ranks_part(two_placements):
     current, target = two_placements
     fills, rounds = plan_rebalance(current, target, TransferShape(4, 6, 4, 64, failures_tolerated=1))
-    fills_N8, chunks_C6 = encode_fills(fills), encode_rounds(rounds)
-    assert fills_N8.dtype == chunks_C6.dtype == np.int64
-    assert decode_fills(fills_N8) == fills and decode_rounds(chunks_C6) == rounds
+    fills_U8, chunks_C6 = encode_fills(fills), encode_rounds(rounds)
+    assert fills_U8.dtype == chunks_C6.dtype == np.int64
+    assert decode_fills(fills_U8) == fills and decode_rounds(chunks_C6) == rounds
     for rank in range(4):
-        mine, my_rounds = decode_for_rank(fills_N8, chunks_C6, rank)
+        mine, my_rounds = decode_for_rank(fills_U8, chunks_C6, rank)
         assert mine == {i: f for i, f in enumerate(fills) if rank in (f.src_rank, f.dst_rank)}
         assert len(my_rounds) == len(rounds)  # every rank steps through every round
         assert my_rounds == [[c for c in chunks if c.fill in mine] for chunks in rounds]

@@ -16,7 +16,7 @@ def test_an_answer_round_trips_through_one_int64_array():
     for fitted in (1.0123, None):
         packed = pack_answer(SolveResult(placement, (3, 7), fitted, fills, chunks))
         assert packed.dtype == np.int64 and len(packed) == packed_size(placement, 3, 5)
-        target, level, fills_N8, chunks_C6 = unpack_answer(packed, placement, 3, 5, "deepseek")
+        target, level, fills_U8, chunks_C6 = unpack_answer(packed, placement, 3, 5, "deepseek")
         assert np.array_equal(target.phy2log_LP, placement.phy2log_LP)
         assert np.array_equal(target.weights_LP, placement.weights_LP)
-        assert level == fitted and np.array_equal(fills_N8, fills) and np.array_equal(chunks_C6, chunks)
+        assert level == fitted and np.array_equal(fills_U8, fills) and np.array_equal(chunks_C6, chunks)

@@ -1,0 +1,101 @@
+"""The state of one rebalance attempt on one rank, from its start to its switch or its end.
+
+Legend: L layers.
+
+An attempt starts solving (`fit_step`, `fit_time`), then, once rank 0's answer is broadcast, carries the target
+placement, this rank's part of the weight moves and their staging buffers, and the routing tables and host copies
+prepared one layer a step, so that the switch only installs them.
+"""
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from collectives import CollectiveError
+from eplb.live.replica_assignment import ReplicaTables
+from eplb.rebalance.host_copies import HostCopies
+from eplb.rebalance.move_plan import Chunk, Fill
+from eplb.rebalance.stats import RebalanceStats
+from eplb.rebalance.transfer import Staging, WeightMover
+from eplb.rebalance.weight_moves import PendingRound
+from placement import Placement
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Attempt:
+    """One attempt's state on this rank (the rebalancer holds None between attempts).
+
+    Attributes:
+        fit_step: the step the attempt started at (the end of its fit window).
+        fit_time: `time.perf_counter()` at the start, for the lag to the switch.
+        fitted_imbalance: the target's fitted level on the window (None: a loaded placement), for the drift check.
+        moves: (experts moved, experts a slot-by-slot remap would move); known on rank 0 only.
+        target: the placement to switch to (None while solving).
+        fills: this rank's fills (it sends or receives them), by their index in the plan.
+        rounds: every round of the plan with this rank's chunks only (the same count of rounds on every rank).
+        next_round: the index of the next round to post.
+        staging: the buffers this rank's received fills land in until the switch.
+        tables_L: layer -> the target's routing tables on this rank's device, built one layer a step.
+        host_copies_L: layer -> the experts this rank keeps host copies of under the target.
+        transfers_ok: False once a transfer of this attempt failed on this rank (sent to every rank).
+        in_flight: the round posted before the last decode step, completed at the next step.
+        reported_all: every round moved and the tables are built; this rank's last message said so.
+    """
+
+    fit_step: int
+    fit_time: float = field(default_factory=time.perf_counter)
+    fitted_imbalance: float | None = None
+    moves: tuple[int, int] | None = None
+    target: Placement | None = None
+    fills: dict[int, Fill] = field(default_factory=dict)
+    rounds: list[list[Chunk]] = field(default_factory=list)
+    next_round: int = 0
+    staging: Staging = field(default_factory=dict)
+    tables_L: dict[int, ReplicaTables] = field(default_factory=dict)
+    host_copies_L: dict[int, list[int]] = field(default_factory=dict)
+    transfers_ok: bool = True
+    in_flight: PendingRound | None = None
+    reported_all: bool = False
+
+    def start_moving(self, target: Placement, fitted_imbalance: float | None, fills: dict[int, Fill],
+                     rounds: list[list[Chunk]], staging: Staging, moves: tuple[int, int] | None) -> None:
+        """Take this rank's part of rank 0's answer: the attempt is moving from here."""
+        self.fills, self.rounds, self.staging, self.moves = fills, rounds, staging, moves
+        self.fitted_imbalance, self.target = fitted_imbalance, target
+
+    @property
+    def rounds_left(self) -> bool:
+        """True while a round of this attempt is still to post."""
+        return self.next_round < len(self.rounds)
+
+    def _next_layer_to_prepare(self) -> int | None:
+        """The first layer whose routing tables are not built yet (None: all are)."""
+        return next((layer for layer in range(self.target.num_layers) if layer not in self.tables_L), None)
+
+    def prepare_next_layer(self, device: torch.device, host_copies: HostCopies) -> None:
+        """Build one more layer's routing tables and host-copy list for the target (one layer a step, so that the
+        switch only installs them)."""
+        layer = self._next_layer_to_prepare()
+        if layer is not None:
+            self.tables_L[layer] = ReplicaTables.build(self.target, layer, device)
+            self.host_copies_L[layer] = host_copies.wanted(self.target, layer)
+
+    def advance(self, mover: WeightMover, timeout_s: float, tag_base: int, stats: RebalanceStats) -> None:
+        """Complete the round in flight (a failure clears `transfers_ok`), post the next one (message tags from
+        `tag_base`), and set `reported_all` when every round moved and every layer is prepared."""
+        if self.in_flight is not None:
+            in_flight, self.in_flight = self.in_flight, None
+            try:
+                stats.bytes_received += in_flight.finish(timeout_s)
+            except CollectiveError as exc:
+                self.transfers_ok = False
+                logger.warning("weight transfer failed on this rank: %s", exc)
+        if self.rounds_left:
+            self.in_flight = mover.post(self.rounds[self.next_round], self.fills, self.staging, tag_base)
+            self.next_round += 1
+        self.reported_all = (self.in_flight is None and not self.rounds_left
+                             and self._next_layer_to_prepare() is None)

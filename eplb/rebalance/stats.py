@@ -1,0 +1,32 @@
+"""What the rebalancer did on one rank: attempts, switches, failures, bytes moved, recoveries."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RebalanceStats:
+    """What the rebalancer did on this rank (the loop's report keeps `vars()` of it)."""
+
+    rebalances: int = 0
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)
+    bytes_received: int = 0  # weights received for rebalances and recoveries
+    backup_bytes_at_start: int = 0  # weights received to build the host copies at start
+    switch_steps: list[int] = field(default_factory=list)
+    lag_steps: list[int] = field(default_factory=list)  # from the end of the fit window to the switch
+    lag_seconds: list[float] = field(default_factory=list)
+    kept: int = 0  # attempts whose fit gained less than min_gain: the placement serving kept serving
+    expert_moves: list[int] = field(default_factory=list)  # per switch: slots filled from another slot or rank
+    oblivious_moves: list[int] = field(default_factory=list)  # per switch: slots a slot-by-slot remap would fill
+    recoveries: list[dict] = field(default_factory=list)
+
+    def record_switch(self, step: int, fit_step: int, seconds: float, moves: tuple[int, int] | None) -> None:
+        """Count a switch at `step` of an attempt started at `fit_step`, `seconds` after its start; `moves`:
+        (experts moved, experts a slot-by-slot remap would move), known on rank 0 only (None elsewhere)."""
+        self.rebalances += 1
+        self.switch_steps.append(step)
+        self.lag_steps.append(step - fit_step)
+        self.lag_seconds.append(seconds)
+        if moves:
+            self.expert_moves.append(moves[0])
+            self.oblivious_moves.append(moves[1])
