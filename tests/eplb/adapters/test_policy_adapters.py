@@ -1,13 +1,13 @@
-"""The drop-in policies: DeepSeek's `rebalance_experts` reproduced exactly as torch tensors, the cpsat policy never
-worse than the greedy under equal split (fractional loads included), vLLM's policy interface moving the fewest
-experts from the old map (unused slots included), and every bad argument refused by a `ValueError` naming it."""
+"""DeepSeek's drop-in `rebalance_experts`: its public example reproduced as torch tensors, the cpsat policy never
+worse than the greedy under equal split (fractional loads included), and every bad argument refused by a `ValueError`
+naming it, by the function and by both vLLM policy classes (their other behaviour: test_vllm_policy.py)."""
 
 import numpy as np
 import pytest
 import torch
 
-from eplb import CpsatEplbPolicy, rebalance_experts
-from eplb.adapters import policies as policy_adapters
+from eplb import CpsatEplbPolicy, LegacyCpsatEplbPolicy, rebalance_experts
+from eplb.adapters import deepseek_policy
 from placement import ClusterSpec, Placement, PlacementInfeasibleError
 from placement.scoring import static_gpu_loads
 
@@ -43,20 +43,6 @@ def test_cpsat_policy_is_never_worse_than_the_greedy_under_equal_split():
             assert len(slots) == logcnt[layer, expert] and (fitted[layer, slots] == expert).all()
 
 
-def test_vllm_interface_relabels_a_fit_to_keep_experts_in_place_from_the_old_map(monkeypatch):
-    # The fit returns the old map with GPUs swapped and slots reordered: the same placement, so nothing need move.
-    old = torch.as_tensor(np.random.default_rng(1).permutation(np.arange(32) % 16).reshape(1, 32))
-    shuffled = old.view(1, 8, 4)[:, [3, 1, 0, 2, 5, 4, 7, 6]].flip(-1).reshape(1, 32)
-    fit = lambda *args, **kwargs: (shuffled, None, None)  # noqa: E731
-    monkeypatch.setattr("eplb.adapters.policies.rebalance_experts", fit)
-    weight = torch.ones(1, 16)
-    moved, log2phy, logcnt = CpsatEplbPolicy.rebalance_experts(weight, 32, 1, 1, 8, old_global_expert_indices=old)
-    assert torch.equal(moved, old)
-    assert logcnt.tolist() == [[2] * 16] and log2phy.shape == (1, 16, 2)
-    unchanged, _, _ = CpsatEplbPolicy.rebalance_experts(weight, 32, 1, 1, 8)
-    assert torch.equal(unchanged, shuffled)
-
-
 WEIGHT_16 = torch.arange(32).view(2, 16)
 BAD_ARGUMENTS = [  # (weight, num_replicas, num_groups, num_nodes, num_gpus), the message (num_gpus spelt {gpus})
     ((README_WEIGHT, 15, 4, 2, 8), "num_replicas=15 must be a multiple of {gpus}=8"),
@@ -89,8 +75,9 @@ def test_bad_arguments_raise_a_value_error_naming_the_parameter_rule_and_value(a
     for policy in ("deepseek", "cpsat"):
         with pytest.raises(ValueError, match=message.format(gpus="num_gpus")):
             rebalance_experts(*args, policy=policy)
-    with pytest.raises(ValueError, match=message.format(gpus="num_ranks")):
-        CpsatEplbPolicy.rebalance_experts(*args)
+    for policy_class in (CpsatEplbPolicy, CpsatEplbPolicy.configured(policy="deepseek"), LegacyCpsatEplbPolicy):
+        with pytest.raises(ValueError, match=message.format(gpus="num_ranks")):
+            policy_class.rebalance_experts(*args)
 
 
 def test_infeasible_shapes_raise_placement_infeasible_error_which_is_a_value_error():
@@ -105,54 +92,12 @@ def test_groups_that_nodes_do_not_divide_select_the_global_policy_as_deepseek_do
     assert torch.equal(hierarchical_rule_off, global_policy)
 
 
-@pytest.mark.parametrize(("old", "message"), [
-    (torch.full((2, 16), 12), r"expert ids in \[-1, 12\) \(-1: an unused slot\); found ids from 12 to 12"),
-    (torch.full((2, 16), -2), r"found ids from -2 to -2"),
-    (torch.zeros(3, 16, dtype=torch.int64), r"must be \[2, slots\] \(a row per layer of weight\); got shape \(3, 16"),
-    (torch.zeros(2, 16), "must hold integer expert ids; got dtype torch.float32"),
-], ids=["id-too-large", "id-below-minus-one", "wrong-layers", "float-ids"])
-def test_a_bad_old_map_is_refused_naming_old_global_expert_indices(old, message):
-    with pytest.raises(ValueError, match="old_global_expert_indices .*" + message):
-        CpsatEplbPolicy.rebalance_experts(README_WEIGHT, 16, 4, 2, 8, old_global_expert_indices=old)
-
-
-def shuffled_fit(monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """An old map [1, 32] (16 experts twice on 8 GPUs x 4 slots) and a fit that returns the same placement with its
-    GPUs swapped inside nodes of 2 and each GPU's slots reversed."""
-    old = torch.as_tensor(np.random.default_rng(1).permutation(np.arange(32) % 16).reshape(1, 32))
-    shuffled = old.view(1, 8, 4)[:, [1, 0, 3, 2, 5, 4, 7, 6]].flip(-1).reshape(1, 32)
-    monkeypatch.setattr(policy_adapters, "rebalance_experts", lambda *args, **kwargs: (shuffled, None, None))
-    return old, shuffled
-
-
-def test_an_old_map_with_unused_slots_is_kept_in_place_and_the_unused_slots_filled(monkeypatch):
-    old, _ = shuffled_fit(monkeypatch)
-    holey = old.clone()
-    holey[0, [1, 6]] = -1  # two unused slots; their experts are still held elsewhere
-    only_copies = (old[0] == old[0, 9]).nonzero().flatten()
-    holey[0, only_copies] = -1  # and an expert the old map lacks entirely
-    moved, log2phy, logcnt = CpsatEplbPolicy.rebalance_experts(torch.ones(1, 16), 32, 1, 4, 8,
-                                                               old_global_expert_indices=holey)
-    held = holey >= 0
-    assert torch.equal(moved[held], holey[held])  # every expert the old map holds stays in its slot
-    # and each GPU holds what it held before the holes were made: the unused slots took the rest
-    assert torch.equal(moved.view(8, 4).sort(-1).values, old.view(8, 4).sort(-1).values)
-    assert logcnt.tolist() == [[2] * 16] and log2phy.shape == (1, 16, 2)
-
-
-def test_an_old_map_of_another_width_or_with_nothing_in_it_leaves_the_fit_as_it_is(monkeypatch):
-    _, shuffled = shuffled_fit(monkeypatch)
-    for old in (torch.zeros(1, 48, dtype=torch.int64), torch.full((1, 32), -1)):
-        moved, _, _ = CpsatEplbPolicy.rebalance_experts(torch.ones(1, 16), 32, 1, 4, 8, old_global_expert_indices=old)
-        assert torch.equal(moved, shuffled)
-
-
 def test_cpsat_fits_fractional_loads_as_the_same_loads_in_any_unit(monkeypatch):
     # Normalised weights (each layer sums to 1) and the same weights x 1e4 give the fit the same integer loads,
     # and on both the fit beats the greedy.
     seen = []
-    real_fit = policy_adapters.fit_placement
-    monkeypatch.setattr(policy_adapters, "fit_placement",
+    real_fit = deepseek_policy.fit_placement
+    monkeypatch.setattr(deepseek_policy, "fit_placement",
                         lambda policy, counts, *args, **kwargs: seen.append(counts) or real_fit(policy, counts, *args,
                                                                                                  **kwargs))
     raw = torch.as_tensor(np.random.default_rng(0).lognormal(3, 1.2, size=(2, 32)))
@@ -162,4 +107,4 @@ def test_cpsat_fits_fractional_loads_as_the_same_loads_in_any_unit(monkeypatch):
         fitted, _, _ = rebalance_experts(weight, 48, 1, 2, 16, "cpsat", time_limit_s=1.0)
         assert peak(fitted, weight, 16, 2).sum() < peak(greedy, weight, 16, 2).sum() * 0.99
     np.testing.assert_array_equal(seen[0], seen[1])
-    np.testing.assert_allclose(seen[0].sum(-1), policy_adapters.CPSAT_LOAD_TOTAL, atol=32)
+    np.testing.assert_allclose(seen[0].sum(-1), deepseek_policy.CPSAT_LOAD_TOTAL, atol=32)

@@ -1,0 +1,121 @@
+"""DeepSeek's `rebalance_experts` drop-in: the function of DeepSeek's public `eplb.py`, with a cpsat option.
+
+Legend (docs/shapes.md): L layers, E logical experts, P physical slots (num_replicas), G GPUs, S slots per GPU, X the
+most replicas of one expert.
+
+`rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, policy=...)` has the arguments, shapes,
+dtypes and -1 padding of DeepSeek's public function. With policy="deepseek" its three outputs are identical to what
+DeepSeek's `eplb.py` returns under the same torch, element for element, including the order of each expert's slots
+in `log2phy`: which of equally loaded replicas gets which slot follows `torch.sort`'s order of equal loads, so the
+policy sums, divides and sorts as `eplb.py` does (float32, torch's CPU sort: `TORCH_ARITHMETIC`). With
+policy="cpsat" this project's OR-Tools policy places the experts, and `log2phy` lists each expert's slots in
+ascending order. The serving engines these adapters plug into (vLLM, SGLang) split an expert's tokens equally over
+its replicas, so the cpsat result is scored against DeepSeek's greedy under equal split on `weight` and the better
+of the two is returned: never worse than the greedy there.
+
+Every argument is checked before any work, and a bad one raises `ValueError` (`PlacementInfeasibleError`, a
+subclass, when the shapes cannot be placed) naming the parameter, the rule and the value found.
+"""
+
+import numpy as np
+import torch
+
+from eplb.adapters.arguments import check_solver_options, checked_load, cluster_of
+from placement import ClusterSpec, Placement, fit_placement
+from placement.policies.deepseek import Arithmetic, deepseek_rebalance
+from placement.scoring import static_gpu_loads
+
+POLICY_NAMES = ("deepseek", "cpsat")
+# The cpsat policy fits integer token counts: each layer's loads are scaled to this total (rounded), so that
+# fractional loads (normalised weights summing to 1) keep their ratios to one part in a million of the layer.
+CPSAT_LOAD_TOTAL = 1_000_000
+
+
+def _torch_heaviest_first(weight: np.ndarray) -> np.ndarray:
+    """[B, items] int64 for `weight` [B, items]: the order `eplb.py` packs items in,
+    `weight.float().sort(-1, descending=True)` on the CPU."""
+    return torch.from_numpy(np.ascontiguousarray(weight)).float().sort(-1, descending=True).indices.numpy()
+
+
+def _torch_sum_last(array: np.ndarray) -> np.ndarray:
+    """`array` [..., n] summed over its last axis, [...]: torch's float32 sums, as `eplb.py` sums the loads of each
+    expert group."""
+    return torch.from_numpy(np.ascontiguousarray(array)).sum(-1).numpy()
+
+
+TORCH_ARITHMETIC = Arithmetic(dtype=np.float32, heaviest_first=_torch_heaviest_first, sum_last=_torch_sum_last)
+
+
+def rebalance_experts(
+    weight: torch.Tensor,
+    num_replicas: int,
+    num_groups: int,
+    num_nodes: int,
+    num_gpus: int,
+    policy: str = "deepseek",
+    *,
+    time_limit_s: float = 10.0,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Place `num_replicas` physical experts on `num_gpus` GPUs for the loads `weight`.
+
+    Args:
+        weight: [L, E], the load of each logical expert (tokens over a recent window, or any non-negative weights:
+            only their ratios within a layer matter).
+        num_replicas: P >= E, physical experts in all (a multiple of num_gpus).
+        num_groups: expert groups. When num_nodes divides it, DeepSeek's hierarchical policy packs groups onto
+            nodes and num_groups must divide E; otherwise the global policy runs and num_groups is not used.
+        num_nodes: server nodes (num_gpus a multiple of it).
+        num_gpus: G, GPUs in the EP group.
+        policy: "deepseek" (DeepSeek's greedy, identical output) or "cpsat".
+        time_limit_s, seed: the cpsat policy's wall-clock budget for all layers and its seed.
+
+    Returns:
+        phy2log: [L, P] int64, the logical expert of each physical slot.
+        log2phy: [L, E, X] int64, the slots of each logical expert, padded with -1: with "deepseek" in
+            `eplb.py`'s order, with "cpsat" in ascending slot order.
+        logcnt: [L, E] int64, replicas of each logical expert.
+
+    Raises:
+        ValueError: an argument breaks a rule above (its message names the argument and the value found).
+    """
+    load = checked_load(weight, num_replicas, num_groups, num_nodes, num_gpus, "num_gpus")
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"policy must be one of {POLICY_NAMES}; got {policy!r}")
+    if policy == "cpsat":  # its options and cluster checked before any work too
+        check_solver_options(time_limit_s, seed)
+        cluster = cluster_of(num_replicas, num_nodes, num_gpus)
+    phy2log, log2phy, logcnt = deepseek_rebalance(load, num_replicas, num_groups, num_nodes, num_gpus,
+                                                  TORCH_ARITHMETIC)
+    if policy == "cpsat":
+        placement = _cpsat_or_greedy(load.astype(np.float64), phy2log, cluster, time_limit_s, int(seed))
+        phy2log, log2phy, logcnt = placement.phy2log_LP, placement.log2phy_LEX, placement.logcnt_LE
+    return tensors(phy2log, log2phy, logcnt)
+
+
+def _cpsat_or_greedy(load_LE: np.ndarray, greedy_LP: np.ndarray, cluster: ClusterSpec, time_limit_s: float,
+                     seed: int) -> Placement:
+    """Per layer, the cpsat fit or the greedy `greedy_LP`, whichever has the lower busiest GPU under equal split.
+
+    The fit sees integer loads: each layer scaled to `CPSAT_LOAD_TOTAL`, so the same weights in any unit give it
+    the same problem.
+    """
+    num_experts = load_LE.shape[1]
+    total_L1 = load_LE.sum(axis=1, keepdims=True)
+    counts_LE = np.rint(load_LE * (CPSAT_LOAD_TOTAL / np.where(total_L1 > 0, total_L1, 1.0))).astype(np.int64)
+    fitted = fit_placement("cpsat", counts_LE[None], cluster, time_limit_s=time_limit_s, seed=seed, routing="static")
+    greedy = Placement.equal_split(greedy_LP, cluster, num_experts)
+    candidate = Placement.equal_split(fitted.phy2log_LP, cluster, num_experts)
+    better_L = _equal_split_peak_L(candidate, load_LE) < _equal_split_peak_L(greedy, load_LE)
+    return Placement.equal_split(np.where(better_L[:, None], candidate.phy2log_LP, greedy_LP), cluster, num_experts,
+                                 "cpsat")
+
+
+def _equal_split_peak_L(placement: Placement, load_LE: np.ndarray) -> np.ndarray:
+    """[L] the busiest GPU's load of `placement` under equal split."""
+    return static_gpu_loads(load_LE[None], placement)[0].max(axis=-1)
+
+
+def tensors(*arrays) -> tuple[torch.Tensor, ...]:
+    """Each array as a CPU int64 tensor (the dtype both engines' maps have)."""
+    return tuple(torch.as_tensor(np.asarray(a), dtype=torch.int64) for a in arrays)
