@@ -6,9 +6,16 @@ its result or its error. The whole run has a deadline: a process still running t
 so a bug fails instead of hanging. The ranks end with this process however it ends: an exception here (a signal
 turned into one, Ctrl-C) kills them at once, and each rank ends by itself when this process is gone, even killed
 outright (`collectives.lifeline`); multiprocessing's resource tracker then ends too, once no rank holds its pipe.
+
+The ranks are forked from multiprocessing's fork server, which imports torch once and then forks each rank from
+that state: a group starts in a fraction of a second instead of each rank importing torch anew (figures:
+docs/benchmarks.md, 'Test suite'). No rank inherits the launcher's threads or CUDA state (the server initialises
+neither). The fork server is the ranks' parent: it ends as soon as the launcher does (it reads the end of the file
+of a pipe only the launcher holds), and each rank ends with it.
 """
 
 import multiprocessing as mp
+import multiprocessing.forkserver
 import os
 import pickle
 import socket
@@ -54,7 +61,7 @@ def run_local_group(
             `CollectiveError` if it died, a `TimeoutError` if it was killed) as its result instead of making the
             run raise.
     """
-    ctx = mp.get_context("spawn")
+    ctx, parent = _rank_context()
     # One pipe per rank for its result (a queue would add semaphores, which the resource tracker reports as leaked
     # when this process is killed); its end of file says that the rank is gone.
     readers, writers = zip(*(ctx.Pipe(duplex=False) for _ in range(world_size)))
@@ -63,7 +70,6 @@ def run_local_group(
     address = f"127.0.0.1:{store.port}"
     # Not daemonic: a rank may start helper processes of its own (the rebalancer's solver); every rank is killed
     # below if it outlives the deadline, and ends by itself if this process does.
-    parent = parent_of_child()
     procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, address, timeout_s, writers[rank], args,
                                                   device, parent))
              for rank in range(world_size)]
@@ -80,6 +86,27 @@ def run_local_group(
     finally:
         _reap(procs, readers, writers, end)
     return _results_in_rank_order(outcome, world_size, deadline_s, allow_failures)
+
+
+# What the fork server imports before it forks any rank.
+FORK_SERVER_PRELOAD = ["torch", "torch.distributed", "collectives.local_group"]
+
+
+def _rank_context() -> tuple[mp.context.BaseContext, tuple[int, bool]]:
+    """The multiprocessing context the ranks start in, and what each rank's `end_with_parent` watches.
+
+    The fork server (started once per launcher, reused by every later group), whose process id the ranks watch:
+    they are its children, and it ends with this process. Where the fork server's id cannot be read, spawned ranks
+    that watch this process instead.
+    """
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(FORK_SERVER_PRELOAD)
+    server = multiprocessing.forkserver._forkserver
+    server.ensure_running()
+    server_pid = getattr(server, "_forkserver_pid", None)
+    if server_pid is None:
+        return mp.get_context("spawn"), parent_of_child()
+    return ctx, (server_pid, True)  # the server forks every rank from its main (only) thread
 
 
 def _start_and_collect(procs: list, readers: tuple[Connection, ...], writers: tuple[Connection, ...],
@@ -136,6 +163,7 @@ def _results_in_rank_order(outcome: dict[int, tuple[bool, Any]], world_size: int
 def _rank_main(fn, rank: int, world_size: int, address: str, timeout_s: float, results: Connection, args,
                device: str, parent: tuple[int, bool]) -> None:
     end_with_parent(*parent)
+    _release_fork_server()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -155,6 +183,17 @@ def _rank_main(fn, rank: int, world_size: int, address: str, timeout_s: float, r
     finally:
         # Leave at once: a clean shutdown of the group would wait for peers that may be dead.
         os._exit(0)
+
+
+def _release_fork_server() -> None:
+    """Closes this rank's copy of the write end of the fork server's "alive" pipe (every process the server forks
+    inherits one), so that the server sees the end of that pipe, and ends, as soon as the launcher ends: a rank
+    holding it would keep the server, which the rank itself watches, alive. No rank asks the server for a fork."""
+    server = multiprocessing.forkserver._forkserver
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if alive_fd is not None:
+        os.close(alive_fd)
+        server._forkserver_alive_fd = None
 
 
 def _picklable(exc: BaseException, trace: str) -> BaseException:

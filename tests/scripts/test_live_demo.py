@@ -161,7 +161,8 @@ LONG_RUN = ["--world-size", "2", "--steps", "100000", "--experts", "8", "--hidde
 
 def _all_up(members: dict[int, str]) -> bool:
     commands = list(members.values())
-    return (sum("spawn_main" in command for command in commands) == 2
+    # The fork server and the 2 ranks forked from it carry its command line.
+    return (sum("multiprocessing.forkserver" in command for command in commands) == 3
             and any("-m eplb.rebalance.background_solver" in command for command in commands)
             and any("cpu_pacer.py" in command for command in commands))
 
