@@ -20,6 +20,7 @@ _NAMES = {  # name -> the module that defines it
     "parent_of_child": "collectives.lifeline",
     "free_port": "collectives.local_group",
     "run_local_group": "collectives.local_group",
+    "start_local_group_server": "collectives.local_group",
 }
 
 __all__ = sorted(_NAMES)

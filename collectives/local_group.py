@@ -88,6 +88,13 @@ def run_local_group(
     return _results_in_rank_order(outcome, world_size, deadline_s, allow_failures)
 
 
+def start_local_group_server() -> None:
+    """Starts the fork server that `run_local_group` forks ranks from, if it is not running, and returns at once: its
+    imports (torch) then overlap the caller's own set-up instead of delaying the first group. Later groups of this
+    process reuse it; it ends with this process."""
+    _rank_context()
+
+
 # What the fork server imports before it forks any rank.
 FORK_SERVER_PRELOAD = ["torch", "torch.distributed", "collectives.local_group"]
 

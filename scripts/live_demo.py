@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 
-from collectives import backend_for, exit_on_signals, run_local_group
+from collectives import backend_for, exit_on_signals, run_local_group, start_local_group_server
 from collectives.errors import BackendUnavailableError
 from eplb.cli.main import OneLineParser
 from eplb.live import ROUTING_MODES, MoELayerConfig
@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
+    start_local_group_server()  # the ranks' fork server imports torch while this process fits the placement
     if args.rebalance_every is not None or args.fail_rank is not None:
         return rebalancing_demo(args)
     slots = slots_per_gpu(args)

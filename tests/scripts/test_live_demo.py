@@ -22,29 +22,33 @@ KEYS = {"steps", "world_size", "routing", "max_abs_err_vs_dense", "imbalance_mea
         "tokens_lost"}
 
 
+@pytest.fixture(scope="module")
+def demo():
+    """The script loaded as a module, to call its `main` in this process."""
+    spec = importlib.util.spec_from_file_location("live_demo_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("routing", ["dynamic", "oblivious"])
-def test_live_demo_prints_the_contract_keys_last_with_no_token_lost(routing):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--world-size", "3", "--steps", "3", "--experts", "12",
-                             "--hidden-size", "16", "--tokens-per-step", "60", "--time-limit", "0.5",
-                             "--routing", routing, "--json"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+def test_live_demo_prints_the_contract_keys_last_with_no_token_lost(demo, capsys, routing):
+    assert demo.main(["--world-size", "3", "--steps", "3", "--experts", "12", "--hidden-size", "16",
+                      "--tokens-per-step", "60", "--time-limit", "0.5", "--routing", routing, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert KEYS <= report.keys()
     assert report["steps"] == 3 and report["world_size"] == 3 and report["routing"] == routing
     assert report["max_abs_err_vs_dense"] <= 1e-5 and report["tokens_lost"] == 0
     assert report["imbalance_measured"] == report["imbalance_planned"]
 
 
-def test_live_demo_rebalances_and_survives_a_killed_rank(tmp_path):
+def test_live_demo_rebalances_and_survives_a_killed_rank(demo, capsys, tmp_path):
     times_file = tmp_path / "step_times.json"
-    result = subprocess.run([sys.executable, str(SCRIPT), "--world-size", "3", "--steps", "36", "--experts", "12",
-                             "--hidden-size", "16", "--tokens-per-step", "60", "--time-limit", "0.5",
-                             "--rebalance-every", "6", "--rebalance-policy", "deepseek", "--solve-in", "thread",
-                             "--fail-rank", "1", "--step-times", str(times_file),
-                             "--fail-at-step", "26", "--timeout", "4", "--json"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert demo.main(["--world-size", "3", "--steps", "36", "--experts", "12", "--hidden-size", "16",
+                      "--tokens-per-step", "60", "--time-limit", "0.5", "--rebalance-every", "6",
+                      "--rebalance-policy", "deepseek", "--solve-in", "thread", "--fail-rank", "1",
+                      "--step-times", str(times_file), "--fail-at-step", "26", "--timeout", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"steps", "world_size", "max_abs_err_vs_dense", "imbalance_before", "imbalance_after", "rebalances",
             "bytes_moved", "tokens_lost", "requests_requeued", "failed_rank", "decode_steps_waiting_on_rebalance",
             "step_time_p99_ratio"} <= report.keys()
@@ -72,20 +76,13 @@ def test_live_demo_rebalances_and_survives_a_killed_rank(tmp_path):
     (["--rebalance-every", "5", "--step-times", "missing/times.json"], "does not exist; create it first"),
     (["--rebalance-every", "5", "--step-times", "."], "is a folder"),
 ])
-def test_live_demo_refuses_a_step_times_file_it_cannot_write(tmp_path, extra, message):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--steps", "3", *extra], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path)
-    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+def test_live_demo_refuses_a_step_times_file_it_cannot_write(demo, capsys, monkeypatch, tmp_path, extra, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        demo.main(["--steps", "3", *extra])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and message in err, err
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.fixture(scope="module")
-def demo():
-    """The script loaded as a module, to call its `main` in this process."""
-    spec = importlib.util.spec_from_file_location("live_demo_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 BAD_FLAGS = [  # (id, argv, what the one line says)
