@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv in the repository and installs the project with its test tools.
+# Creates .venv in the repository and installs the project with its test tools and the transformers extra (hf).
 # Idempotent: a second run only re-checks. On a machine without a GPU the CPU build of torch is pinned
 # through constraints-cpu.txt; set EPLB_TORCH_CONSTRAINTS= (empty) to let pip pick torch itself.
 set -euo pipefail
@@ -13,7 +13,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-args=(-q -e ".[test]")
+args=(-q -e ".[test,hf]")
 if [ -n "$constraints" ]; then
   args+=(-c "$constraints")
 fi

@@ -50,18 +50,26 @@ class ExpertWeights:
         return ExpertWeights(self.gate_ADF.to(device), self.up_ADF.to(device), self.down_AFD.to(device))
 
 
-def swiglu(x_RD: torch.Tensor, gate_DF: torch.Tensor, up_DF: torch.Tensor, down_FD: torch.Tensor) -> torch.Tensor:
-    """[R, D]: one expert's output for each row."""
-    return (F.silu(x_RD @ gate_DF) * (x_RD @ up_DF)) @ down_FD
+def swiglu(x_RD: torch.Tensor, gate_DF: torch.Tensor, up_DF: torch.Tensor, down_FD: torch.Tensor,
+           limit: float | None = None) -> torch.Tensor:
+    """[R, D]: one expert's output for each row; with `limit` (DeepSeek-V4's swiglu_limit), the gate projection is
+    clamped to at most `limit` and the up projection to [-limit, limit] before they meet."""
+    gate, up = x_RD @ gate_DF, x_RD @ up_DF
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return (F.silu(gate) * up) @ down_FD
 
 
-def grouped_swiglu(x_RD: torch.Tensor, group_sizes: list[int], weights: ExpertWeights) -> torch.Tensor:
-    """[R, D]: rows grouped by slot (group a holds the next group_sizes[a] rows), each group through its expert."""
+def grouped_swiglu(x_RD: torch.Tensor, group_sizes: list[int], weights: ExpertWeights,
+                   limit: float | None = None) -> torch.Tensor:
+    """[R, D]: rows grouped by slot (group a holds the next group_sizes[a] rows), each group through its expert
+    (clamped by `limit` as in `swiglu`)."""
     out = torch.empty_like(x_RD)
     start = 0
     for slot, size in enumerate(group_sizes):
         if size:
             rows = slice(start, start + size)
-            out[rows] = swiglu(x_RD[rows], weights.gate_ADF[slot], weights.up_ADF[slot], weights.down_AFD[slot])
+            out[rows] = swiglu(x_RD[rows], weights.gate_ADF[slot], weights.up_ADF[slot], weights.down_AFD[slot],
+                               limit)
         start += size
     return out

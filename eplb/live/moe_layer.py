@@ -32,6 +32,10 @@ from placement import Placement, PlacementFormatError, load_placement
 class MoEDecodeLayer(nn.Module):
     """One MoE layer of a decode worker, sharded over an EP group by a placement.
 
+    `shared_module` stands for the shared experts as one module of the host model (e.g. a transformers MLP, x [..., D]
+    -> [..., D]), used instead of `shared_experts`; `tid2eid` [vocab, K] int64 is a hash layer's table (with
+    `config.hash_routing`): a token's experts are `tid2eid[its token id]`, so `forward` then needs `input_ids`.
+
     `compile_routing` runs the per-step replica choice (router, quotas, assignment) compiled as one graph, which a
     decode worker wants (the first step of each new shape pays the compile).
 
@@ -60,6 +64,8 @@ class MoEDecodeLayer(nn.Module):
         routing: str = "dynamic",
         recorder: LoadRecorder | None = None,
         compile_routing: bool = False,
+        shared_module: nn.Module | None = None,
+        tid2eid: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         placement = placement if isinstance(placement, Placement) else load_placement(placement)
@@ -72,8 +78,9 @@ class MoEDecodeLayer(nn.Module):
                 f"slot_experts must stack this rank's {slots} slots as [{slots}, {config.hidden_size}, "
                 f"{config.intermediate_size}]; got {tuple(slot_experts.gate_ADF.shape)}"
             )
+        check_host_parts(config, shared_experts, shared_module, tid2eid)
         shared_count = 0 if shared_experts is None else shared_experts.gate_ADF.shape[0]
-        if shared_count != config.num_shared_experts:
+        if shared_module is None and shared_count != config.num_shared_experts:
             raise ValueError(f"shared_experts holds {shared_count} experts; config.num_shared_experts is "
                              f"{config.num_shared_experts}")
         if gate_weight_ED.shape != (config.num_experts, config.hidden_size):
@@ -84,6 +91,8 @@ class MoEDecodeLayer(nn.Module):
         self.correction_bias_E = None if correction_bias_E is None else correction_bias_E.to(comm.device)
         self.slot_experts = slot_experts.to(comm.device)
         self.shared_experts = None if shared_experts is None else shared_experts.to(comm.device)
+        self.shared_module = shared_module
+        self.tid2eid = None if tid2eid is None else tid2eid.to(device=comm.device, dtype=torch.int64)
         self.tables = ReplicaTables.build(placement, layer, comm.device)
         self.placement = placement
         self.slots_per_gpu = slots
@@ -116,21 +125,29 @@ class MoEDecodeLayer(nn.Module):
         slots = placement.cluster.slots_per_gpu
         return torch.as_tensor(placement.phy2log_LP[layer, rank * slots : (rank + 1) * slots], dtype=torch.int64)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The layer's output for the tokens of `x` [..., D], in the shape of `x`.
 
         Leading dimensions are flattened into one token axis and restored on the output, as transformers' MoE blocks
         do, so that [batch, seq, D] and [N, D] both work; every token is routed independently either way.
+        `input_ids` [...] int64, the tokens' ids in the layout of `x` without D: a hash layer picks experts by them
+        (required there); other layers ignore them.
         """
         if x.dim() == 0:
             raise ValueError(f"x must be a tensor [..., hidden_size={self.config.hidden_size}]; got a scalar")
-        return self._forward_ND(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+        chosen_NK = None
+        if self.tid2eid is not None:
+            if input_ids is None or input_ids.numel() * x.shape[-1] != x.numel():
+                raise ValueError(f"a hash layer needs input_ids with one id per token of x {tuple(x.shape)}; got "
+                                 f"{None if input_ids is None else tuple(input_ids.shape)}")
+            chosen_NK = self.tid2eid[input_ids.reshape(-1).to(self.tid2eid.device)]
+        return self._forward_ND(x.reshape(-1, x.shape[-1]), chosen_NK).reshape(x.shape)
 
-    def _forward_ND(self, x_ND: torch.Tensor) -> torch.Tensor:
+    def _forward_ND(self, x_ND: torch.Tensor, chosen_NK: torch.Tensor | None = None) -> torch.Tensor:
         config, comm, tables = self.config, self.comm, self.tables
         num_tokens, top_k = x_ND.shape[0], config.top_k
-        # Step 1: gate, count and record.
-        topk_ids, topk_weights = gate_topk(x_ND @ self.gate_weight_ED.T, config, self.correction_bias_E)
+        # Step 1: gate (or the hash table's picks, weighed by the gate), count and record.
+        topk_ids, topk_weights = gate_topk(x_ND @ self.gate_weight_ED.T, config, self.correction_bias_E, chosen_NK)
         counts_E = count_picks_E(topk_ids, config.num_experts)
         if self.recorder is not None and self.recorder.scope == "rank":
             self.recorder.record_counts(self.layer, counts_E)
@@ -159,18 +176,38 @@ class MoEDecodeLayer(nn.Module):
         by_slot = torch.sort(local_slot_R, stable=True).indices
         computed_S = recv_GS.sum(0)
         outputs = torch.empty_like(received)
-        outputs[by_slot] = grouped_swiglu(received[by_slot], computed_S.tolist(), self.slot_experts)
+        outputs[by_slot] = grouped_swiglu(received[by_slot], computed_S.tolist(), self.slot_experts,
+                                          config.swiglu_limit)
         # Step 6: combine.
         returned = comm.all_to_all(outputs, recv_counts, send_counts)
         per_pick = torch.empty_like(returned)
         per_pick[order] = returned
         out = (per_pick.view(num_tokens, top_k, x_ND.shape[1]) * topk_weights[..., None].to(x_ND.dtype)).sum(1)
         shared = self.shared_experts
-        for index in range(config.num_shared_experts):
-            out = out + swiglu(x_ND, shared.gate_ADF[index], shared.up_ADF[index], shared.down_AFD[index])
+        if self.shared_module is not None:
+            out = out + self.shared_module(x_ND)
+        for index in range(0 if shared is None else config.num_shared_experts):
+            out = out + swiglu(x_ND, shared.gate_ADF[index], shared.up_ADF[index], shared.down_AFD[index],
+                               config.swiglu_limit)
         self.last_step = {"quota_P": slot_quotas_P(quota_EX, tables), "rows_sent_GP": sent_GP, "computed_S": computed_S,
                           "counts_E": counts_GE.sum(0)}
         return out
+
+
+def check_host_parts(config: MoELayerConfig, shared_experts: ExpertWeights | None, shared_module: nn.Module | None,
+                     tid2eid: torch.Tensor | None) -> None:
+    """Raise `ValueError` unless the shared module and the hash table agree with `config` (and with each other)."""
+    if shared_module is not None and (shared_experts is not None or config.num_shared_experts == 0):
+        raise ValueError("shared_module replaces shared_experts: give one of them, with config.num_shared_experts > 0")
+    if config.hash_routing != (tid2eid is not None):
+        raise ValueError(f"config.hash_routing is {config.hash_routing} but tid2eid was "
+                         f"{'not ' if tid2eid is None else ''}given: a hash layer needs its table, others none")
+    if tid2eid is not None:
+        if tid2eid.dim() != 2 or tid2eid.shape[1] != config.top_k or tid2eid.is_floating_point():
+            raise ValueError(f"tid2eid must be an integer table [vocab, top_k={config.top_k}]; got "
+                             f"{tuple(tid2eid.shape)} {tid2eid.dtype}")
+        if tid2eid.numel() and not 0 <= int(tid2eid.min()) <= int(tid2eid.max()) < config.num_experts:
+            raise ValueError(f"tid2eid holds expert ids outside [0, {config.num_experts})")
 
 
 def check_placement_fits(placement: Placement, layer: int, config: MoELayerConfig, world_size: int) -> None:

@@ -189,8 +189,9 @@ def test_a_bad_old_map_is_refused_naming_old_global_expert_indices(policy_class,
         policy_class.rebalance_experts(README_WEIGHT, 16, 4, 2, 8, old_global_expert_indices=old)
 
 
-def test_importing_eplb_or_deepseeks_function_never_imports_vllm():
+def test_importing_eplb_or_its_adapters_imports_neither_vllm_nor_transformers():
     code = ("import sys, eplb; from eplb import rebalance_experts; from eplb.adapters import rebalance_experts; "
-            "import eplb.adapters.deepseek_policy; print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))")
+            "import eplb.adapters.deepseek_policy, eplb.adapters.hf_models, eplb.harness.hf_generation; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'transformers')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "[]"
