@@ -28,8 +28,6 @@ router serves a layer from `current` until that layer's moves are done and from 
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
-from scipy.sparse import csr_matrix
 
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementFormatError
@@ -180,6 +178,8 @@ def _multiset_keys(experts_LGS: np.ndarray, weights_LGS: np.ndarray, slots: int)
 
 def _shared_experts(keys_a_LGS: np.ndarray, keys_b_LGS: np.ndarray, keys_per_layer: int) -> np.ndarray:
     """[G, G] int64: shared[j, i] = sum over layers of |multiset of GPU j in a ∩ multiset of GPU i in b|."""
+    from scipy.sparse import csr_matrix  # scipy is imported where it is used: the command line starts without it
+
     num_layers, num_gpus, slots = keys_a_LGS.shape
     row = np.broadcast_to(np.arange(num_gpus)[None, :, None], keys_a_LGS.shape).ravel()
     layer_offset = (np.arange(num_layers) * keys_per_layer)[:, None, None]
@@ -193,6 +193,8 @@ def _shared_experts(keys_a_LGS: np.ndarray, keys_b_LGS: np.ndarray, keys_per_lay
 
 def _relabel_gpus(cost_GG: np.ndarray, cluster: ClusterSpec, permute_nodes: bool) -> np.ndarray:
     """[G] int64: the physical GPU of each target GPU, minimising the summed cost over maps that keep nodes whole."""
+    from scipy.optimize import linear_sum_assignment
+
     num_gpus, node_size, num_nodes = cluster.num_gpus, cluster.node_size, cluster.num_nodes
     # Tie-break: among optimal maps take one that moves the fewest GPUs; the added terms total < G + 1, the
     # smallest real cost difference scaled.

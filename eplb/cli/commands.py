@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.cli import plots
 from eplb.cli.progress import Progress
 from eplb.cli.report import format_table
 from placement import (
@@ -106,6 +105,7 @@ def mean_gpu_loads_LG(placement: Placement, counts_TLE: np.ndarray) -> np.ndarra
 
 def plot_before_after(placement: Placement, counts_TLE: np.ndarray, path) -> None:
     """Per-GPU loads with no balancing (the `trivial` layout) beside `placement`'s, as a PNG at `path`."""
+    from eplb.cli import plots  # matplotlib is imported only by what draws
     cluster = placement.cluster
     trivial = fit_placement("trivial", counts_TLE, cluster)
     plots.plot_gpu_loads(
@@ -137,6 +137,7 @@ def synthetic_config(args: argparse.Namespace) -> SyntheticConfig:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
+    from eplb.cli import plots  # matplotlib is imported only by what draws
     config = synthetic_config(args)
     began = time.perf_counter()
     trace = generate_trace(config)
@@ -205,6 +206,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from eplb.cli import plots  # matplotlib is imported only by what draws
     trace = read_trace(args)
     cluster = cluster_from(args)
     progress = Progress(f"replay {args.policy}", enabled=not (args.json or args.quiet))
@@ -236,6 +238,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    from eplb.cli import plots  # matplotlib is imported only by what draws
     trace = read_trace(args)
     placement = load_placement(args.placement) if args.placement else None
     if placement is not None:

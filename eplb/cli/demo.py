@@ -13,7 +13,6 @@ import argparse
 import time
 from pathlib import Path
 
-from eplb.cli import plots
 from eplb.cli.commands import emit, plot_before_after
 from eplb.cli.progress import Progress
 from eplb.cli.report import format_table
@@ -27,6 +26,7 @@ DEMO_WINDOW = 50
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from eplb.cli import plots  # matplotlib is imported only by what draws
     out = Path(args.out_dir)
     began = time.perf_counter()
     config = SyntheticConfig(num_steps=args.steps, num_layers=61, num_experts=256, top_k=8, tokens_per_step=8192)

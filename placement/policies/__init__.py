@@ -11,7 +11,6 @@ from placement.cluster import ClusterSpec
 from placement.errors import PlacementInfeasibleError
 from placement.placement_model import Placement
 from placement.policies.cpsat_config import CpSatConfig
-from placement.policies.cpsat_policy import fit_cpsat
 from placement.policies.deepseek import deepseek_rebalance, place_deepseek
 from traces.routing_trace import validate_counts
 
@@ -20,6 +19,15 @@ PolicyFit = Callable[..., Placement]
 
 def _fit_deepseek(counts_TLE: np.ndarray, cluster: ClusterSpec, num_groups: int | None = None) -> Placement:
     return place_deepseek(counts_TLE.sum(axis=0), cluster, num_groups=num_groups)
+
+
+def fit_cpsat(counts_TLE: np.ndarray, cluster: ClusterSpec, **options) -> Placement:
+    """This project's OR-Tools policy (`placement.policies.cpsat_policy.fit_cpsat`, the same arguments), imported on
+    first use so that what never solves (the command line's other subcommands, a decode worker) does not import
+    OR-Tools."""
+    from placement.policies.cpsat_policy import fit_cpsat as fit
+
+    return fit(counts_TLE, cluster, **options)
 
 
 def _fit_trivial(counts_TLE: np.ndarray, cluster: ClusterSpec) -> Placement:

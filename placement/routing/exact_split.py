@@ -4,7 +4,6 @@ Legend: E logical experts, G GPUs, P slots.
 """
 
 import numpy as np
-from scipy.optimize import linprog
 
 
 def exact_max_load(counts_E: np.ndarray, phy2log_P: np.ndarray, gpu_of_slot_P: np.ndarray, num_gpus: int) -> float:
@@ -12,6 +11,8 @@ def exact_max_load(counts_E: np.ndarray, phy2log_P: np.ndarray, gpu_of_slot_P: n
 
     min t  s.t.  sum_g x[e, g] = c_e over the GPUs holding e,  sum_e x[e, g] <= t,  x >= 0.
     """
+    from scipy.optimize import linprog  # imported on use: nothing that starts up needs scipy
+
     pairs = np.unique(np.asarray(phy2log_P) * num_gpus + np.asarray(gpu_of_slot_P))
     expert, gpu = pairs // num_gpus, pairs % num_gpus
     n = len(pairs)
