@@ -16,10 +16,10 @@
    placement-oblivious (slot-by-slot) remap of the same target, the lag from the end of the fit window to the
    switch (steps and seconds: what `eplb replay --lag` should be given), and, in a second run, the time from a
    rank's SIGKILL to the first step the survivors complete, against the collective timeout.
-4. The live demo's command of issue 11 run `--runs` times, each as a user runs it (`--section demo-runs`): each
-   run's step_time_p99_ratio (120 steps: its p99s rest on a step or two each), how many runs come under 1.10, the
-   ratio over the steps of every run pooled (with an interval that resamples whole runs), the tail by phase, and a
-   placebo: the same loop with a rebalancer that never rebalances, its steps labelled as each run's were.
+4. The live demo's documented command (docs/benchmarks.md, "The demo, many runs, against a placebo") run `--runs`
+   times, each as a user runs it (`--section demo-runs`): each run's step_time_p99_ratio (120 steps: its p99s rest
+   on a step or two each), how many runs come under 1.10, the ratio over the steps of every run pooled (with an
+   interval that resamples whole runs), the tail by phase, and a placebo: the same loop with a rebalancer that never rebalances, its steps labelled as each run's were.
 5. The machine's own slow steps (`--section noise`), against which the rebalance section's p99 figures read: the
    share of steps over 1.5x the median and p99 / median, for the same W-rank decode loop with no rebalancer (no
    helper, no heartbeat), and for a fixed piece of single-threaded compute timed in 1 and in W processes at once.
@@ -221,7 +221,7 @@ def rebalance_section(args) -> None:
 
 
 ISSUE_DEMO = ("--world-size", "4", "--steps", "120", "--rebalance-every", "30", "--fail-rank", "2", "--fail-at-step",
-              "100")  # the live demo's command in issue 11
+              "100")  # the documented demo command (docs/benchmarks.md, "The demo, many runs, against a placebo")
 QUICK_DEMO = ("--world-size", "3", "--steps", "24", "--experts", "12", "--hidden-size", "16", "--tokens-per-step",
               "60", "--time-limit", "0.5", "--rebalance-every", "6", "--rebalance-policy", "deepseek", "--solve-in",
               "thread")
