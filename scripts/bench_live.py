@@ -19,7 +19,8 @@
 4. The live demo's documented command (docs/benchmarks.md, "The demo, many runs, against a placebo") run `--runs`
    times, each as a user runs it (`--section demo-runs`): each run's step_time_p99_ratio (120 steps: its p99s rest
    on a step or two each), how many runs come under 1.10, the ratio over the steps of every run pooled (with an
-   interval that resamples whole runs), the tail by phase, and a placebo: the same loop with a rebalancer that never rebalances, its steps labelled as each run's were.
+   interval that resamples whole runs), the tail by phase, and a placebo: the same loop with a rebalancer that
+   never rebalances, its steps labelled as each run's were.
 5. The machine's own slow steps (`--section noise`), against which the rebalance section's p99 figures read: the
    share of steps over 1.5x the median and p99 / median, for the same W-rank decode loop with no rebalancer (no
    helper, no heartbeat), and for a fixed piece of single-threaded compute timed in 1 and in W processes at once.
