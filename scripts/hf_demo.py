@@ -27,28 +27,13 @@ import json
 import sys
 
 from collectives import exit_on_signals, run_local_group, start_local_group_server
+from eplb.cli.arg_types import integer
 from eplb.cli.main import OneLineParser
 from placement.cluster import MAX_GPUS
 
 ARCHS = ("deepseek_v3", "deepseek_v4", "qwen3_moe")
 VOCAB = 512
 FIRST_ORDINARY_ID = 3  # 0, 1, 2 are pad, bos and eos in the tiny configs
-
-
-def integer(low: int, high: int | None = None):
-    """An argparse type: an integer >= low (and <= high when given); a bad value names the bound and the text."""
-    bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {text}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:

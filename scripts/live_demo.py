@@ -26,13 +26,13 @@ Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dyna
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 
 from collectives import backend_for, exit_on_signals, run_local_group, start_local_group_server
 from collectives.errors import BackendUnavailableError
+from eplb.cli.arg_types import integer, number
 from eplb.cli.main import OneLineParser
 from eplb.live import ROUTING_MODES, MoELayerConfig
 from eplb.rebalance.config import RebalanceConfig
@@ -45,41 +45,6 @@ from traces.atomic_file import write_text_atomically
 from traces.synthetic import SyntheticConfig, generate_trace
 
 WEIGHT_BYTES = 4  # the experts' weights are float32
-
-
-def integer(low: int, high: int | None = None):
-    """An argparse type: an integer >= low (and <= high when given); a bad value names the bound and the text."""
-    bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {text}")
-        return value
-
-    return parse
-
-
-def number(low: float, *, low_open: bool = False, high: float | None = None, or_exactly: float | None = None):
-    """An argparse type: a finite number >= low (> low when `low_open`) and <= high when given, or `or_exactly`."""
-    bound = f"> {low:g}" if low_open else f">= {low:g}"
-    bound = bound if high is None else f"{bound} and <= {high:g}"
-    bound = bound if or_exactly is None else f"{or_exactly:g} or {bound}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        fits = math.isfinite(value) and (value > low if low_open else value >= low) and (high is None or value <= high)
-        if not (fits or value == or_exactly):
-            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,24 +2,23 @@
 timing tests): every row printed, a rank's part of the plan decodes in less time than planning the moves itself,
 and the demo's repeated runs lose no token and pool into one ratio with an interval, beside a placebo's."""
 
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_live.py"
 
 
-def run_bench(*argv: str) -> int:
-    """The bench's `main` in this process, the script loaded by its path."""
-    spec = importlib.util.spec_from_file_location("bench_live", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main(list(argv))
+@pytest.fixture
+def run_bench(load_script):
+    """`run_bench(*argv)`: the bench's `main` in this process, the script loaded by its path."""
+    return lambda *argv: load_script("bench_live").main(list(argv))
 
 
-def test_plan_section_prints_every_row(capsys):
+def test_plan_section_prints_every_row(run_bench, capsys):
     assert run_bench("--section", "plan", "--quick") == 0
     out = capsys.readouterr().out
     for row in ("| plan (fills and rounds) |", "| encode |", "| decode the whole plan |", "| decode this rank's part |"):
@@ -40,7 +39,7 @@ def test_noise_section_prints_every_row():
         assert float(median) > 0 and 0 <= float(share.rstrip("%")) <= 100 and float(tail) >= 1
 
 
-def test_demo_runs_section_reports_every_run_and_the_pooled_ratio(capsys):
+def test_demo_runs_section_reports_every_run_and_the_pooled_ratio(run_bench, capsys):
     assert run_bench("--section", "demo-runs", "--quick") == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if re.match(r"\| \d+ \|", line)]
@@ -55,7 +54,7 @@ def test_demo_runs_section_reports_every_run_and_the_pooled_ratio(capsys):
     assert placebo and int(placebo.group(2)) == 2 and float(placebo.group(3)) > 0
 
 
-def test_host_copies_section_prints_a_row_per_policy_and_failures_tolerated(capsys):
+def test_host_copies_section_prints_a_row_per_policy_and_failures_tolerated(run_bench, capsys):
     assert run_bench("--section", "host-copies", "--quick") == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 16 x 5 |")]
     assert len(rows) == 6
@@ -64,7 +63,7 @@ def test_host_copies_section_prints_a_row_per_policy_and_failures_tolerated(caps
         assert 0 < most[policy, 1] < most[policy, 2] < most[policy, 3]
 
 
-def test_demo_switches_section_counts_the_runs_that_switched_before_the_kill(capsys):
+def test_demo_switches_section_counts_the_runs_that_switched_before_the_kill(run_bench, capsys):
     assert run_bench("--section", "demo-switches", "--quick", "--runs", "1") == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| `--world-size 3")]
     assert len(rows) == 1

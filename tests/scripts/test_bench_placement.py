@@ -1,6 +1,5 @@
 """The placement benchmark runs end to end on tiny shapes (a smoke test, not a timing test)."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -10,10 +9,8 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_placement.py"
 
 
-def test_bench_placement_quick_run_writes_every_row(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_placement", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_bench_placement_quick_run_writes_every_row(load_script, tmp_path, capsys):
+    module = load_script("bench_placement")
     out = tmp_path / "r.json"
     assert module.main(["--quick", "--window", "10", "--every", "10", "--time-limit", "1", "--json", str(out)]) == 0
     results = json.loads(out.read_text())

@@ -3,7 +3,6 @@ tests, not timing tests): every table has its rows and columns, every figure is 
 be, the differences printed are the figures' own, a policy that should not be worse is not worse, and the fleet
 model agrees with the request-by-request run where both run. No figure of a run is pinned."""
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -12,13 +11,6 @@ import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 NUMBER = re.compile(r"^[$+-]*[\d,]*\.?\d+(?:e[+-]?\d+)?%?$")
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _number(cell: str) -> float:
@@ -44,11 +36,11 @@ def _table(out: str, header: str) -> tuple[list[str], list[list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def fleet_bench() -> tuple[object, str]:
+def fleet_bench(load_script) -> tuple[object, str]:
     import contextlib
     import io
 
-    module = _module("bench_sim")
+    module = load_script("bench_sim")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert module.main(["--section", "fleet", "--quick"]) == 0
@@ -120,8 +112,8 @@ def test_fleet_bench_fleet_model_agrees_with_the_request_level_run_within_10_per
         assert abs(_number(difference)) < 0.10
 
 
-def test_speculative_bench_tables_hold_for_every_acceptance_and_batch(capsys):
-    module = _module("bench_speculative")
+def test_speculative_bench_tables_hold_for_every_acceptance_and_batch(load_script, capsys):
+    module = load_script("bench_speculative")
     assert module.main(["--quick"]) == 0
     out = capsys.readouterr().out
     policies = ("all", "first_n", "threshold")

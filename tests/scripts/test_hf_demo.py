@@ -2,7 +2,6 @@
 (its MoE blocks replaced) exactly the tokens of the unmodified model in one process, logits within 1e-4, no token
 lost; and refuses bad flags with one line and exit 2."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,12 +13,9 @@ KEYS = {"arch", "world_size", "seed", "config", "prompt", "tokens", "tokens_refe
 
 
 @pytest.fixture(scope="module")
-def demo():
+def demo(load_script):
     """The script loaded as a module, to call its `main` in this process."""
-    spec = importlib.util.spec_from_file_location("hf_demo_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("hf_demo")
 
 
 @pytest.mark.parametrize("arch, world_size, swapped, hashed", [

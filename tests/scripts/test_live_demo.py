@@ -5,7 +5,6 @@ parser with one line and exit 2, before any process starts; and a SIGTERM or SIG
 alone ends every process it started (ranks, the solver's helper and its pacer, multiprocessing's resource tracker)
 within 5 s."""
 
-import importlib.util
 import json
 import multiprocessing.process
 import signal
@@ -23,12 +22,9 @@ KEYS = {"steps", "world_size", "routing", "max_abs_err_vs_dense", "imbalance_mea
 
 
 @pytest.fixture(scope="module")
-def demo():
+def demo(load_script):
     """The script loaded as a module, to call its `main` in this process."""
-    spec = importlib.util.spec_from_file_location("live_demo_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("live_demo")
 
 
 @pytest.mark.parametrize("routing", ["dynamic", "oblivious"])
