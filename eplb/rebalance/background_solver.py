@@ -148,6 +148,8 @@ class BackgroundSolver:
         self._process: subprocess.Popen | None = None
         if in_process == "process":
             self._conn, self._process = _start_helper((policy, options, policy_fn, shape, cpu_share, min_gain))
+        else:
+            import_solving_modules(policy, policy_fn)
 
     def submit(self, counts_TLE: np.ndarray | None, current: Placement, target: Placement | None = None) -> None:
         """Start a job: fit on the window `counts_TLE`, or take `target` (a loaded placement), and plan the moves
@@ -227,10 +229,21 @@ def _start_helper(settings: tuple) -> tuple[Connection, subprocess.Popen]:
     return conn, process
 
 
+def import_solving_modules(policy: str, policy_fn: PolicyFn | None) -> None:
+    """Imports now what a solve imports on first use (the cpsat policy's OR-Tools, scipy for the migration plan),
+    where the start-up waits anyway: in the first solve these imports would run at the helper's low priority beside
+    busy decode ranks, and hold that solve for tens of steps."""
+    if policy_fn is None and policy == "cpsat":
+        import placement.policies.cpsat_policy  # noqa: F401
+    import scipy.optimize  # noqa: F401
+    import scipy.sparse  # noqa: F401
+
+
 def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None, shape: TransferShape,
            cpu_share: float, min_gain: float) -> None:
     """The helper process: answer jobs until the connection closes, paced to `cpu_share` while it solves."""
     low_priority()
+    import_solving_modules(policy, policy_fn)
     pacer = Pacer(cpu_share)
     try:
         conn.send((READY_JOB, True, None))
