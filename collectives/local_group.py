@@ -21,7 +21,7 @@ import pickle
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -88,15 +88,27 @@ def run_local_group(
     return _results_in_rank_order(outcome, world_size, deadline_s, allow_failures)
 
 
-def start_local_group_server() -> None:
+def start_local_group_server(preload: Sequence[str] = ()) -> None:
     """Starts the fork server that `run_local_group` forks ranks from, if it is not running, and returns at once: its
-    imports (torch) then overlap the caller's own set-up instead of delaying the first group. Later groups of this
-    process reuse it; it ends with this process."""
+    imports (torch, and the modules `preload` names) then overlap the caller's own set-up instead of delaying the
+    first group, and no rank pays them again. Later groups of this process reuse it; it ends with this process.
+
+    A server running without one of the `preload` modules is stopped and started anew with them (call between
+    groups, never while one runs): its later ranks start with them imported. A module that fails to import is
+    skipped (the ranks import it themselves, or fail as they would have).
+    """
+    wanted = _preloaded | set(preload)
+    server = multiprocessing.forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None and not wanted <= _preloaded:
+        server._stop()
+    _preloaded.update(wanted)
     _rank_context()
 
 
 # What the fork server imports before it forks any rank.
 FORK_SERVER_PRELOAD = ["torch", "torch.distributed", "collectives.local_group"]
+# What the running (or next) fork server imports: FORK_SERVER_PRELOAD and what start_local_group_server added.
+_preloaded: set[str] = set(FORK_SERVER_PRELOAD)
 
 
 def _rank_context() -> tuple[mp.context.BaseContext, tuple[int, bool]]:
@@ -107,7 +119,7 @@ def _rank_context() -> tuple[mp.context.BaseContext, tuple[int, bool]]:
     that watch this process instead.
     """
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(FORK_SERVER_PRELOAD)
+    ctx.set_forkserver_preload(FORK_SERVER_PRELOAD + sorted(_preloaded - set(FORK_SERVER_PRELOAD)))
     server = multiprocessing.forkserver._forkserver
     server.ensure_running()
     server_pid = getattr(server, "_forkserver_pid", None)

@@ -6,17 +6,14 @@ G ranks. Vocabulary-sized dimensions are written out (`vocab`).
 
 Every process builds the same model from the seed (`build_model`), so no weight travels; each rank keeps its
 contiguous share of the B sequences (`rank_rows`) and generates them with its MoE blocks replaced by
-`expert_parallel`. transformers is imported inside the functions that build models, never by importing this module.
+`expert_parallel` (`hf_serving`). transformers is imported inside the functions that build models, never by
+importing this module.
 """
-
-from dataclasses import dataclass, field
 
 import torch
 
-from collectives import Communicator
-from eplb.adapters.hf_models import expert_parallel, sparse_blocks
+from eplb.adapters.hf_models import sparse_blocks
 from eplb.live.load_recorder import count_picks_E
-from placement import Placement
 
 _COMMON = dict(vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3,
                max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
@@ -103,47 +100,3 @@ def record_picks(model) -> tuple[list[list[torch.Tensor]], list]:
 
         handles.append(block.gate.register_forward_hook(hook))
     return per_forward, handles
-
-
-@dataclass(frozen=True)
-class GenerationJob:
-    """What every rank needs: the model (arch, config, seed), the prompts [B][S] and the placement."""
-
-    arch: str
-    config: dict
-    seed: int
-    prompt: list[list[int]]
-    new_tokens: int
-    placement: Placement
-    routing: str = "dynamic"
-
-
-@dataclass
-class RankGeneration:
-    """One rank's share of the generation and what its MoE layers did at each forward."""
-
-    rows: tuple[int, int]  # [start, stop) of the B sequences
-    tokens: list[list[int]]  # [b][N]
-    logits: torch.Tensor  # [b, N, vocab] float32
-    layers_swapped: list[int]
-    computed_TL: list = field(default_factory=list)  # rows this rank's slots computed per forward and layer
-    picks_TL: list = field(default_factory=list)  # picks of the whole group per forward and layer
-
-
-def generate_on_rank(comm: Communicator, job: GenerationJob) -> RankGeneration:
-    """Build the model, replace its MoE blocks by the placement's EP layers, and generate this rank's sequences."""
-    torch.set_num_threads(1)
-    model = build_model(job.arch, job.config, job.seed)
-    swapped = expert_parallel(model, comm, job.placement, routing=job.routing)
-    layers = [model.model.layers[index].mlp for index in swapped]
-    rows = rank_rows(len(job.prompt), comm.world_size, comm.rank)
-    result = RankGeneration((rows.start, rows.stop), [], torch.empty(0), swapped)
-
-    def after_last_layer(module, args, output):
-        result.computed_TL.append([int(layer.last_step["computed_S"].sum()) for layer in layers])
-        result.picks_TL.append([int(layer.last_step["quota_P"].sum()) for layer in layers])
-
-    layers[-1].register_forward_hook(after_last_layer)
-    tokens, logits = greedy(model, torch.tensor(job.prompt[rows], dtype=torch.int64), job.new_tokens)
-    result.tokens, result.logits = tokens.tolist(), logits
-    return result

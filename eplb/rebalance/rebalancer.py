@@ -144,6 +144,25 @@ class Rebalancer:
             message(self.stats.attempts, status, sizes, transfers_ok=transfers_ok, accepts_switch=accept_switch,
                     drifted=drifted), dtype=torch.int64)
 
+    def request_rebalance(self) -> None:
+        """Start a rebalance attempt at the next `step` instead of at the next interval (as an operator's manual
+        trigger does, e.g. SGLang's rebalance request). Call on every rank at the same step; no-op while one is
+        under way."""
+        if not self.in_progress:
+            self._due_now = True
+
+    def wait_for_solve(self, timeout_s: float | None = None) -> None:
+        """On rank 0, while an attempt is solving, block until the solve has finished (done, kept or failed; at most
+        `timeout_s`, default `solve_timeout_s`); no-op elsewhere. The other ranks then wait in the next step's first
+        collective, so decode pauses for the solve, as a synchronous rebalance would: for a worker whose steps are
+        far shorter than a solve and that wants the switch a known number of steps after the start (tests, demos
+        of tiny models), never for serving."""
+        if self.comm.rank != 0 or self.phase != Phase.SOLVING:
+            return
+        end = time.monotonic() + (self.config.solve_timeout_s if timeout_s is None else timeout_s)
+        while self.solver.status()[0] == SolveStatus.RUNNING and time.monotonic() < end:
+            time.sleep(0.005)
+
     def _received_G(self) -> np.ndarray | None:
         """[G, len(Field)] what every rank sent with the last step (None before the first step or after a
         regroup)."""
