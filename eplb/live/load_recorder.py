@@ -47,11 +47,15 @@ class LoadRecorder:
         position: 0-d int64 device tensor, the row the current step writes.
         steps_recorded: decode steps finished so far (host-side counter, advanced by `next_step`).
         scope: "rank" or "group": whose tokens the MoE layers count into it.
+        token_counts_V: with `vocab_size`, [V] int64 on `device`: how often each token id reached a hash-routed
+            layer of this rank since the start (counted once per step, by the first hash layer that reports), the
+            token-count table a hash layer's placement is fitted from (`placement.hash_routing`); else None.
     """
 
     def __init__(self, window: int, num_layers: int, num_experts: int, device: torch.device | str = "cpu",
-                 scope: Literal["rank", "group"] = "rank") -> None:
-        for name, value in (("window", window), ("num_layers", num_layers), ("num_experts", num_experts)):
+                 scope: Literal["rank", "group"] = "rank", vocab_size: int | None = None) -> None:
+        for name, value in (("window", window), ("num_layers", num_layers), ("num_experts", num_experts),
+                            ("vocab_size", 1 if vocab_size is None else vocab_size)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
         if scope not in ("rank", "group"):
@@ -60,6 +64,8 @@ class LoadRecorder:
         self.buffer_TLE = torch.zeros(window + 1, num_layers, num_experts, dtype=torch.int64, device=device)
         self.position = torch.zeros((), dtype=torch.int64, device=device)
         self.steps_recorded = 0
+        self.token_counts_V = None if vocab_size is None else torch.zeros(vocab_size, dtype=torch.int64, device=device)
+        self._token_layer: int | None = None
 
     def record(self, layer: int, topk_ids_NK: torch.Tensor) -> None:
         """Add this step's picks of one layer ([N, K] expert ids, -1 for padding) to the current row."""
@@ -69,6 +75,18 @@ class LoadRecorder:
         """Add this step's tokens per expert of one layer ([E] int64, as `count_picks_E` gives, for a caller that
         counts them anyway; the group's total with `scope="group"`) to the current row."""
         add_to_row_(self.buffer_TLE[:, layer], self.position, counts_E)
+
+    def record_token_ids(self, layer: int, token_ids: torch.Tensor) -> None:
+        """Count a hash layer's token ids (any shape, int64 below `vocab_size`) into `token_counts_V`; only the first
+        layer that reports counts, so that every token counts once however many hash layers there are. No-op
+        without `vocab_size`."""
+        if self.token_counts_V is None:
+            return
+        if self._token_layer is None:
+            self._token_layer = layer
+        if layer == self._token_layer:
+            ids = token_ids.reshape(-1).to(device=self.token_counts_V.device, dtype=torch.int64)
+            self.token_counts_V.index_add_(0, ids, torch.ones_like(ids))
 
     def next_step(self) -> None:
         """End the current decode step: the next row is cleared and becomes current."""

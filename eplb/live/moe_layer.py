@@ -141,6 +141,8 @@ class MoEDecodeLayer(nn.Module):
                 raise ValueError(f"a hash layer needs input_ids with one id per token of x {tuple(x.shape)}; got "
                                  f"{None if input_ids is None else tuple(input_ids.shape)}")
             chosen_NK = self.tid2eid[input_ids.reshape(-1).to(self.tid2eid.device)]
+            if self.recorder is not None:
+                self.recorder.record_token_ids(self.layer, input_ids)
         return self._forward_ND(x.reshape(-1, x.shape[-1]), chosen_NK).reshape(x.shape)
 
     def _forward_ND(self, x_ND: torch.Tensor, chosen_NK: torch.Tensor | None = None) -> torch.Tensor:

@@ -100,3 +100,20 @@ def test_inconsistent_hash_settings_are_refused():
     with pytest.raises(ValueError, match="needs input_ids"):
         layer(torch.randn(3, 4))
     assert layer(torch.randn(3, 4), input_ids=torch.tensor([1, 2, 3])).shape == (3, 4)
+
+
+def test_a_hash_layer_counts_its_token_ids_into_the_recorders_table_once_per_token():
+    from eplb.live import LoadRecorder
+
+    config = MoELayerConfig(hidden_size=4, intermediate_size=4, num_experts=4, top_k=2, hash_routing=True)
+    placement = placement_with_replicas(2, 4)
+    recorder = LoadRecorder(4, 2, 4, vocab_size=10)
+    table = torch.tensor([[v % 4, (v + 1) % 4] for v in range(10)])
+    layers = [MoEDecodeLayer(config, placement, index, OneRank(), torch.randn(4, 4),
+                             ExpertWeights.random(7, 4, 4, seed=index), tid2eid=table, recorder=recorder)
+              for index in range(2)]
+    ids = torch.tensor([[1, 1, 7], [0, 9, 1]])
+    for layer in layers:  # two hash layers see the same ids: each id counts once
+        layer(torch.randn(2, 3, 4), input_ids=ids)
+    assert recorder.token_counts_V.tolist() == [1, 3, 0, 0, 0, 0, 0, 1, 0, 1]
+    assert LoadRecorder(4, 2, 4).token_counts_V is None
