@@ -159,6 +159,25 @@ class BalanceConfig(_Strict):
     time_limit_s: float = Field(1.0, gt=0, le=3600, description="cpsat budget per fit (all layers), seconds.")
 
 
+class CapacityConfig(_Strict):
+    """The operating point of `eplb sim --capacity`: what each sequence and prompt holds, the latency targets, and
+    the prefill instance (the decode unit is `cluster`'s)."""
+
+    decode_context_tokens: int = Field(4096, ge=1, le=1_000_000, description="Tokens in each decoding sequence's "
+                                       "KV cache (the mean context a published decode figure states).")
+    prompt_tokens: int = Field(4096, ge=1, le=1_000_000, description="Tokens of each prompt in a prefill batch.")
+    cached_share: float = Field(0.0, ge=0, lt=1, description="Share of each prompt read from the KV cache tiers "
+                                "instead of computed.")
+    prefill_instance_nodes: int = Field(4, ge=1, le=128, description="Nodes of one prefill instance (DeepSeek's "
+                                        "EP32: 4 nodes of 8 cards).")
+    prefill_redundant_experts: int = Field(32, ge=0, le=4096, description="Expert replicas of a prefill instance "
+                                           "beyond one per expert (none under balance.policy none).")
+    tpot_slo_ms: float = Field(50.0, gt=0, le=10_000, description="Time per output token a decode batch must meet, "
+                                                                  "ms (the step, over tokens per step).")
+    ttft_slo_s: float | None = Field(None, gt=0, le=3600, description="Seconds a prefill batch may take (None: "
+                                     "batches as large as cluster.max_prefill_batch_tokens allows).")
+
+
 class SimConfig(_Strict):
     """One simulation run."""
 
@@ -175,6 +194,8 @@ class SimConfig(_Strict):
     balance: BalanceConfig = Field(BalanceConfig(), description="Decode expert balance.")
     speculative: SpeculativeConfig = Field(SpeculativeConfig(), description="Speculative decoding on the decode "
                                                                             "units (off by default).")
+    capacity: CapacityConfig = Field(CapacityConfig(), description="The operating point of `eplb sim "
+                                     "--capacity`.")
     fleet: FleetConfig | None = Field(None, description="Run days of a whole fleet on token rates from units "
                                       "costed in detail (sim.fleet.run) instead of request by request.")
 

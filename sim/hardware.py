@@ -36,6 +36,9 @@ PROFILES: dict[str, HardwareProfile] = {
     "H800": HardwareProfile(name="H800", bf16_tflops=989.0, lowp_tflops=1979.0, hbm_gb=80.0, hbm_tb_s=3.35,
                             scale_up_gb_s=200.0, scale_up_domain_cards=8, scale_out_gb_s=50.0,
                             price_per_hour_usd=2.0),
+    # NVIDIA H100 SXM: the H800's compute and HBM with full NVLink (900 GB/s bidirectional); one 400 Gb/s NIC per card.
+    "H100": HardwareProfile(name="H100", bf16_tflops=989.0, lowp_tflops=1979.0, hbm_gb=80.0, hbm_tb_s=3.35,
+                            scale_up_gb_s=450.0, scale_up_domain_cards=8, scale_out_gb_s=50.0),
     # NVIDIA H20: Hopper with compute capped for export; the network assumed as in H100 HGX servers.
     "H20": HardwareProfile(name="H20", bf16_tflops=148.0, lowp_tflops=296.0, hbm_gb=96.0, hbm_tb_s=4.0,
                            scale_up_gb_s=450.0, scale_up_domain_cards=8, scale_out_gb_s=50.0),

@@ -243,6 +243,13 @@ def _add_sim_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--days", type=float, default=None,
                    help="days to simulate, for a config with a fleet section (overrides its fleet.days; for "
                         "example sim/configs/deepseek-feb2025-day.yaml)")
+    p.add_argument("--capacity", action="store_true",
+                   help="instead of a run: raise the load until the latency targets bind and report per-card decode "
+                        "and prefill tokens/s there (the config's capacity section sets the operating point)")
+    p.add_argument("--tpot-slo-ms", type=_number(float, 0, low_open=True, high=10_000), default=None,
+                   help="with --capacity: the decode target, ms per output token (overrides capacity.tpot_slo_ms)")
+    p.add_argument("--ttft-slo-s", type=_number(float, 0, low_open=True, high=3600), default=None,
+                   help="with --capacity: the longest prefill batch, seconds (overrides capacity.ttft_slo_s)")
     _add_common(p)
 
 

@@ -15,8 +15,14 @@ and fits, the fleet's steps and card failures, the memory) is estimated before i
 run over a budget is refused with one line naming the config key to change. The files the config names (request
 and routing traces) are inputs: no file written to --out-dir may replace one, through a link either.
 
+`--capacity` runs no traffic: it raises the load on one decode unit and one prefill instance until the latency
+targets bind (`capacity.tpot_slo_ms`, `capacity.ttft_slo_s`, or --tpot-slo-ms and --ttft-slo-s) and reports per-card
+tokens/s there, with the batch, the step and the expert imbalance the placement code gives at that load
+(`sim.capacity`).
+
 Examples:
   eplb sim
+  eplb sim --config sim/configs/cloudmatrix384.yaml --capacity --tpot-slo-ms 50 --json
   eplb sim --config sim/configs/mooncake-conversation.yaml --json
   eplb sim --config sim/configs/deepseek-feb2025-day.yaml --json
   eplb sim --config sim/configs/seed-fleet-day.yaml --days 7
@@ -41,6 +47,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from sim.engine.report import text_report, write_plots
 
     config = load_sim_config(args.config)
+    if args.capacity or args.tpot_slo_ms is not None or args.ttft_slo_s is not None:
+        return _capacity(args, config)
     if args.days is not None:
         if config.fleet is None:
             raise SimConfigError(f"--days needs a config with a fleet section (for example "
@@ -79,6 +87,26 @@ def _fleet(args: argparse.Namespace, config) -> int:
         write_text_atomically(out / "report.json", json.dumps(clean, indent=1, sort_keys=True) + "\n")
         write_fleet_plots(report, out)
     emit(args, clean, fleet_text(report))
+    return 0
+
+
+def _capacity(args: argparse.Namespace, config) -> int:
+    """`--capacity`: both stages' capacity at the latency targets (`sim.capacity`)."""
+    from sim import SimConfigError
+    from sim.capacity import capacity_report, capacity_text
+    from sim.engine.decode_balance import routing_shape
+    from sim.work_budget import check_replay_work
+
+    if not args.capacity:
+        raise SimConfigError("--tpot-slo-ms and --ttft-slo-s set the targets of --capacity; add --capacity")
+    if args.days is not None:
+        raise SimConfigError("--days runs a fleet; --capacity runs none: give one of them")
+    targets = {key: value for key, value in (("tpot_slo_ms", args.tpot_slo_ms), ("ttft_slo_s", args.ttft_slo_s))
+               if value is not None}
+    config = config.model_copy(update={"capacity": config.capacity.model_copy(update=targets)})
+    check_replay_work(config, routing_shape(config, None))
+    report = capacity_report(config)
+    emit(args, _finite(report), capacity_text(report))
     return 0
 
 

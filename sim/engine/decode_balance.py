@@ -59,18 +59,26 @@ def routing_shape(config: SimConfig, counts_TLE: np.ndarray | None) -> tuple[int
     return config.balance.steps, config.balance.layers, config.model.num_routed_experts
 
 
-def decode_imbalance_T(config: SimConfig, counts_TLE: np.ndarray | None = None) -> np.ndarray:
+def decode_imbalance_T(config: SimConfig, counts_TLE: np.ndarray | None = None,
+                       tokens_per_card: int = TOKENS_PER_CARD_PER_STEP) -> np.ndarray:
     """[T] float, max / mean card load of each served step (mean over layers), replayed cyclically by the decode
-    units; `counts_TLE` is the file's trace (`read_routing_trace`), None for the synthetic one, whose step is the
-    unit's typical batch (`TOKENS_PER_CARD_PER_STEP` tokens per card)."""
+    units; `counts_TLE` is the file's trace (`read_routing_trace`), None for the synthetic one, whose step carries
+    `tokens_per_card` tokens per card (default: the unit's typical batch)."""
+    return imbalance_T(config, config.cluster.decode_cards, config.decode_slots_per_card, counts_TLE, tokens_per_card)
+
+
+def imbalance_T(config: SimConfig, cards: int, slots_per_card: int, counts_TLE: np.ndarray | None = None,
+                tokens_per_card: int = TOKENS_PER_CARD_PER_STEP) -> np.ndarray:
+    """[T] float, max / mean card load of each served step (mean over layers) of a group of `cards` cards with
+    `slots_per_card` expert slots each (a decode unit, or a prefill instance), under `config.balance`'s policy;
+    `counts_TLE` as in `decode_imbalance_T`."""
     balance, model = config.balance, config.model
-    cards = config.cluster.decode_cards
     if counts_TLE is None:
         counts_TLE = generate_trace(SyntheticConfig(
             num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts, top_k=model.top_k,
-            tokens_per_step=TOKENS_PER_CARD_PER_STEP * cards, seed=config.seed)).counts_TLE
+            tokens_per_step=max(1, round(tokens_per_card * cards)), seed=config.seed)).counts_TLE
     gpus_per_node = 8 if cards % 8 == 0 else cards
-    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=config.decode_slots_per_card, gpus_per_node=gpus_per_node)
+    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots_per_card, gpus_per_node=gpus_per_node)
     if balance.policy == "none":
         placement = fit_placement("trivial", counts_TLE[:1], cluster)
         return score_placement(placement, counts_TLE, "static").imbalance_TL.mean(axis=1)

@@ -119,3 +119,18 @@ def test_a_routing_trace_that_does_not_fit_the_model_is_refused(tmp_path, run_ep
     config = tmp_path / "c.yaml"
     config.write_text("balance: {routing_trace: routing.npy}\n")
     one_line_error(run_eplb_here("sim", "--config", config, "--json"), f"routing.npy {expected}")
+
+
+def test_capacity_prints_both_stages_and_its_targets_come_from_the_flags(tmp_path, run_eplb_here, one_line_error):
+    config = tmp_path / "small.yaml"
+    config.write_text("model: {sliding_window_share: 0.0}\n"
+                      "balance: {policy: deepseek, layers: 2, steps: 40, refit_every: 10, window: 10}\n")
+    result = run_eplb_here("sim", "--config", str(config), "--capacity", "--tpot-slo-ms", "30", "--ttft-slo-s",
+                           "0.2", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["tpot_slo_ms"] == 30 and report["settings"]["ttft_slo_s"] == 0.2
+    assert report["decode"]["tpot_ms"] <= 30 and report["prefill"]["batch_s"] <= 0.2
+    assert report["decode"]["tokens_per_s_per_card"] > 0 and report["prefill"]["tokens_per_s_per_card"] > 0
+    one_line_error(run_eplb_here("sim", "--config", str(config), "--tpot-slo-ms", "30"), "add --capacity")
+    one_line_error(run_eplb_here("sim", "--capacity", "--tpot-slo-ms", "0"), "--tpot-slo-ms")
