@@ -106,7 +106,7 @@ def generate_trace(config: SyntheticConfig) -> RoutingTrace:
     # Separate streams, so that e.g. changing num_steps does not reshuffle which experts are popular.
     popularity_rng, mix_rng, burst_rng, sample_rng = np.random.default_rng(c.seed).spawn(4)
     p_ZLE = _domain_popularity_ZLE(c, popularity_rng)
-    mix_TZ = _domain_mix_TZ(c, mix_rng)
+    mix_TZ = domain_mix_TZ(c, mix_rng)
     bursts = _draw_bursts(c, burst_rng)
     # Step 1: split each step's tokens over domains.
     tokens_TZ = sample_rng.multinomial(N, mix_TZ)
@@ -136,8 +136,11 @@ def _domain_popularity_ZLE(c: SyntheticConfig, rng: np.random.Generator) -> np.n
     return w_ZLE / w_ZLE.sum(axis=-1, keepdims=True)
 
 
-def _domain_mix_TZ(c: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
-    """[T, Z] float64: each domain's share of the traffic per step; sums to 1 over Z and varies smoothly in t."""
+def domain_mix_TZ(c: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
+    """[T, Z] float64: each domain's share of the traffic per step; sums to 1 over Z and varies smoothly in t.
+
+    `c` needs `num_steps`, `num_domains`, `drift_period_steps` and `drift_strength` (a `SyntheticConfig`, or the
+    token stream's `TokenStreamConfig`, which drifts the same way)."""
     period_Z = c.drift_period_steps * rng.uniform(0.5, 1.5, size=c.num_domains)
     phase_Z = rng.uniform(0.0, 2 * math.pi, size=c.num_domains)
     t_T = np.arange(c.num_steps, dtype=np.float64)

@@ -5,15 +5,16 @@ Legend: V vocabulary, T steps, N tokens per step, Z domains.
 Natural-language token frequencies follow Zipf's law (rank ** -s, s near 1). Each domain (code, chat, math...)
 ranks the vocabulary its own way, except for the `shared_top` most frequent ids (punctuation, function words),
 which every domain ranks alike; the rest of a domain's ranking is a random permutation. Domain z's share of step
-t's tokens is a softmax over domains of `drift_strength * sin(2 pi t / period_z + phase_z)`, as in
-`traces.synthetic`, so the stream drifts the way the synthetic routing traces do; each step splits its N tokens
-over the domains by a multinomial over that mix, and each domain's tokens are drawn from its own Zipf ranking.
+t's tokens is a softmax over domains of `drift_strength * sin(2 pi t / period_z + phase_z)`
+(`traces.synthetic.domain_mix_TZ`), so the stream drifts the way the synthetic routing traces do; each step splits
+its N tokens over the domains by a multinomial over that mix, and each domain's tokens are drawn from its own Zipf
+ranking.
 """
-
-import math
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+from traces.synthetic import domain_mix_TZ
 
 
 class TokenStreamConfig(BaseModel):
@@ -41,11 +42,7 @@ def generate_tokens_TN(config: TokenStreamConfig) -> np.ndarray:
                             for _ in range(c.num_domains)])
     weights_V = np.arange(1, c.vocab_size + 1, dtype=float) ** -c.zipf_exponent
     cumulative_V = np.cumsum(weights_V / weights_V.sum())
-    periods_Z = c.drift_period_steps * mix_rng.uniform(0.5, 1.5, c.num_domains)
-    phases_Z = mix_rng.uniform(0, 2 * math.pi, c.num_domains)
-    logits_TZ = c.drift_strength * np.sin(2 * math.pi * np.arange(c.num_steps)[:, None] / periods_Z + phases_Z)
-    mix_TZ = np.exp(logits_TZ - logits_TZ.max(axis=1, keepdims=True))
-    tokens_TZ = sample_rng.multinomial(c.tokens_per_step, mix_TZ / mix_TZ.sum(axis=1, keepdims=True))
+    tokens_TZ = sample_rng.multinomial(c.tokens_per_step, domain_mix_TZ(c, mix_rng))
     tokens_TN = np.empty((c.num_steps, c.tokens_per_step), dtype=np.int64)
     for step in range(c.num_steps):
         ranks = np.searchsorted(cumulative_V, sample_rng.random(c.tokens_per_step), side="right").clip(

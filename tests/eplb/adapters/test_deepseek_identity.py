@@ -85,16 +85,6 @@ def oracle_rebalance(weight: torch.Tensor, slots: int, groups: int, nodes: int, 
     return phy2log, log2phy.view(layers, experts, widest), count
 
 
-def loads(kind: str, seed: int, layers: int, experts: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    if kind == "ties":  # few distinct integer loads: many equal items in every sort
-        return torch.randint(0, 6, (layers, experts), generator=generator)
-    if kind == "lognormal":
-        return torch.empty(layers, experts).log_normal_(3.0, 1.0, generator=generator).round()
-    weight = torch.rand(layers, experts, generator=generator, dtype=torch.float64) ** 3  # normalised fractions
-    return weight / weight.sum(-1, keepdim=True)
-
-
 SHAPES = [  # (experts, slots, groups, nodes, gpus): every sort of step 3 has more than 40 items
     (256, 288, 1, 1, 144),
     (64, 96, 1, 1, 48),
@@ -106,10 +96,10 @@ SHAPE_IDS = ["global-144-gpus", "global-48-gpus", "hier-4-nodes-64-gpus", "hier-
 
 @pytest.mark.parametrize("kind", ["ties", "lognormal", "normalised"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-def test_deepseek_policy_equals_the_torch_oracle_in_every_output_and_order(shape, kind):
+def test_deepseek_policy_equals_the_torch_oracle_in_every_output_and_order(expert_loads, shape, kind):
     experts, slots, groups, nodes, gpus = shape
     for seed in range(2):
-        weight = loads(kind, seed, 2, experts)
+        weight = expert_loads(kind, torch.Generator().manual_seed(seed), 2, experts)
         ours = rebalance_experts(weight, slots, groups, nodes, gpus)
         for name, got, expected in zip(("phy2log", "log2phy", "logcnt"), ours,
                                        oracle_rebalance(weight, slots, groups, nodes, gpus)):
@@ -124,10 +114,10 @@ def test_the_public_readme_example_is_reproduced_in_all_three_outputs():
         assert torch.equal(got, expected)
 
 
-def test_the_tie_order_decides_log2phy_on_these_shapes():
+def test_the_tie_order_decides_log2phy_on_these_shapes(expert_loads):
     # The cases above test the tie order: in the stable order (the project's default, which offline fits use) equal
     # items land on other GPUs or slots, and log2phy differs from eplb.py's.
-    weight = loads("ties", 0, 2, 256)
+    weight = expert_loads("ties", torch.Generator().manual_seed(0), 2, 256)
     _, stable_log2phy, _ = deepseek_rebalance(weight.numpy().astype(np.float64), 288, 1, 1, 144)
     _, log2phy, _ = oracle_rebalance(weight, 288, 1, 1, 144)
     assert not np.array_equal(stable_log2phy, log2phy.numpy())

@@ -78,15 +78,6 @@ def test_the_classes_subclass_vllms_abstract_policy_when_it_can_be_imported(vllm
                        vllm_files.DefaultEplbPolicy.rebalance_experts(weight, 16, 4, 2, 8))
 
 
-def random_loads(kind: str, generator: torch.Generator, layers: int, experts: int) -> torch.Tensor:
-    if kind == "ties":  # few distinct integer loads: many equal items in every sort
-        return torch.randint(0, 6, (layers, experts), generator=generator)
-    if kind == "lognormal":
-        return torch.empty(layers, experts).log_normal_(3.0, 1.0, generator=generator).round()
-    weight = torch.rand(layers, experts, generator=generator, dtype=torch.float64) ** 3  # normalised fractions
-    return weight / weight.sum(-1, keepdim=True)
-
-
 SHAPES = [  # (experts, slots, groups, nodes, ranks): long rows, where numpy's and torch's orders of ties differ
     (256, 288, 1, 1, 144),
     (64, 96, 1, 1, 48),
@@ -99,13 +90,14 @@ SHAPE_IDS = ["global-144-ranks", "global-48-ranks", "hier-4-nodes-64-ranks", "hi
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-def test_the_deepseek_option_equals_vllms_default_policy_with_and_without_an_old_map(vllm_files, shape):
+def test_the_deepseek_option_equals_vllms_default_policy_with_and_without_an_old_map(vllm_files, expert_loads,
+                                                                                      shape):
     experts, slots, groups, nodes, ranks = shape
     per_rank = slots // ranks
     generator = torch.Generator().manual_seed(experts + ranks)
     default = vllm_files.DefaultEplbPolicy
     for kind in ("ties", "lognormal", "normalised"):
-        weight = random_loads(kind, generator, 3, experts)
+        weight = expert_loads(kind, generator, 3, experts)
         expected = default.rebalance_experts(weight, slots, groups, nodes, ranks)
         got = DEEPSEEK.rebalance_experts(weight, slots, groups, nodes, ranks)
         assert got.dtype == expected.dtype == torch.int64 and got.device == expected.device
