@@ -201,6 +201,9 @@ def agreement(quick: bool) -> None:
         sequences = detailed["decode_batch_mean"]
         fleet_config = FleetConfig.model_validate({
             "prefill_instance_nodes": 1, "tokens_per_s_per_user": 0.01,
+            # the run's own imbalance: its decode units replay the placement code at their batch, its prefill
+            # nodes serve perfectly balanced (one node per instance)
+            "decode_imbalance": detailed["decode_imbalance_mean"], "prefill_imbalance": 1.0,
             "traffic": {"cache_hit_share": detailed["disk_cache_hit_rate"],
                         "kv_tokens_per_sequence": detailed["decode_kv_tokens_mean"] / max(sequences, 1),
                         "prompt_tokens": float(np.mean([r.request.input_tokens for r in result.records])),

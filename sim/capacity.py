@@ -4,7 +4,8 @@ the quantity every published serving figure is (`eplb sim --capacity`).
 - Decode: one EP unit of `cluster.decode_cards` cards, every sequence holding `capacity.decode_context_tokens` of
   context. The batch grows until a step, over the tokens each sequence gains per step (1, or 1 + accepted draft
   tokens under `speculative`), exceeds `capacity.tpot_slo_ms`, or the caches no longer fit HBM after the weights,
-  or `cluster.max_decode_batch_per_card` binds. Tokens/s per card = batch x tokens per step / step / cards.
+  or `cluster.max_decode_batch_per_card` binds; or a fixed `capacity.decode_batch_per_card` (a figure published at
+  a stated batch). Tokens/s per card = batch x tokens per step / step / cards.
 - Prefill: one instance of `capacity.prefill_instance_nodes` nodes, batches of whole prompts of
   `capacity.prompt_tokens` (the `cached_share` read from the persistent tier at `cache.disk_read_gb_s` per node,
   not computed). The batch grows until it takes longer than `capacity.ttft_slo_s` (the batch's own time; queueing
@@ -38,8 +39,10 @@ def capacity_report(config: SimConfig) -> dict:
                          "speculative": config.speculative.enabled}}
 
 
-def decode_capacity(config: SimConfig) -> dict:
-    """The largest decode batch of one unit that meets the TPOT target and fits; its per-card rate and step."""
+def decode_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
+    """The largest decode batch of one unit that meets the TPOT target and fits; its per-card rate and step.
+    `imbalance` fixes the expert imbalance instead of settling it with the placement code (the refit's inner
+    search, `eplb.harness.sim_validation`)."""
     cards, context = config.cluster.decode_cards, config.capacity.decode_context_tokens
     slo_s = config.capacity.tpot_slo_ms / 1000.0
     fits = max_decode_batch(config.model, PROFILES[config.hardware.decode], cards, context,
@@ -51,25 +54,34 @@ def decode_capacity(config: SimConfig) -> dict:
                          f"sequence of capacity.decode_context_tokens={context} after the weights; use more cards or "
                          f"a shorter context")
     tokens_per_step, verified = _tokens_per_step(config)
-    imbalance, batch = 1.0, most
+    fixed = config.capacity.decode_batch_per_card
+    if fixed is not None and round(fixed * cards) > fits:
+        raise ValueError(f"capacity.decode_batch_per_card={fixed:g} sequences of {context} tokens do not fit the "
+                         f"unit's HBM after the weights ({fits / cards:.1f} per card do); lower it or the context")
+    settle = imbalance is None
+    imbalance, batch = (1.0 if settle else imbalance), most
     for _ in range(SETTLE_ROUNDS):
-        batch = _largest(lambda b: _decode_tpot(config, b, imbalance)[0] <= slo_s, most)
-        if batch == 0:
+        batch = max(1, round(fixed * cards)) if fixed is not None else \
+            _largest(lambda b: decode_tpot(config, b, imbalance)[0] <= slo_s, most)
+        if batch == 0 or not settle:
             break
-        settled = _imbalance(config, cards, config.decode_slots_per_card, max(batch, 1) * verified / cards)
+        settled = placement_imbalance(config, cards, config.decode_slots_per_card, max(batch, 1) * verified / cards)
         if abs(settled - imbalance) < 1e-4:
             break
         imbalance = settled
-    tpot, step = _decode_tpot(config, max(batch, 1), imbalance)
+    tpot, step = decode_tpot(config, max(batch, 1), imbalance)
     binding = "tpot_slo" if batch < most else ("kv_cache" if fits <= cap else "max_decode_batch_per_card")
+    if fixed is not None:
+        binding = "fixed_batch"
     return {"tokens_per_s_per_card": batch * tokens_per_step / step / cards if batch else 0.0,
             "batch_per_card": batch / cards, "sequences": batch, "step_ms": 1000 * step, "tpot_ms": 1000 * tpot,
             "tokens_per_step": tokens_per_step, "imbalance": imbalance, "binding": binding if batch else "tpot_slo",
             "cards": cards, "context_tokens": context}
 
 
-def prefill_capacity(config: SimConfig) -> dict:
-    """The largest prefill batch of one instance within the TTFT target (or the batch cap); its per-card rate."""
+def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
+    """The largest prefill batch of one instance within the TTFT target (or the batch cap); its per-card rate.
+    `imbalance` fixes the expert imbalance instead of settling it with the placement code."""
     capacity, cluster, model = config.capacity, config.cluster, config.model
     nodes = capacity.prefill_instance_nodes
     cards = nodes * cluster.cards_per_node
@@ -79,12 +91,13 @@ def prefill_capacity(config: SimConfig) -> dict:
     redundant = 0 if config.balance.policy == "none" else capacity.prefill_redundant_experts
     slots = math.ceil((model.num_routed_experts + redundant) / cards)
     limit = capacity.ttft_slo_s if capacity.ttft_slo_s is not None else math.inf
-    imbalance, prompts = 1.0, most
+    settle = imbalance is None
+    imbalance, prompts = (1.0 if settle else imbalance), most
     for _ in range(SETTLE_ROUNDS):
         prompts = _largest(lambda n: _prefill_seconds(config, n, prompt, cached, cards, imbalance) <= limit, most)
-        if prompts == 0:
+        if prompts == 0 or not settle:
             break
-        settled = _imbalance(config, cards, slots, prompts * (prompt - cached) / cards)
+        settled = placement_imbalance(config, cards, slots, prompts * (prompt - cached) / cards)
         if abs(settled - imbalance) < 1e-4:
             break
         imbalance = settled
@@ -104,7 +117,7 @@ def _tokens_per_step(config: SimConfig) -> tuple[float, float]:
     return step.tokens_per_step, 1.0 + step.verified_per_step
 
 
-def _decode_tpot(config: SimConfig, batch: int, imbalance: float) -> tuple[float, float]:
+def decode_tpot(config: SimConfig, batch: int, imbalance: float) -> tuple[float, float]:
     """(seconds per output token, step seconds) of a unit's decode step of `batch` sequences."""
     hardware, cards = PROFILES[config.hardware.decode], config.cluster.decode_cards
     kv_tokens = batch * config.capacity.decode_context_tokens
@@ -140,7 +153,7 @@ def _largest(ok, most: int) -> int:
     return low
 
 
-def _imbalance(config: SimConfig, cards: int, slots: int, tokens_per_card: float) -> float:
+def placement_imbalance(config: SimConfig, cards: int, slots: int, tokens_per_card: float) -> float:
     """Mean served imbalance of the placement code at this shape and load (cached per shape and load)."""
     model, tokens = config.model, max(1, round(tokens_per_card))
     key = (config.balance.model_dump_json(), model.num_routed_experts, model.top_k, config.seed, cards, slots, tokens)

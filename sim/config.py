@@ -174,6 +174,9 @@ class CapacityConfig(_Strict):
                                            "beyond one per expert (none under balance.policy none).")
     tpot_slo_ms: float = Field(50.0, gt=0, le=10_000, description="Time per output token a decode batch must meet, "
                                                                   "ms (the step, over tokens per step).")
+    decode_batch_per_card: float | None = Field(None, gt=0, le=4096, description="Sequences per decode card at a "
+                                                "fixed batch (a figure published at a stated batch); None: the "
+                                                "largest batch that meets tpot_slo_ms.")
     ttft_slo_s: float | None = Field(None, gt=0, le=3600, description="Seconds a prefill batch may take (None: "
                                      "batches as large as cluster.max_prefill_batch_tokens allows).")
 

@@ -12,14 +12,15 @@ to their experts and back by an all-to-all (dispatch, combine). Every pass is co
                 or their sum without.
 
 with compute at `Efficiency.compute` x peak, reads at `.memory` x HBM bandwidth and the all-to-all at `.network` x
-line rate (`sim.hardware.CALIBRATED` unless given). Tokens are assumed spread evenly over the cards' attention.
+line rate (`sim.hardware.active_efficiency()`, the declared calibration, unless given). Tokens are assumed spread
+evenly over the cards' attention.
 """
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.hardware import CALIBRATED, Efficiency, HardwareProfile
+from sim.hardware import Efficiency, HardwareProfile, active_efficiency
 from sim.model_profile import ZERO_FLOPS, FlopCount, ModelProfile
 
 
@@ -72,30 +73,37 @@ def _expert_slots_per_card(model: ModelProfile, cards: int, redundant_experts: i
 
 
 def _all_to_all_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, tokens_per_card: float,
-                        moe_imbalance: float, efficiency: Efficiency) -> float:
+                        moe_imbalance: float, efficiency: Efficiency, per_domain: bool = False) -> float:
     """Dispatch + combine seconds of the busiest card over all MoE layers.
 
-    Each token sends top_k copies of its hidden state (dispatch_bytes per value) and gets top_k back
-    (combine_bytes), to experts spread evenly over the cards: 1/cards stay on the card, the rest of the scale-up
-    domain goes over scale-up and the remainder over scale-out, without de-duplication: right for DeepEP's
-    low-latency (decode) kernels; its normal (prefill) kernels send a token once per node, so a multi-node prefill
-    instance's scale-out bytes are overstated (still hidden under compute with CALIBRATED).
+    Each token sends its hidden state to its top_k experts (dispatch_bytes per value) and gets top_k results back
+    (combine_bytes), experts spread evenly over the cards. Without `per_domain` (DeepEP's low-latency kernels,
+    decode) every copy travels on its own: 1/cards stay on the card, the rest of the scale-up domain goes over
+    scale-up and the remainder over scale-out. With `per_domain` (DeepEP's normal kernels, prefill) a token crosses
+    scale-out once per remote domain its experts sit in, (D - 1)(1 - (1 - 1/D)^top_k) times for D domains, and is
+    forwarded inside that domain over scale-up, so every copy but the local one crosses scale-up once.
     The busiest card moves moe_imbalance times the mean.
     """
     if cards <= 1:
         return 0.0
-    per_token = model.top_k * model.hidden_size * (model.dispatch_bytes + model.combine_bytes) * model.num_moe_layers
-    card_bytes = tokens_per_card * per_token * moe_imbalance
+    per_value = model.hidden_size * (model.dispatch_bytes + model.combine_bytes) * model.num_moe_layers
+    card_bytes = tokens_per_card * per_value * moe_imbalance
     domain = min(cards, hardware.scale_up_domain_cards)
-    up_bytes = card_bytes * (domain - 1) / cards
-    out_bytes = card_bytes * (cards - domain) / cards
-    return max(up_bytes / (hardware.scale_up_gb_s * 1e9), out_bytes / (hardware.scale_out_gb_s * 1e9)) \
-        / efficiency.network
+    k = model.top_k
+    if per_domain and cards > domain:
+        domains = cards / domain
+        out_copies = (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** k)
+        up_copies = k * (cards - 1) / cards
+    else:
+        out_copies = k * (cards - domain) / cards
+        up_copies = k * (domain - 1) / cards
+    return max(card_bytes * up_copies / (hardware.scale_up_gb_s * 1e9),
+               card_bytes * out_copies / (hardware.scale_out_gb_s * 1e9)) / efficiency.network
 
 
 def _pass_cost(model: ModelProfile, hardware: HardwareProfile, cards: int, tokens: float, flops: FlopCount,
                kv_bytes: float, moe_imbalance: float, redundant_experts: int, efficiency: Efficiency,
-               overlap: bool) -> StepCost:
+               overlap: bool, per_domain: bool = False) -> StepCost:
     """Cost of one forward pass of `tokens` tokens over all `cards`, doing `flops` and reading or writing
     `kv_bytes` of KV cache (both totals over the cards, split evenly)."""
     per_card = flops.scaled(1.0 / cards)
@@ -108,14 +116,14 @@ def _pass_cost(model: ModelProfile, hardware: HardwareProfile, cards: int, token
     moe_s = _part_seconds(per_card.routed_linear * moe_imbalance, 0.0, expert_reads, hardware, efficiency)
     dense_weights = model.replicated_weight_bytes() - attention_weights - model.embedding_params * model.embedding_bytes
     dense_s = _part_seconds(per_card.dense_linear, 0.0, dense_weights, hardware, efficiency)
-    comm_s = _all_to_all_seconds(model, hardware, cards, tokens / cards, moe_imbalance, efficiency)
+    comm_s = _all_to_all_seconds(model, hardware, cards, tokens / cards, moe_imbalance, efficiency, per_domain)
     local = attention_s + moe_s + dense_s
     total = max(local, comm_s) if overlap else local + comm_s
     return StepCost(attention_s=attention_s, moe_s=moe_s, dense_s=dense_s, comm_s=comm_s, total_s=total)
 
 
 def prefill_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, new_tokens: int | Sequence[int],
-                    cached_tokens: int | Sequence[int] = 0, efficiency: Efficiency = CALIBRATED, *,
+                    cached_tokens: int | Sequence[int] = 0, efficiency: Efficiency | None = None, *,
                     moe_imbalance: float = 1.0, redundant_experts: int = 0, overlap: bool = True) -> StepCost:
     """Cost of one prefill batch on an instance of `cards` cards (an 8-card node, or several).
 
@@ -150,11 +158,11 @@ def prefill_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, 
         flops = flops + FlopCount(0.0, 0.0, 0.0, 2.0 * model.embedding_params)  # head on the last token
         kv_bytes += model.kv_bytes(c + n)  # read the cached part, write the new part
     return _pass_cost(model, hardware, cards, float(sum(news)), flops, kv_bytes, moe_imbalance,
-                      redundant_experts, efficiency, overlap)
+                      redundant_experts, efficiency or active_efficiency(), overlap, per_domain=True)
 
 
 def decode_step_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, batch_size: int,
-                        kv_tokens: int, moe_imbalance: float = 1.0, efficiency: Efficiency = CALIBRATED, *,
+                        kv_tokens: int, moe_imbalance: float = 1.0, efficiency: Efficiency | None = None, *,
                         tokens_per_sequence: int = 1, redundant_experts: int = 0,
                         overlap: bool = True) -> StepCost:
     """Cost of one decode step of an EP unit of `cards` cards serving `batch_size` sequences.
@@ -182,7 +190,7 @@ def decode_step_seconds(model: ModelProfile, hardware: HardwareProfile, cards: i
     flops = model.flops_per_token(mean_context).scaled(tokens)
     kv_bytes = batch_size * model.kv_bytes(mean_context)
     return _pass_cost(model, hardware, cards, float(tokens), flops, kv_bytes, moe_imbalance, redundant_experts,
-                      efficiency, overlap)
+                      efficiency or active_efficiency(), overlap)
 
 
 def kv_cache_read_seconds(num_bytes: float, read_gb_s: float) -> float:
@@ -194,7 +202,7 @@ def kv_cache_read_seconds(num_bytes: float, read_gb_s: float) -> float:
 
 
 def vision_encode_seconds(hardware: HardwareProfile, images: int, tokens_per_image: int = 1024,
-                          encoder_params: float = 0.67e9, efficiency: Efficiency = CALIBRATED, *,
+                          encoder_params: float = 0.67e9, efficiency: Efficiency | None = None, *,
                           encoder_layers: int = 32, encoder_width: int = 1280) -> float:
     """Seconds for one card to encode `images` images with a ViT-style encoder, in BF16.
 
@@ -209,6 +217,7 @@ def vision_encode_seconds(hardware: HardwareProfile, images: int, tokens_per_ima
         return 0.0
     flops = images * (2.0 * encoder_params * tokens_per_image
                       + 4.0 * encoder_layers * tokens_per_image ** 2 * encoder_width)
+    efficiency = efficiency or active_efficiency()
     compute = flops / (hardware.bf16_tflops * 1e12 * efficiency.compute)
     reads = 2.0 * encoder_params / (hardware.hbm_tb_s * 1e12 * efficiency.memory)
     return max(compute, reads)

@@ -5,7 +5,12 @@ Units: TFLOP/s dense (no 2:4 sparsity), GB = 1e9 bytes, bandwidths per card and 
 server; Huawei's Unified Bus across a whole 384-NPU CloudMatrix384); "scale-out" is the NIC to anything beyond.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from sim.calibration import fitted
 
 
 class HardwareProfile(BaseModel):
@@ -64,14 +69,33 @@ class Efficiency(BaseModel):
                                                    "all-to-all.")
 
 
-CALIBRATED = Efficiency(compute=0.230, memory=0.70, network=0.78)
+CALIBRATED = Efficiency(compute=fitted("efficiency.compute"), memory=fitted("efficiency.memory"),
+                        network=fitted("efficiency.network"))
 """The one set of factors every profile and every experiment uses; never tuned per run.
 
-Fitted through `sim.cost_model` to DeepSeek's published H800 fleet (tests/sim/test_cost_model.py checks that both
-fleet rates are reproduced within 2%): `network` is what DeepEP's low-latency kernels achieve over the NIC's line
-rate (the fleet rates cannot pin it: with two overlapped micro-batches the all-to-all hides under computation);
-`compute` comes from the prefill rate, which is compute-bound; `memory` from the decode rate, which pins it only
-weakly. Both rates are day averages over deployed nodes, so the factors include DeepSeek's own idle time and load
-imbalance: a simulated node kept busy delivers DeepSeek's average rate, not a benchmark's peak, and saturated
-benchmarks are predicted low (derivation and figures: docs/simulator.md, 'Calibration').
+Read from the declared calibration (`sim/calibration.yaml`, `sim.calibration`), which names each factor's anchor
+and the command that refits it: `network` is DeepEP's low-latency bandwidth over the NIC's line rate, `memory`
+FlashMLA's memory-bound bandwidth over HBM's, `compute` what makes DeepSeek's H800 decode unit (one MTP draft token,
+its stated KV length and per-user speed) deliver its published rate with the expert imbalance the project's
+placement code gives at that batch divided out. The factors are therefore balance-free: the imbalance of a stage's
+batch multiplies its routed-expert work once, in `sim.cost_model` (derivation and figures: docs/simulator.md,
+'Calibration').
 """
+
+
+_ACTIVE: list[Efficiency] = [CALIBRATED]
+
+
+def active_efficiency() -> Efficiency:
+    """The factors the cost model uses when a caller gives none: CALIBRATED, unless `efficiency_override` is on."""
+    return _ACTIVE[-1]
+
+
+@contextmanager
+def efficiency_override(efficiency: Efficiency) -> Iterator[None]:
+    """Cost everything inside the block with `efficiency` instead of CALIBRATED (the refit searches with it)."""
+    _ACTIVE.append(efficiency)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()

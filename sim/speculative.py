@@ -31,6 +31,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sim.calibration import fitted
 from sim.cost_model import decode_step_seconds
 from sim.hardware import HardwareProfile
 from sim.model_profile import ModelProfile
@@ -47,17 +48,16 @@ class SpeculativeConfig(BaseModel):
     Defaults and why (figures and sources: docs/simulator.md, 'Speculative decoding'):
     - first_acceptance 0.875: the middle of the range DeepSeek-V3's report gives for its MTP module's token; with
       draft_cost_share below, k = 1 turns it into the report's published speed-up.
-    - acceptance_decay 0.83: DeepSeek's MTP was trained to predict one token ahead and drifts when reused
-      autoregressively for later positions; this decay reproduces the tokens per step published for the original
-      V3 MTP reused at k = 7.
+    - acceptance_decay (fitted, sim/calibration.yaml): DeepSeek's MTP was trained to predict one token ahead and
+      drifts when reused autoregressively for later positions; the decay is fitted to the tokens per step published
+      for the original V3 MTP reused at k = 7.
     - confidence_spread 1/3: a Beta of concentration 2, uniform at p = 0.5 and skewed to certainty at p = 0.875
       (most tokens easy, a tail of hard ones), so a predictor has easy and hard tokens to tell apart.
     - predictor_noise 0.5 logits: EAGLE-2 finds the draft's confidence tracks the acceptance rate closely; 0.5
       keeps it informative without making it an oracle.
-    - draft_cost_share 0.04: one MTP module is one MLA + MoE layer, a projection and the shared output head, a few
-      percent of a V3 token's time when compute-bound and more when its weight reads dominate; 0.04 sits between,
-      and is what turns DeepSeek's tokens per step into its published speed-up. A DSpark-style parallel drafter
-      costs less per token; lower the share for one.
+    - draft_cost_share (fitted, sim/calibration.yaml): one MTP module is one MLA + MoE layer, a projection and the
+      shared output head, a few percent of a V3 token's time; the share is fitted so that DeepSeek's tokens per step
+      give its published speed-up. A DSpark-style parallel drafter costs less per token; lower the share for one.
     - threshold 0.4: the best fixed cut where verification starts to be what the step pays for
       (scripts/bench_speculative.py sweeps it); lower is better at smaller batches (memory-bound, verification
       nearly free), higher at larger ones.
@@ -76,14 +76,16 @@ class SpeculativeConfig(BaseModel):
                                                           "token (and all after it) is not verified.")
     first_acceptance: float = Field(0.875, ge=0, le=1, description="Mean acceptance of the first draft token "
                                                                    "(default: DeepSeek-V3's MTP, as published).")
-    acceptance_decay: float = Field(0.83, ge=0, le=1, description="Each later position's mean conditional "
-                                                                  "acceptance is the previous one's times this.")
+    acceptance_decay: float = Field(fitted("speculative.acceptance_decay"), ge=0, le=1,
+                                    description="Each later position's mean conditional acceptance is the previous "
+                                                "one's times this (fitted: sim/calibration.yaml).")
     confidence_spread: float = Field(1 / 3, ge=0, lt=1, description="Variance of a token's acceptance around its "
                                                                     "position's mean, as a share of p(1 - p).")
     predictor_noise: float = Field(0.5, ge=0, le=10, description="SD, in logits, of the draft's predicted acceptance "
                                                           "around the true one (0: a perfect predictor).")
-    draft_cost_share: float = Field(0.04, ge=0, le=10, description="Draft seconds per drafted token as a share of a "
-                                                            "target decode step of one token per sequence.")
+    draft_cost_share: float = Field(fitted("speculative.draft_cost_share"), ge=0, le=10,
+                                    description="Draft seconds per drafted token as a share of a target decode step "
+                                                "of one token per sequence (fitted: sim/calibration.yaml).")
 
     @model_validator(mode="after")
     def _consistent(self) -> "SpeculativeConfig":

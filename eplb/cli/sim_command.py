@@ -15,6 +15,11 @@ and fits, the fleet's steps and card failures, the memory) is estimated before i
 run over a budget is refused with one line naming the config key to change. The files the config names (request
 and routing traces) are inputs: no file written to --out-dir may replace one, through a link either.
 
+`eplb sim validate` runs no traffic either: it prints every published anchor (eplb/harness/anchors/anchors.yaml)
+beside the simulator's figure for it, with its role (fitted to it, predicted, or an identity), the error and the
+command behind the figure; `--refit` recomputes the declared calibration (sim/calibration.yaml) from the fitted
+anchors, and `--write` rewrites that file with the result.
+
 `--capacity` runs no traffic: it raises the load on one decode unit and one prefill instance until the latency
 targets bind (`capacity.tpot_slo_ms`, `capacity.ttft_slo_s`, or --tpot-slo-ms and --ttft-slo-s) and reports per-card
 tokens/s there, with the batch, the step and the expert imbalance the placement code gives at that load
@@ -23,6 +28,7 @@ tokens/s there, with the batch, the step and the expert imbalance the placement 
 Examples:
   eplb sim
   eplb sim --config sim/configs/cloudmatrix384.yaml --capacity --tpot-slo-ms 50 --json
+  eplb sim validate --json
   eplb sim --config sim/configs/mooncake-conversation.yaml --json
   eplb sim --config sim/configs/deepseek-feb2025-day.yaml --json
   eplb sim --config sim/configs/seed-fleet-day.yaml --days 7
@@ -46,6 +52,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from sim.fleet.config import FleetConfig
     from sim.engine.report import text_report, write_plots
 
+    if args.action == "validate":
+        return _validate(args)
+    if args.refit or args.write or args.anchors:
+        raise SimConfigError("--refit, --write and --anchors belong to `eplb sim validate`; add validate")
     config = load_sim_config(args.config)
     if args.capacity or args.tpot_slo_ms is not None or args.ttft_slo_s is not None:
         return _capacity(args, config)
@@ -107,6 +117,40 @@ def _capacity(args: argparse.Namespace, config) -> int:
     check_replay_work(config, routing_shape(config, None))
     report = capacity_report(config)
     emit(args, _finite(report), capacity_text(report))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    """`eplb sim validate`: every anchor beside the simulator's figure; with --refit, the calibration refitted."""
+    from sim import SimConfigError
+
+    given = [flag for flag, value in (("--config", args.config), ("--days", args.days), ("--capacity", args.capacity),
+                                      ("--tpot-slo-ms", args.tpot_slo_ms), ("--ttft-slo-s", args.ttft_slo_s),
+                                      ("--out-dir", args.out_dir)) if value not in (None, False)]
+    if given:
+        raise SimConfigError(f"eplb sim validate runs the anchors' own operating points; drop {' '.join(given)}")
+    from eplb.harness.sim_validation import ANCHORS_PATH, refit, refitted_constants, validation_rows, validation_text
+
+    anchors = Path(args.anchors) if args.anchors else ANCHORS_PATH
+
+    if args.write and not args.refit:
+        raise SimConfigError("--write rewrites the calibration with refitted values; add --refit")
+    if args.refit:
+        from sim.calibration import CALIBRATION_PATH, write_calibration
+
+        refits = refit(anchors)
+        report = {"refit": [{"name": item.name, "anchor": item.anchor, "current": item.current,
+                             "refitted": item.refitted, "change": item.change} for item in refits],
+                  "written": None}
+        if args.write:
+            write_calibration(refitted_constants(refits))
+            report["written"] = str(CALIBRATION_PATH)
+        text = "\n".join(f"{item.name:30} {item.current:10.5g} -> {item.refitted:10.5g} ({item.change:+.2%}) from "
+                         f"{item.anchor}" for item in refits)
+        emit(args, report, text + (f"\nwrote {report['written']}" if report["written"] else ""))
+        return 0
+    rows = validation_rows(anchors_path=anchors)
+    emit(args, {"anchors": _finite(rows)}, validation_text(rows))
     return 0
 
 

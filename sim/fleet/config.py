@@ -142,8 +142,15 @@ class FleetConfig(_Strict):
                                                                             "at (default: DeepSeek's published one).")
     prefill_instance_nodes: int = Field(4, ge=1, le=1024, description="Nodes per prefill instance (default: "
                                                                       "DeepSeek's).")
-    decode_imbalance: float = Field(1.0, ge=1, le=100, description="Busiest card's routed tokens over the mean in "
-                                    "the decode units (1.0: the calibrated rates, which carry DeepSeek's own).")
+    decode_imbalance: float | None = Field(None, ge=1, le=100, description="Busiest card's routed tokens over the "
+                                           "mean in the decode units (None: what balance.policy gives at the units' "
+                                           "batch per card, from the placement code).")
+    prefill_imbalance: float | None = Field(None, ge=1, le=100, description="The same in the prefill instances "
+                                            "(None: from the placement code at their batch).")
+    compare_policies: list[Literal["cpsat", "deepseek", "none"]] = Field(
+        [], max_length=3, description="Placement policies the same traffic also runs under, autoscaled, for nodes "
+                                      "and cost per policy (report key policies; cost_saved_usd_per_day when cpsat "
+                                      "and deepseek are both there).")
     drain_s: float = Field(3600.0, ge=0, le=7 * 86400.0, description="Seconds after the last arrival to serve what "
                                                                      "is queued (at most a week); what is left is "
                                                                      "lost.")
@@ -151,3 +158,12 @@ class FleetConfig(_Strict):
     autoscaler: AutoscalerConfig = Field(AutoscalerConfig(), description="Node placement over time.")
     prices: Prices = Field(Prices(), description="Billing and card cost.")
     faults: FaultConfig = Field(FaultConfig(), description="Card failures.")
+
+    @model_validator(mode="after")
+    def _comparison_is_autoscaled(self) -> "FleetConfig":
+        if self.compare_policies and not self.autoscaler.enabled:
+            raise ValueError("compare_policies runs each policy autoscaled; it needs autoscaler.enabled (a fixed "
+                             "split holds the same nodes under every policy)")
+        if len(set(self.compare_policies)) != len(self.compare_policies):
+            raise ValueError(f"compare_policies={self.compare_policies} names a policy twice; list each once")
+        return self

@@ -82,6 +82,12 @@ def fleet_text(report: dict) -> str:
         lines.append(f"  fixed split ({fixed['prefill_nodes']} prefill + {fixed['decode_nodes']} decode nodes): "
                      f"queue wait p50 {fixed['queue_wait_p50_s']:.2f} s, p99 {fixed['queue_wait_p99_s']:.2f} s, "
                      f"cost ${fixed['cost_usd']:,.0f}")
+    for policy, figures in report.get("policies", {}).items():
+        lines.append(f"  under {policy}: decode imbalance {figures['decode_imbalance']:.3f}, "
+                     f"{figures['decode_tokens_per_s_per_node']:,.0f} tok/s per decode node, nodes mean "
+                     f"{figures['nodes_mean']:.1f}, cost ${figures['cost_usd']:,.0f}")
+    if "cost_saved_usd_per_day" in report:
+        lines.append(f"  cpsat saves ${report['cost_saved_usd_per_day']:,.0f} a day over deepseek")
     faults = report["faults"]
     lines.append(f"  faults ({faults['handling']}): {faults['failures']} card failures, {faults['with_spare']} "
                  f"covered by a spare; spares cost ${faults['spare_cost_usd']:,.0f}")
@@ -95,7 +101,8 @@ def _unit(unit: UnitCapacity) -> dict:
             "prefill_tokens_per_s_per_node": unit.prefill_tokens_per_s / unit.prefill_nodes,
             "decode_nodes": unit.decode_nodes, "decode_sequences": unit.decode_sequences,
             "decode_tokens_per_s_per_node": unit.decode_tokens_per_s / unit.decode_nodes,
-            "decode_step_s": unit.decode_step_s}
+            "decode_step_s": unit.decode_step_s, "decode_imbalance": unit.decode_imbalance,
+            "prefill_imbalance": unit.prefill_imbalance}
 
 
 def _autoscaler(run: FleetRun, quota_nodes: int) -> dict | None:

@@ -42,7 +42,35 @@ def run_fleet(config: SimConfig, progress: Callable[[float, float], None] | None
     same_node_hours = {stage: configured[stage] or _whole_units(scaled.nodes[stage][:arrival].mean(), step[stage])
                        for stage in STAGES}
     fixed = run_pass(config, unit, fixed=same_node_hours, progress=None)
-    return fleet_report(config, unit, scaled, fixed, time.perf_counter() - began)
+    report = fleet_report(config, unit, scaled, fixed, time.perf_counter() - began)
+    if config.fleet.compare_policies:
+        _compare_policies(config, report, scaled)
+        report["wall_seconds"] = time.perf_counter() - began
+    return report
+
+
+def _compare_policies(config: SimConfig, report: dict, scaled) -> None:
+    """Add `policies` (nodes, cost and the units' imbalance and rates under each of fleet.compare_policies, the same
+    traffic autoscaled) and, with cpsat and deepseek both there, `cost_saved_usd_per_day` (deepseek's cost per day
+    less cpsat's) to `report`."""
+    policies = {}
+    for policy in config.fleet.compare_policies:
+        if policy == config.balance.policy:
+            unit, run = unit_capacity(config), scaled
+        else:
+            other = config.model_copy(update={"balance": config.balance.model_copy(update={"policy": policy})})
+            unit = unit_capacity(other)
+            run = run_pass(other, unit, fixed=None, progress=None)
+        held = run.held[:arrival_steps(config)]
+        policies[policy] = {"nodes_mean": float(held.mean()), "nodes_peak": float(held.max()),
+                            "cost_usd": run.cost_usd, "decode_imbalance": unit.decode_imbalance,
+                            "prefill_imbalance": unit.prefill_imbalance,
+                            "decode_tokens_per_s_per_node": unit.decode_tokens_per_s / unit.decode_nodes,
+                            "prefill_tokens_per_s_per_node": unit.prefill_tokens_per_s / unit.prefill_nodes}
+    report["policies"] = policies
+    if "cpsat" in policies and "deepseek" in policies:
+        report["cost_saved_usd_per_day"] = (policies["deepseek"]["cost_usd"] - policies["cpsat"]["cost_usd"]) \
+            / config.fleet.days
 
 
 def _configured_split(config: SimConfig, step: dict[str, int]) -> dict[str, int | None]:

@@ -12,7 +12,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_placement.py"
 def test_bench_placement_quick_run_writes_every_row(load_script, tmp_path, capsys):
     module = load_script("bench_placement")
     out = tmp_path / "r.json"
-    assert module.main(["--quick", "--window", "10", "--every", "10", "--time-limit", "1", "--json", str(out)]) == 0
+    assert module.main(["--quick", "--window", "10", "--every", "10", "--time-limit", "0.3", "--json", str(out)]) == 0
     results = json.loads(out.read_text())
     assert all(s["identical"] for s in results["speed"])
     assert len(results["synthetic"]) == 2  # two clusters

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sim import load_sim_config
-from sim.capacity import _decode_tpot, _prefill_seconds, capacity_report, decode_capacity, prefill_capacity
+from sim.capacity import decode_tpot, _prefill_seconds, capacity_report, decode_capacity, prefill_capacity
 from sim.config import SimConfig
 from sim.cost_model import max_decode_batch
 from sim.hardware import PROFILES
@@ -27,7 +27,7 @@ def test_the_decode_batch_is_the_largest_that_meets_the_tpot_target():
     decode = decode_capacity(config)
     assert decode["binding"] == "tpot_slo" and decode["tpot_ms"] <= 40.0
     sequences, imbalance = decode["sequences"], decode["imbalance"]
-    assert _decode_tpot(config, sequences + 1, imbalance)[0] > 0.040
+    assert decode_tpot(config, sequences + 1, imbalance)[0] > 0.040
     assert decode["tokens_per_s_per_card"] == pytest.approx(sequences / (decode["step_ms"] / 1000) / 64)
     assert decode["imbalance"] >= 1.0
 

@@ -24,7 +24,7 @@ def _tiny(**fleet) -> SimConfig:
     """A small fleet: one hour of constant traffic that two prefill instances and one decode unit serve."""
     traffic = {"input_tokens_per_day": 86400 * 100_000.0, "output_tokens_per_day": 86400 * 20_000.0,
                "peak_to_mean": 1.0, "noise": 0.0, "bursts_per_day": 0, **fleet.pop("traffic", {})}
-    settings = {"days": 1 / 24, "traffic": traffic,
+    settings = {"days": 1 / 24, "traffic": traffic, "decode_imbalance": 1.0, "prefill_imbalance": 1.0,
                 "faults": {"card_failures_per_hour": 0.0, "spare_nodes": {"prefill": 0, "decode": 0}}, **fleet}
     return SimConfig(cluster={"decode_cards": 144}, balance={"slots_per_card": 2},
                      fleet=FleetConfig.model_validate(settings))
@@ -39,6 +39,21 @@ def test_fleet_run_reproduces_deepseeks_feb2025_day_within_10_percent():
     assert report["requests_lost"] == 0
     assert report["input_tokens"] == pytest.approx(608e9, rel=1e-6)
     assert report["output_tokens"] == pytest.approx(168e9, rel=1e-6)
+    policies = report["policies"]
+    assert set(policies) == {"cpsat", "deepseek"}
+    assert policies["deepseek"]["nodes_mean"] == report["nodes_mean"]  # the day runs under DeepSeek's policy
+    assert report["cost_saved_usd_per_day"] == pytest.approx(
+        policies["deepseek"]["cost_usd"] - policies["cpsat"]["cost_usd"], rel=1e-12)
+
+
+def test_the_fleet_pays_for_imbalance_an_unbalanced_placement_needs_more_nodes():
+    config = load_sim_config(CONFIGS / "deepseek-feb2025-day.yaml")
+    fleet = config.fleet.model_copy(update={"compare_policies": ["deepseek", "none"], "days": 0.25})
+    policies = run_fleet(config.model_copy(update={"fleet": fleet}))["policies"]
+    balanced, unbalanced = policies["deepseek"], policies["none"]
+    assert unbalanced["decode_imbalance"] > balanced["decode_imbalance"]
+    assert unbalanced["decode_tokens_per_s_per_node"] < balanced["decode_tokens_per_s_per_node"]
+    assert unbalanced["nodes_mean"] > balanced["nodes_mean"] and unbalanced["cost_usd"] > balanced["cost_usd"]
 
 
 def test_economics_add_up_to_the_hand_calculation_on_a_tiny_config():
