@@ -22,7 +22,7 @@ import math
 
 from sim.config import SimConfig
 from sim.cost_model import decode_step_seconds, kv_cache_read_seconds, max_decode_batch, prefill_seconds
-from sim.engine.decode_balance import imbalance_T
+from sim.engine.decode_balance import placement_imbalance
 from sim.hardware import PROFILES
 from sim.speculative import expected_step, step_cost
 from sim.stage_costs import disk_bytes_per_block, redundant_experts
@@ -151,18 +151,6 @@ def _largest(ok, most: int) -> int:
         middle = (low + high) // 2
         low, high = (middle, high) if ok(middle) else (low, middle)
     return low
-
-
-def placement_imbalance(config: SimConfig, cards: int, slots: int, tokens_per_card: float) -> float:
-    """Mean served imbalance of the placement code at this shape and load (cached per shape and load)."""
-    model, tokens = config.model, max(1, round(tokens_per_card))
-    key = (config.balance.model_dump_json(), model.num_routed_experts, model.top_k, config.seed, cards, slots, tokens)
-    if key not in _IMBALANCE:
-        _IMBALANCE[key] = float(imbalance_T(config, cards, slots, None, tokens).mean())
-    return _IMBALANCE[key]
-
-
-_IMBALANCE: dict[tuple, float] = {}  # (balance settings, E, K, seed, cards, slots, tokens per card) -> imbalance
 
 
 def capacity_text(report: dict) -> str:

@@ -111,12 +111,24 @@ class ClusterConfig(_Strict):
                                                                 "cards_per_node cards each.")
     cards_per_node: int = Field(8, ge=1, le=384, description="Cards per prefill node (and per node of the fleet).")
     max_prefill_batch_tokens: int = Field(16384, ge=1, le=1 << 24, description="New tokens one prefill batch may "
-                                                                                "hold.")
+                                                                                "hold, per node of its instance.")
+    prefill_instance_nodes: int = Field(1, ge=1, le=128, description="Nodes per prefill instance: 1, a node alone "
+                                        "with its experts taken as balanced; more (4: DeepSeek's EP32), experts "
+                                        "spread over the instance's cards with the placement code's imbalance and "
+                                        "capacity.prefill_redundant_experts. Must divide prefill_nodes.")
     decode_units: int = Field(1, ge=1, le=256, description="Decode EP units.")
     decode_cards: int = Field(128, ge=1, le=MAX_GPUS, description="Cards per decode EP unit (at most the "
                                                                   f"placement's {MAX_GPUS:,}).")
     max_decode_batch_per_card: int = Field(128, ge=1, le=4096, description="Sequences per decode card at most "
                                                                            "(besides the HBM bound).")
+
+
+    @model_validator(mode="after")
+    def _whole_instances(self) -> "ClusterConfig":
+        if self.prefill_nodes % self.prefill_instance_nodes:
+            raise ValueError(f"prefill_nodes={self.prefill_nodes} is not a whole number of instances of "
+                             f"prefill_instance_nodes={self.prefill_instance_nodes}; use a multiple")
+        return self
 
 
 class CacheConfig(_Strict):

@@ -11,9 +11,12 @@ Sliding-window designs, for a prompt whose first `cached` tokens hit the persist
   many tokens through a share of the layers equal to the sliding layers' share).
 """
 
+import math
+
 from sim.config import SimConfig
 from sim.cost_model import (decode_step_seconds, kv_cache_read_seconds, max_decode_batch, prefill_seconds,
                             vision_encode_seconds)
+from sim.engine.decode_balance import placement_imbalance
 from sim.hardware import PROFILES
 from sim.speculative import SpeculativeStep, step_cost
 
@@ -42,22 +45,47 @@ def recompute_equivalent_tokens(config: SimConfig, cached_tokens: int) -> int:
     return round(cached_tokens * counts.get("sliding", 0) / config.model.num_layers)
 
 
-def prefill_batch_seconds(config: SimConfig, records: list) -> float:
-    """One prefill node's batch: the cost model's time for the new (and recomputed) tokens, plus reading the cached
-    prefixes from the persistent tier."""
-    return prefill_seconds_of(config, [r.request.input_tokens for r in records], [r.cached_tokens for r in records],
-                              [r.recomputed_tokens for r in records], nodes=1)
+def prefill_batch_seconds(config: SimConfig, records: list) -> tuple[float, float]:
+    """(seconds, expert imbalance) of one prefill instance's batch: the cost model's time for the new (and
+    recomputed) tokens at the instance's imbalance (`prefill_instance_imbalance`), plus reading the cached prefixes
+    from the persistent tier."""
+    nodes = config.cluster.prefill_instance_nodes
+    new = sum(r.request.input_tokens - r.cached_tokens + r.recomputed_tokens for r in records)
+    imbalance = prefill_instance_imbalance(config, new)
+    seconds = prefill_seconds_of(config, [r.request.input_tokens for r in records], [r.cached_tokens for r in records],
+                                 [r.recomputed_tokens for r in records], nodes=nodes, imbalance=imbalance)
+    return seconds, imbalance
+
+
+def prefill_instance_imbalance(config: SimConfig, new_tokens: int) -> float:
+    """Expert imbalance of a prefill instance's batch of `new_tokens`: 1.0 for a one-node instance (taken as
+    balanced); else the placement code's under balance.policy at the batch's tokens per card, rounded to a power of
+    two (16-8,192) so that a run replays a handful of loads, each once."""
+    nodes = config.cluster.prefill_instance_nodes
+    if nodes == 1:
+        return 1.0
+    cards = nodes * config.cluster.cards_per_node
+    level = 2.0 ** min(13, max(4, round(math.log2(max(new_tokens / cards, 1.0)))))
+    slots = math.ceil((config.model.num_routed_experts + prefill_redundant_experts(config)) / cards)
+    return placement_imbalance(config, cards, slots, level)
+
+
+def prefill_redundant_experts(config: SimConfig) -> int:
+    """Expert replicas of a multi-node prefill instance beyond one per expert (none under balance.policy none)."""
+    return 0 if config.balance.policy == "none" else config.capacity.prefill_redundant_experts
 
 
 def prefill_seconds_of(config: SimConfig, input_tokens: list[int], cached_tokens: list[int],
-                       recomputed_tokens: list[int], nodes: int) -> float:
+                       recomputed_tokens: list[int], nodes: int, imbalance: float = 1.0) -> float:
     """Seconds of a prefill batch on an instance of `nodes` nodes: prompts of `input_tokens`, of which
     `cached_tokens` hit the persistent tier (read at disk_read_gb_s per node) and `recomputed_tokens` of those are
-    computed again (the window's tail, or the sliding layers under "recompute")."""
+    computed again (the window's tail, or the sliding layers under "recompute"), the routed experts at `imbalance`
+    (with the instance's redundant experts when it spans nodes)."""
     new = [total - cached + again for total, cached, again in zip(input_tokens, cached_tokens, recomputed_tokens)]
     kept = [max(0, cached - again) for cached, again in zip(cached_tokens, recomputed_tokens)]
+    redundant = prefill_redundant_experts(config) if nodes > 1 else 0
     compute = prefill_seconds(config.model, PROFILES[config.hardware.prefill], nodes * config.cluster.cards_per_node,
-                              new, kept).total_s
+                              new, kept, moe_imbalance=imbalance, redundant_experts=redundant).total_s
     read_bytes = sum(cached_tokens) / config.cache.block_tokens * disk_bytes_per_block(config)
     return compute + kv_cache_read_seconds(read_bytes, config.cache.disk_read_gb_s * nodes)
 

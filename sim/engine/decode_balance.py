@@ -87,3 +87,15 @@ def imbalance_T(config: SimConfig, cards: int, slots_per_card: int, counts_TLE: 
     result = rolling_replay(counts_TLE, cluster, balance.policy, every=balance.refit_every, window=window,
                             routing="live", policy_options=options)
     return result.held_out.imbalance_TL.mean(axis=1)
+
+
+def placement_imbalance(config: SimConfig, cards: int, slots: int, tokens_per_card: float) -> float:
+    """Mean served imbalance of the placement code at this shape and load (cached per shape and load)."""
+    model, tokens = config.model, max(1, round(tokens_per_card))
+    key = (config.balance.model_dump_json(), model.num_routed_experts, model.top_k, config.seed, cards, slots, tokens)
+    if key not in _IMBALANCE:
+        _IMBALANCE[key] = float(imbalance_T(config, cards, slots, None, tokens).mean())
+    return _IMBALANCE[key]
+
+
+_IMBALANCE: dict[tuple, float] = {}  # (balance settings, E, K, seed, cards, slots, tokens per card) -> imbalance

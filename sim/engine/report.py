@@ -34,7 +34,9 @@ def build_report(result: SimResult, wall_seconds: float) -> dict:
         "requests_lost": len(records) - len(done),
         "input_tokens_per_s": input_tokens / duration,
         "output_tokens_per_s": output_tokens / duration,
-        "prefill_tokens_per_s_per_card": _rate(result.prefill.tokens, result.prefill.busy_s, cluster.cards_per_node),
+        "prefill_tokens_per_s_per_card": _rate(result.prefill.tokens, result.prefill.busy_s,
+                                               cluster.cards_per_node * cluster.prefill_instance_nodes),
+        "prefill_imbalance_mean": result.prefill_imbalance_sum / max(result.prefill.batches, 1),
         "decode_tokens_per_s_per_card": _rate(result.decode.tokens, result.decode.busy_s, cluster.decode_cards),
         "ttft_p50_s": _percentile(ttft, 50),
         "ttft_p99_s": _percentile(ttft, 99),
@@ -50,7 +52,8 @@ def build_report(result: SimResult, wall_seconds: float) -> dict:
         "cards": cards,
         "utilisation": {
             "vision": result.vision.busy_s / max(result.end_s * cluster.vision_cards, 1e-9),
-            "prefill": result.prefill.busy_s / max(result.end_s * cluster.prefill_nodes, 1e-9),
+            "prefill": result.prefill.busy_s / max(result.end_s * cluster.prefill_nodes
+                                                   / cluster.prefill_instance_nodes, 1e-9),
             "decode": result.decode.busy_s / max(result.end_s * cluster.decode_units, 1e-9),
         },
         "sim_seconds_per_wall_second": result.end_s / max(wall_seconds, 1e-9),

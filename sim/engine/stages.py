@@ -2,11 +2,12 @@
 
 Stages, each a SimPy process:
 - vision: `vision_cards` single-card encoders (a SimPy resource); a request with images queues for one;
-- prefill: each of `prefill_nodes` nodes takes the waiting requests in arrival order into one batch of at most
-  `max_prefill_batch_tokens` new tokens; at the batch's start each prompt looks up the persistent prefix tier (the
-  leading blocks found are read from disk at `disk_read_gb_s` instead of computed) and, when part of it hit, the
-  sliding-window state (per `window_design`); the batch takes the cost model's prefill time plus the disk reads,
-  then its prompts' blocks are stored and the first tokens are out (time to first token);
+- prefill: each instance of `prefill_instance_nodes` nodes (of the `prefill_nodes`) takes the waiting requests in
+  arrival order into one batch of at most `max_prefill_batch_tokens` new tokens per node; at the batch's start each
+  prompt looks up the persistent prefix tier (the leading blocks found are read from disk at `disk_read_gb_s`
+  instead of computed) and, when part of it hit, the sliding-window state (per `window_design`); the batch takes
+  the cost model's prefill time (at the instance's expert imbalance from the placement code, when it spans nodes)
+  plus the disk reads, then its prompts' blocks are stored and the first tokens are out (time to first token);
 - decode: each EP unit runs continuous batching: before every step it admits waiting sequences while the batch and
   its final KV fit (cards x per-card cap, HBM after weights), the step takes the cost model's time with the MoE
   imbalance of the replayed routing trace at that step, every sequence gains a token, finished ones leave.
@@ -71,6 +72,7 @@ class SimResult:
     window_cache: WindowCache
     timeline: dict[str, np.ndarray]  # per simulated second: output_tokens, input_tokens, disk_hit_tokens,
     # decode_steps and decode_imbalance (the sum of the steps' imbalance, over all units)
+    prefill_imbalance_sum: float = 0.0  # over prefill batches
 
 
 class Simulation:
@@ -88,7 +90,9 @@ class Simulation:
         self.records = [RequestRecord(r) for r in requests]
         self.vision_cards = simpy.Resource(self.env, capacity=config.cluster.vision_cards)
         self.prefill_queue: deque[RequestRecord] = deque()
-        self.prefill_wake = [self.env.event() for _ in range(config.cluster.prefill_nodes)]
+        self.prefill_instances = config.cluster.prefill_nodes // config.cluster.prefill_instance_nodes
+        self.prefill_wake = [self.env.event() for _ in range(self.prefill_instances)]
+        self.prefill_imbalance_sum = 0.0
         self.units = [_DecodeUnit(self, index) for index in range(config.cluster.decode_units)]
         self.use = {"vision": StageUse(), "prefill": StageUse(), "decode": StageUse()}
         horizon = int(config.duration_s * 4 + 3600)
@@ -100,8 +104,8 @@ class Simulation:
         """Simulate until every request finished (or 4 x duration + 1 h: later ones count as lost)."""
         env, config = self.env, self.config
         env.process(self._arrivals())
-        for node in range(config.cluster.prefill_nodes):
-            env.process(self._prefill_node(node))
+        for instance in range(self.prefill_instances):
+            env.process(self._prefill_node(instance))
         for unit in self.units:
             env.process(unit.run())
         limit = len(self.timeline["output_tokens"])
@@ -115,7 +119,7 @@ class Simulation:
                          decode_steps, sum(u.imbalance_sum for u in self.units),
                          sum(u.moe_share_sum for u in self.units), sum(u.batch_sum for u in self.units),
                          sum(u.kv_tokens_sum for u in self.units), self.prefix_cache, self.window_cache,
-                         self.timeline)
+                         self.timeline, self.prefill_imbalance_sum)
 
     # ----- arrivals and vision -----
 
@@ -153,14 +157,16 @@ class Simulation:
             while self.prefill_queue:
                 record = self.prefill_queue[0]
                 work = self._look_up_caches(record)
-                if batch and new_tokens + work > config.cluster.max_prefill_batch_tokens:
+                if batch and new_tokens + work > config.cluster.max_prefill_batch_tokens * \
+                        config.cluster.prefill_instance_nodes:
                     break
                 self.prefill_queue.popleft()
                 batch.append(record)
                 new_tokens += work
             for record in batch:
                 record.prefill_start_s = env.now
-            seconds = stage_costs.prefill_batch_seconds(config, batch)
+            seconds, imbalance = stage_costs.prefill_batch_seconds(config, batch)
+            self.prefill_imbalance_sum += imbalance
             self.use["prefill"].busy_s += seconds
             self.use["prefill"].batches += 1
             self.use["prefill"].tokens += sum(r.request.input_tokens for r in batch)

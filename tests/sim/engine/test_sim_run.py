@@ -73,6 +73,16 @@ def test_balancing_the_decode_experts_lowers_imbalance():
     assert balanced["decode_imbalance_mean"] < none["decode_imbalance_mean"]
 
 
+def test_a_prefill_instance_over_two_nodes_pays_the_placement_codes_imbalance():
+    alone = run_simulation(small())[1]
+    spread = run_simulation(small(cluster__prefill_instance_nodes=2))[1]
+    assert alone["prefill_imbalance_mean"] == 1.0  # a node alone is taken as balanced
+    assert spread["prefill_imbalance_mean"] > 1.0 and spread["requests_lost"] == 0
+    assert spread["requests"] == alone["requests"]
+    with pytest.raises(ValueError, match="prefill_instance_nodes=2"):
+        small(cluster__prefill_nodes=3, cluster__prefill_instance_nodes=2)
+
+
 def test_synthetic_sessions_resend_their_history_with_stable_prefix_blocks():
     config = SimConfig().workload.synthetic
     requests = synthetic_requests(config, 120.0, 512, seed=1)
