@@ -67,6 +67,48 @@ def _part_seconds(linear_flops: float, core_flops: float, read_bytes: float, har
     return max(compute, reads)
 
 
+@dataclass(frozen=True)
+class _ModelConstants:
+    """What the cost model reads off a model on every pass, computed once per model (a decode step is costed
+    hundreds of thousands of times in an hour's run)."""
+
+    attention_weights: float  # bytes of MLA weights, all layers
+    dense_weights: float  # bytes of dense FFNs, shared experts, gates and output head
+    expert_weight_bytes: float  # bytes of one expert slot over all MoE layers
+    decode_linear: FlopCount  # weight-matrix FLOPs of one decoded token, output head included
+    core_per_entry: float  # attention-core FLOPs of one decoded token per cached entry
+    kv_per_entry: float  # cache bytes per entry
+    full: int  # layers of each attention kind
+    sliding: int
+    compressed: int
+
+
+_CONSTANTS: dict[int, tuple[ModelProfile, _ModelConstants]] = {}
+
+
+def _constants(model: ModelProfile) -> _ModelConstants:
+    """The model's constants, cached by identity (the same profile object is costed over and over)."""
+    cached = _CONSTANTS.get(id(model))
+    if cached is not None and cached[0] is model:
+        return cached[1]
+    attention_weights = model.num_layers * model.attention_params_per_layer * model.weight_bytes
+    counts = model.layer_counts()
+    core = model.flops_per_token(0)
+    constants = _ModelConstants(
+        attention_weights=attention_weights,
+        dense_weights=model.replicated_weight_bytes() - attention_weights
+        - model.embedding_params * model.embedding_bytes,
+        expert_weight_bytes=model.expert_weight_bytes(),
+        decode_linear=FlopCount(0.0, core.attention_linear, core.routed_linear, core.dense_linear),
+        core_per_entry=2.0 * model.num_heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim),
+        kv_per_entry=model.kv_bytes_per_token_per_layer,
+        full=counts["full"], sliding=counts["sliding"], compressed=counts["compressed"])
+    if len(_CONSTANTS) > 256:
+        _CONSTANTS.clear()
+    _CONSTANTS[id(model)] = (model, constants)
+    return constants
+
+
 def _expert_slots_per_card(model: ModelProfile, cards: int, redundant_experts: int) -> int:
     """Expert slots on the fullest card: ceil((E + redundant) / cards)."""
     return math.ceil((model.num_routed_experts + redundant_experts) / cards)
@@ -107,15 +149,14 @@ def _pass_cost(model: ModelProfile, hardware: HardwareProfile, cards: int, token
     """Cost of one forward pass of `tokens` tokens over all `cards`, doing `flops` and reading or writing
     `kv_bytes` of KV cache (both totals over the cards, split evenly)."""
     per_card = flops.scaled(1.0 / cards)
-    attention_weights = model.num_layers * model.attention_params_per_layer * model.weight_bytes
+    constants = _constants(model)
     attention_s = _part_seconds(per_card.attention_linear, per_card.attention_core,
-                                attention_weights + kv_bytes / cards, hardware, efficiency)
+                                constants.attention_weights + kv_bytes / cards, hardware, efficiency)
     # an expert slot's weights are read when a token reaches it: a share 1 - (1 - K/E)^tokens of slots, per layer
     touched = 1.0 - (1.0 - model.top_k / model.num_routed_experts) ** tokens
-    expert_reads = _expert_slots_per_card(model, cards, redundant_experts) * model.expert_weight_bytes() * touched
+    expert_reads = _expert_slots_per_card(model, cards, redundant_experts) * constants.expert_weight_bytes * touched
     moe_s = _part_seconds(per_card.routed_linear * moe_imbalance, 0.0, expert_reads, hardware, efficiency)
-    dense_weights = model.replicated_weight_bytes() - attention_weights - model.embedding_params * model.embedding_bytes
-    dense_s = _part_seconds(per_card.dense_linear, 0.0, dense_weights, hardware, efficiency)
+    dense_s = _part_seconds(per_card.dense_linear, 0.0, constants.dense_weights, hardware, efficiency)
     comm_s = _all_to_all_seconds(model, hardware, cards, tokens / cards, moe_imbalance, efficiency, per_domain)
     local = attention_s + moe_s + dense_s
     total = max(local, comm_s) if overlap else local + comm_s
@@ -187,8 +228,14 @@ def decode_step_seconds(model: ModelProfile, hardware: HardwareProfile, cards: i
         return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
     mean_context = kv_tokens / batch_size
     tokens = batch_size * tokens_per_sequence
-    flops = model.flops_per_token(mean_context).scaled(tokens)
-    kv_bytes = batch_size * model.kv_bytes(mean_context)
+    constants = _constants(model)
+    # model.flops_per_token(mean_context) and model.kv_bytes(mean_context), from the cached constants
+    entries = (constants.full * mean_context + constants.sliding * min(mean_context, model.sliding_window)
+               + constants.compressed * math.ceil(mean_context / model.compression_ratio))
+    linear = constants.decode_linear
+    flops = FlopCount(constants.core_per_entry * entries * tokens, linear.attention_linear * tokens,
+                      linear.routed_linear * tokens, linear.dense_linear * tokens)
+    kv_bytes = batch_size * entries * constants.kv_per_entry
     return _pass_cost(model, hardware, cards, float(tokens), flops, kv_bytes, moe_imbalance, redundant_experts,
                       efficiency or active_efficiency(), overlap)
 
