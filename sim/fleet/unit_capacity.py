@@ -51,8 +51,12 @@ def unit_capacity(config: SimConfig) -> UnitCapacity:
         "decode_context_tokens": max(1, round(traffic.kv_tokens_per_sequence)),
         "tpot_slo_ms": 1000.0 / fleet.tokens_per_s_per_user})
     at = config.model_copy(update={"capacity": point})
-    prefill = prefill_capacity(at, fleet.prefill_imbalance)
-    decode = decode_capacity(at, fleet.decode_imbalance)
+    try:
+        prefill = prefill_capacity(at, fleet.prefill_imbalance)
+        decode = decode_capacity(at, fleet.decode_imbalance)
+    except ValueError as exc:  # capacity mode names its own keys; here they come from the fleet's traffic
+        raise ValueError(f"the fleet's units (fleet.traffic.kv_tokens_per_sequence={traffic.kv_tokens_per_sequence:g}, "
+                         f"prompt_tokens={traffic.prompt_tokens:g}; capacity.* set from them): {exc}") from exc
     if decode["sequences"] < 1 or decode["tpot_ms"] > point.tpot_slo_ms * (1 + 1e-9):
         raise ValueError(f"one sequence per decode unit already misses fleet.tokens_per_s_per_user="
                          f"{fleet.tokens_per_s_per_user}; lower it or use faster cards")
