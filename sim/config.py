@@ -140,7 +140,8 @@ class CacheConfig(_Strict):
         {"agent": 3.0, "chat": 7.0}, description="Days a prefix block is kept after its last use, per class (at "
                                                  "most 3,650, which keeps every block of any run).")
     disk_read_gb_s: float = Field(40.0, gt=0, le=1e5, description="Read bandwidth from the storage cluster per "
-                                                                  "prefill node (GB/s).")
+                                  "prefill node (GB/s; default: 3FS's KV-cache client peak, about 40 GiB/s per "
+                                  "node, rounded down).")
     block_tokens: int = Field(512, ge=1, le=65536, description="Tokens per prefix block (Mooncake's hash_ids: "
                                                                "512).")
     window_design: Literal["memory", "disk", "recompute"] = Field(
