@@ -194,7 +194,7 @@ def agreement(quick: bool) -> None:
         data = SimConfig.model_validate(STEADY).model_dump()
         data["cluster"]["prefill_nodes"] = prefill_nodes
         if quick:
-            data["duration_s"] = 20.0
+            data["duration_s"] = 14.0
         config = SimConfig.model_validate(data)
         result, detailed = run_simulation(config)
         steady = float(np.median(result.timeline[series][10:round(config.duration_s)]))
