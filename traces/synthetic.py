@@ -46,6 +46,11 @@ class SyntheticConfig(BaseModel):
     top_k: int = Field(8, ge=1, description="K: distinct experts each token picks; at most num_experts.")
     tokens_per_step: int = Field(8192, ge=1, description="N: tokens in one decode step of the EP group.")
     seed: int = Field(0, ge=0, description="Seed of numpy.random.default_rng; same seed, same trace.")
+    sample_seed: int | None = Field(
+        None, ge=0, description="Seed of the sampling stream alone (None: drawn from seed). Two traces with the same "
+        "seed and different sample_seed share every popularity, domain mix and burst and differ only in sampling "
+        "noise: a twin whose fit knows the popularity a trace is drawn from (a forecast oracle)."
+    )
     popularity: Literal["lognormal", "zipf"] = Field(
         "lognormal", description="Shape of expert popularity: lognormal weights or Zipf over a random ranking."
     )
@@ -105,6 +110,8 @@ def generate_trace(config: SyntheticConfig) -> RoutingTrace:
     T, L, E, K, N = c.num_steps, c.num_layers, c.num_experts, c.top_k, c.tokens_per_step
     # Separate streams, so that e.g. changing num_steps does not reshuffle which experts are popular.
     popularity_rng, mix_rng, burst_rng, sample_rng = np.random.default_rng(c.seed).spawn(4)
+    if c.sample_seed is not None:
+        sample_rng = np.random.default_rng([c.sample_seed, c.seed])
     p_ZLE = _domain_popularity_ZLE(c, popularity_rng)
     mix_TZ = domain_mix_TZ(c, mix_rng)
     bursts = _draw_bursts(c, burst_rng)

@@ -1,0 +1,125 @@
+"""How much of the held-out imbalance is forecast error: placements fitted on the last window (rolling, with a lag)
+against the same policy fitted on a twin of the very steps it serves (popularity known, fresh sampling noise only).
+
+Issue 25's yardstick. Each traffic is a synthetic trace (`traces.synthetic`: domains, drift, bursts) and its twin
+(same seed, another `sample_seed`: the same popularity, domain mix and bursts, other samples). Rows per shape and
+traffic, all scored on the same steps [window + largest lag, T) under the live router (`placement/routing`, what a
+decode worker runs):
+
+- rolling, lag L: refit every `--every` steps on the last `--window`, each placement serving L steps after its window
+  ended (`placement.replay.rolling_replay`, what `eplb replay --lag` runs);
+- oracle: each served segment's placement fitted on the twin's counts of that segment.
+
+The forecast gap of a row is its imbalance less the oracle's; a better fit reports the share of the gap it closed.
+
+Usage: python scripts/bench_forecast.py [--quick] [--lags 0 100] [--time-limit 2] [--json PATH]
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from placement import ClusterSpec, fit_placement
+from placement.replay import rolling_replay
+from placement.scoring import score_placement
+from traces.atomic_file import write_text_atomically
+from traces.synthetic import SyntheticConfig, generate_trace
+
+# (GPUs, slots per GPU, tokens per GPU per step), as issue 25 states its rows
+SHAPES = ((64, 5, 128), (128, 3, 64))
+TRAFFICS = {
+    "drift": {},  # the generator's defaults: 4 domains drifting over ~1000 steps, 2 bursts per layer per 1000
+    "bursty": {"burst_rate": 20.0, "burst_length_steps": 75.0, "burst_factor": 3.0},  # a burst every ~50 steps
+}
+TWIN_SAMPLE_SEED = 1_000_003
+
+
+def traces(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int, seed: int
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """(counts_TLE, twin_TLE): a trace and its twin (same popularity, other samples), [T, L, 256] int64."""
+    config = SyntheticConfig(num_steps=steps, num_layers=layers, num_experts=256, top_k=8,
+                             tokens_per_step=gpus * tokens_per_gpu, seed=seed, **TRAFFICS[traffic])
+    twin = config.model_copy(update={"sample_seed": TWIN_SAMPLE_SEED})
+    return generate_trace(config).counts_TLE, generate_trace(twin).counts_TLE
+
+
+def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict, every: int, window: int,
+                lag: int, first_scored: int) -> dict:
+    """Held-out live imbalance of the rolling replay at `lag`, over steps [first_scored, T)."""
+    began = time.perf_counter()
+    result = rolling_replay(counts_TLE, cluster, policy, every=every, window=window, routing="live",
+                            policy_options=options, lag=lag)
+    imbalance_TL = result.held_out.imbalance_TL[first_scored - (window + lag):]
+    return {"fit": f"rolling, lag {lag}", "imbalance_mean": float(imbalance_TL.mean()),
+            "fits": len(result.refit_steps), "seconds": time.perf_counter() - began}
+
+
+def oracle_row(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict,
+               every: int, first_scored: int) -> dict:
+    """Live imbalance over [first_scored, T) with each `every`-step segment served by a placement fitted on the
+    twin's counts of that very segment."""
+    began = time.perf_counter()
+    scores = []
+    for start in range(first_scored, counts_TLE.shape[0], every):
+        stop = min(start + every, counts_TLE.shape[0])
+        placement = fit_placement(policy, twin_TLE[start:stop], cluster, **options)
+        scores.append(score_placement(placement, counts_TLE[start:stop], "live").imbalance_TL)
+    return {"fit": "oracle (popularity known)", "imbalance_mean": float(np.concatenate(scores).mean()),
+            "fits": len(scores), "seconds": time.perf_counter() - began}
+
+
+def measure(quick: bool, lags: list[int], time_limit_s: float, seed: int = 0) -> list[dict]:
+    """Every row of every shape, traffic and policy."""
+    steps, layers, every, window = (140, 1, 40, 40) if quick else (800, 4, 100, 100)
+    shapes = ((32, 9, 64),) if quick else SHAPES
+    rows = []
+    for gpus, slots, tokens_per_gpu in shapes:
+        cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
+        for traffic in TRAFFICS:
+            counts_TLE, twin_TLE = traces(gpus, tokens_per_gpu, traffic, steps, layers, seed)
+            first_scored = window + max(lags)
+            for policy, options in (("deepseek", {}), ("cpsat", {"time_limit_s": time_limit_s,
+                                                                  "routing": "dynamic"})):
+                found = [rolling_row(counts_TLE, cluster, policy, options, every, window, lag, first_scored)
+                         for lag in lags]
+                found.append(oracle_row(counts_TLE, twin_TLE, cluster, policy, options, every, first_scored))
+                oracle = found[-1]["imbalance_mean"]
+                for row in found:
+                    row.update({"shape": f"{gpus} x {slots}, {tokens_per_gpu} tokens/GPU", "traffic": traffic,
+                                "policy": policy, "forecast_gap": row["imbalance_mean"] - oracle,
+                                "scored_steps": steps - first_scored})
+                rows.extend(found)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| shape | traffic | policy | fit | held-out imbalance (live) | forecast gap | fits | seconds |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['shape']} | {row['traffic']} | {row['policy']} | {row['fit']} | "
+                     f"{row['imbalance_mean']:.4f} | {row['forecast_gap']:+.4f} | {row['fits']} | "
+                     f"{row['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one small shape, short traces (a smoke run)")
+    parser.add_argument("--lags", type=int, nargs="+", default=[0, 100], help="lags of the rolling rows (steps)")
+    parser.add_argument("--time-limit", type=float, default=2.0, help="cpsat's budget per fit, seconds")
+    parser.add_argument("--json", default=None, help="also write the rows here as JSON")
+    args = parser.parse_args(argv)
+    if min(args.lags) < 0:
+        parser.error("--lags must be >= 0")
+    rows = measure(args.quick, args.lags, args.time_limit)
+    print(table(rows))
+    if args.json:
+        write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""`scripts/bench_forecast.py` on its quick shape: every policy has its rolling rows at every lag and its oracle row,
+all scored on the same steps; the gaps are measured against the oracle; the twin trace shares its popularity."""
+
+import json
+
+import numpy as np
+
+from traces.synthetic import SyntheticConfig, generate_trace
+
+
+def test_a_twin_shares_popularity_but_not_samples():
+    config = SyntheticConfig(num_steps=400, num_layers=2, num_experts=32, top_k=4, tokens_per_step=4096, seed=3)
+    trace = generate_trace(config).counts_TLE
+    twin = generate_trace(config.model_copy(update={"sample_seed": 11})).counts_TLE
+    other = generate_trace(config.model_copy(update={"seed": 4})).counts_TLE
+    assert not np.array_equal(trace, twin)
+    # same popularity: the twin's expert totals track the trace's far closer than another seed's do
+    totals = trace.sum(axis=0).ravel()
+    assert np.corrcoef(totals, twin.sum(axis=0).ravel())[0, 1] > 0.99
+    assert np.corrcoef(totals, other.sum(axis=0).ravel())[0, 1] < 0.9
+    assert np.array_equal(twin, generate_trace(config.model_copy(update={"sample_seed": 11})).counts_TLE)
+
+
+def test_the_quick_bench_reports_rolling_rows_at_every_lag_beside_the_oracle(load_script, tmp_path, capsys):
+    bench = load_script("bench_forecast")
+    out = tmp_path / "forecast.json"
+    assert bench.main(["--quick", "--lags", "0", "20", "--time-limit", "0.2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    for traffic in bench.TRAFFICS:
+        for policy in ("deepseek", "cpsat"):
+            found = {row["fit"]: row for row in rows if row["traffic"] == traffic and row["policy"] == policy}
+            assert set(found) == {"rolling, lag 0", "rolling, lag 20", "oracle (popularity known)"}
+            assert len({row["scored_steps"] for row in found.values()}) == 1
+            oracle = found["oracle (popularity known)"]
+            assert oracle["forecast_gap"] == 0.0
+            for row in found.values():
+                assert row["imbalance_mean"] >= 1.0 and row["fits"] >= 1
+                assert abs(row["forecast_gap"] - (row["imbalance_mean"] - oracle["imbalance_mean"])) < 1e-12
+    assert "| oracle (popularity known) |" in capsys.readouterr().out
