@@ -78,7 +78,7 @@ def measure(quick: bool, lags: list[int], time_limit_s: float, seed: int = 0) ->
     rows = []
     for gpus, slots, tokens_per_gpu in shapes:
         cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
-        for traffic in TRAFFICS:
+        for traffic in (("drift",) if quick else TRAFFICS):
             counts_TLE, twin_TLE = traces(gpus, tokens_per_gpu, traffic, steps, layers, seed)
             first_scored = window + max(lags)
             for policy, options in (("deepseek", {}), ("cpsat", {"time_limit_s": time_limit_s,
@@ -107,7 +107,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one small shape, short traces (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="one small shape, short drifting traces (a smoke run)")
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 100], help="lags of the rolling rows (steps)")
     parser.add_argument("--time-limit", type=float, default=2.0, help="cpsat's budget per fit, seconds")
     parser.add_argument("--json", default=None, help="also write the rows here as JSON")
