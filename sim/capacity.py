@@ -21,11 +21,11 @@ imbalance multiplies the routed experts' part of the pass (and the busiest card'
 import math
 
 from sim.config import SimConfig
-from sim.cost_model import decode_step_seconds, kv_cache_read_seconds, max_decode_batch, prefill_seconds
+from sim.cost_model import decode_step_seconds, max_decode_batch
 from sim.engine.decode_balance import placement_imbalance
 from sim.hardware import PROFILES
 from sim.speculative import expected_step, step_cost
-from sim.stage_costs import disk_bytes_per_block, redundant_experts
+from sim.stage_costs import prefill_redundant_experts, prefill_seconds_of, redundant_experts
 
 SETTLE_ROUNDS = 4  # batch <-> imbalance rounds; the batch moves by under 1% after two on the shipped configs
 
@@ -88,7 +88,7 @@ def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     prompt = capacity.prompt_tokens
     cached = min(round(prompt * capacity.cached_share), prompt - 1)  # the last token is always computed
     most = max(1, cluster.max_prefill_batch_tokens * nodes // (prompt - cached))  # whole prompts
-    redundant = 0 if config.balance.policy == "none" else capacity.prefill_redundant_experts
+    redundant = prefill_redundant_experts(config)
     slots = math.ceil((model.num_routed_experts + redundant) / cards)
     limit = capacity.ttft_slo_s if capacity.ttft_slo_s is not None else math.inf
     settle = imbalance is None
@@ -133,13 +133,12 @@ def decode_tpot(config: SimConfig, batch: int, imbalance: float) -> tuple[float,
 
 def _prefill_seconds(config: SimConfig, prompts: int, prompt: int, cached: int, cards: int,
                      imbalance: float) -> float:
-    """Seconds of a batch of `prompts` prompts on the instance: compute plus reading the cached parts."""
-    redundant = 0 if config.balance.policy == "none" else config.capacity.prefill_redundant_experts
-    compute = prefill_seconds(config.model, PROFILES[config.hardware.prefill], cards, [prompt - cached] * prompts,
-                              [cached] * prompts, moe_imbalance=imbalance, redundant_experts=redundant).total_s
-    read_bytes = prompts * cached / config.cache.block_tokens * disk_bytes_per_block(config)
+    """Seconds of a batch of `prompts` prompts on the instance of `cards` cards: compute plus reading the cached
+    parts (the engine's `stage_costs.prefill_seconds_of`, with the instance's redundant experts whatever its size)."""
+    assert cards == config.capacity.prefill_instance_nodes * config.cluster.cards_per_node
     nodes = config.capacity.prefill_instance_nodes
-    return compute + kv_cache_read_seconds(read_bytes, config.cache.disk_read_gb_s * nodes)
+    return prefill_seconds_of(config, [prompt] * prompts, [cached] * prompts, [0] * prompts, nodes, imbalance,
+                              redundant_experts=prefill_redundant_experts(config))
 
 
 def _largest(ok, most: int) -> int:

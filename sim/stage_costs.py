@@ -76,14 +76,16 @@ def prefill_redundant_experts(config: SimConfig) -> int:
 
 
 def prefill_seconds_of(config: SimConfig, input_tokens: list[int], cached_tokens: list[int],
-                       recomputed_tokens: list[int], nodes: int, imbalance: float = 1.0) -> float:
+                       recomputed_tokens: list[int], nodes: int, imbalance: float = 1.0,
+                       redundant_experts: int | None = None) -> float:
     """Seconds of a prefill batch on an instance of `nodes` nodes: prompts of `input_tokens`, of which
     `cached_tokens` hit the persistent tier (read at disk_read_gb_s per node) and `recomputed_tokens` of those are
     computed again (the window's tail, or the sliding layers under "recompute"), the routed experts at `imbalance`
-    (with the instance's redundant experts when it spans nodes)."""
+    with `redundant_experts` replicas (None: the instance's when it spans nodes, none for a node alone)."""
     new = [total - cached + again for total, cached, again in zip(input_tokens, cached_tokens, recomputed_tokens)]
     kept = [max(0, cached - again) for cached, again in zip(cached_tokens, recomputed_tokens)]
-    redundant = prefill_redundant_experts(config) if nodes > 1 else 0
+    redundant = redundant_experts if redundant_experts is not None else \
+        (prefill_redundant_experts(config) if nodes > 1 else 0)
     compute = prefill_seconds(config.model, PROFILES[config.hardware.prefill], nodes * config.cluster.cards_per_node,
                               new, kept, moe_imbalance=imbalance, redundant_experts=redundant).total_s
     read_bytes = sum(cached_tokens) / config.cache.block_tokens * disk_bytes_per_block(config)

@@ -73,9 +73,13 @@ def load_anchors(path: Path = ANCHORS_PATH) -> list[Anchor]:
     return anchors
 
 
-def anchor_config(anchor: Anchor, anchors_path: Path = ANCHORS_PATH) -> SimConfig:
-    """The operating point of `anchor` as a SimConfig."""
-    return load_sim_config(Path(anchors_path).parent / anchor.config)
+def anchor_config(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, speculative: dict | None = None) -> SimConfig:
+    """The operating point of `anchor` as a SimConfig; `speculative` (SpeculativeConfig fields) replaces the
+    calibrated ones where the operating point decodes speculatively."""
+    config = load_sim_config(Path(anchors_path).parent / anchor.config)
+    if speculative and config.speculative.enabled:
+        config = config.model_copy(update={"speculative": config.speculative.model_copy(update=speculative)})
+    return config
 
 
 def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Efficiency | None = None,
@@ -94,9 +98,7 @@ def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Effi
                                  **(speculative or {}))
         tokens = expected_step(spec, 0).tokens_per_step
         return tokens / (1.0 + spec.draft_cost_share) if kind == "mtp_speedup" else tokens
-    config = anchor_config(anchor, anchors_path)
-    if speculative and config.speculative.enabled:
-        config = config.model_copy(update={"speculative": config.speculative.model_copy(update=speculative)})
+    config = anchor_config(anchor, anchors_path, speculative)
     with efficiency_override(efficiency or CALIBRATED):
         if kind == "decode":
             rate = decode_capacity(config)["tokens_per_s_per_card"]
@@ -222,9 +224,7 @@ def _refit_compute(anchor: Anchor, anchors_path: Path, memory: float, network: f
     if anchor.measure["kind"] != "decode":
         raise AnchorError(f"efficiency.compute is refitted on a decode anchor; {anchor.name!r} is "
                           f"{anchor.measure['kind']}")
-    config = anchor_config(anchor, anchors_path)
-    if speculative and config.speculative.enabled:
-        config = config.model_copy(update={"speculative": config.speculative.model_copy(update=speculative)})
+    config = anchor_config(anchor, anchors_path, speculative)
     per = config.cluster.cards_per_node if anchor.measure.get("per") == "node" else 1
     imbalance, compute = 1.0, CALIBRATED.compute
     for _ in range(6):

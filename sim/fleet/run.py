@@ -13,8 +13,8 @@ from collections.abc import Callable
 from sim.config import SimConfig
 from sim.fleet.autoscaler import STAGES
 from sim.fleet.report import fleet_report
-from sim.fleet.steps import arrival_steps, run_pass
-from sim.fleet.unit_capacity import unit_capacity
+from sim.fleet.steps import FleetRun, arrival_steps, run_pass
+from sim.fleet.unit_capacity import UnitCapacity, unit_capacity
 from sim.work_budget import check_fleet_work
 
 
@@ -44,29 +44,28 @@ def run_fleet(config: SimConfig, progress: Callable[[float, float], None] | None
     fixed = run_pass(config, unit, fixed=same_node_hours, progress=None)
     report = fleet_report(config, unit, scaled, fixed, time.perf_counter() - began)
     if config.fleet.compare_policies:
-        _compare_policies(config, report, scaled)
+        _compare_policies(config, report, unit, scaled)
         report["wall_seconds"] = time.perf_counter() - began
     return report
 
 
-def _compare_policies(config: SimConfig, report: dict, scaled) -> None:
+def _compare_policies(config: SimConfig, report: dict, unit: UnitCapacity, scaled: FleetRun) -> None:
     """Add `policies` (nodes, cost and the units' imbalance and rates under each of fleet.compare_policies, the same
     traffic autoscaled) and, with cpsat and deepseek both there, `cost_saved_usd_per_day` (deepseek's cost per day
     less cpsat's) to `report`."""
     policies = {}
     for policy in config.fleet.compare_policies:
-        if policy == config.balance.policy:
-            unit, run = unit_capacity(config), scaled
-        else:
+        units, run = unit, scaled  # the configured policy's run is the report's own
+        if policy != config.balance.policy:
             other = config.model_copy(update={"balance": config.balance.model_copy(update={"policy": policy})})
-            unit = unit_capacity(other)
-            run = run_pass(other, unit, fixed=None, progress=None)
+            units = unit_capacity(other)
+            run = run_pass(other, units, fixed=None, progress=None)
         held = run.held[:arrival_steps(config)]
         policies[policy] = {"nodes_mean": float(held.mean()), "nodes_peak": float(held.max()),
-                            "cost_usd": run.cost_usd, "decode_imbalance": unit.decode_imbalance,
-                            "prefill_imbalance": unit.prefill_imbalance,
-                            "decode_tokens_per_s_per_node": unit.decode_tokens_per_s / unit.decode_nodes,
-                            "prefill_tokens_per_s_per_node": unit.prefill_tokens_per_s / unit.prefill_nodes}
+                            "cost_usd": run.cost_usd, "decode_imbalance": units.decode_imbalance,
+                            "prefill_imbalance": units.prefill_imbalance,
+                            "decode_tokens_per_s_per_node": units.decode_tokens_per_s / units.decode_nodes,
+                            "prefill_tokens_per_s_per_node": units.prefill_tokens_per_s / units.prefill_nodes}
     report["policies"] = policies
     if "cpsat" in policies and "deepseek" in policies:
         report["cost_saved_usd_per_day"] = (policies["deepseek"]["cost_usd"] - policies["cpsat"]["cost_usd"]) \
