@@ -35,6 +35,7 @@ import numpy as np
 
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementInfeasibleError
+from placement.forecast import forecast_window, hedged_horizons
 from placement.placement_model import Placement
 from placement.policies import fit_placement
 from placement.scoring import Routing, StepScores, score_placement
@@ -104,6 +105,7 @@ def rolling_replay(
     also_routings: tuple[Routing, ...] = (),
     drift_ratio: float | None = None,
     lag: int = 0,
+    forecast: bool = False,
 ) -> ReplayResult:
     """Replay `counts_TLE` [T, L, E] with a re-fit every `every` steps on the last `window` steps.
 
@@ -112,6 +114,8 @@ def rolling_replay(
     (for example "live" beside "dynamic": the router that runs against the best split). `drift_ratio` > 1 also
     refits early when traffic drifts (see the module docstring); None keeps the fixed cadence. `lag` >= 0 delays
     each placement's first served step by that many steps after its fit window (see the module docstring).
+    `forecast` fits each placement on its window moved along each expert's trend to the period it serves
+    (`placement.forecast.forecast_window` with `hedged_horizons(lag, every)`); its fitted score stays on the window.
 
     Raises:
         PlacementInfeasibleError: `every` or `window` below 1, `lag` negative, `window + lag` leaving no step of
@@ -123,7 +127,9 @@ def rolling_replay(
     parts = _ReplayParts(also={name: [] for name in also_routings})
     while schedule.fit_step + lag < num_steps:
         first = max(schedule.regime_start, schedule.fit_step - window)
-        placement = parts.fit(policy, counts_TLE, first, schedule.fit_step, cluster, policy_options or {}, routing)
+        horizons = hedged_horizons(lag, every) if forecast else None
+        placement = parts.fit(policy, counts_TLE, first, schedule.fit_step, cluster, policy_options or {}, routing,
+                              horizons)
         serve_from = schedule.fit_step + lag
         parts.serve_starts.append(serve_from)
         check_drift = drift_ratio is not None and not schedule.upcoming  # else a refit on drift is in flight
@@ -223,11 +229,15 @@ class _ReplayParts:
     drifts: list[int] = field(default_factory=list)
 
     def fit(self, policy: str, counts_TLE: np.ndarray, first: int, stop: int, cluster: ClusterSpec, options: dict,
-            routing: Routing) -> Placement:
-        """Fits `policy` on steps [first, stop) of `counts_TLE` [T, L, E], timing the fit and scoring it there."""
+            routing: Routing, horizons: tuple[float, ...] | None = None) -> Placement:
+        """Fits `policy` on steps [first, stop) of `counts_TLE` [T, L, E] (moved to `horizons` by
+        `forecast_window` unless None), timing the fit (the forecast included) and scoring it on those steps."""
         history_TLE = counts_TLE[first:stop]
         began = time.perf_counter()
-        placement = fit_placement(policy, history_TLE, cluster, **options)
+        fit_TLE = history_TLE
+        if horizons is not None:
+            fit_TLE = forecast_window(history_TLE, horizons[:len(history_TLE)])
+        placement = fit_placement(policy, fit_TLE, cluster, **options)
         self.seconds.append(time.perf_counter() - began)
         self.windows.append((first, stop))
         self.fitted.append(score_placement(placement, history_TLE, routing))

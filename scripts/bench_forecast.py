@@ -8,23 +8,31 @@ decode worker runs):
 
 - rolling, lag L: refit every `--every` steps on the last `--window`, each placement serving L steps after its window
   ended (`placement.replay.rolling_replay`, what `eplb replay --lag` runs);
+- rolling + forecast, lag L: the same, each fit on its window moved along each expert's trend to the period it
+  serves (`placement.forecast`, `eplb replay --forecast trend`);
 - oracle: each served segment's placement fitted on the twin's counts of that segment.
 
 The forecast gap of a row is its imbalance less the oracle's; a better fit reports the share of the gap it closed.
 
-Usage: python scripts/bench_forecast.py [--quick] [--lags 0 100] [--time-limit 2] [--json PATH]
+With ../shared/data present (not with --quick), also real routing: ESFT's four tasks at 12 x 6 and 512 tokens a
+step, each fitted on the first half of its steps and scored on the rest and on the other tasks (`esft_rows`).
+
+Usage: python scripts/bench_forecast.py [--quick] [--esft-only] [--lags 0 100] [--time-limit 2] [--json PATH]
 """
 
 import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from placement import ClusterSpec, fit_placement
+from placement.forecast import forecast_window, hedged_horizons
 from placement.replay import rolling_replay
 from placement.scoring import score_placement
+from traces import load_trace
 from traces.atomic_file import write_text_atomically
 from traces.synthetic import SyntheticConfig, generate_trace
 
@@ -35,6 +43,10 @@ TRAFFICS = {
     "bursty": {"burst_rate": 20.0, "burst_length_steps": 75.0, "burst_factor": 3.0},  # a burst every ~50 steps
 }
 TWIN_SAMPLE_SEED = 1_000_003
+ESFT = Path(__file__).resolve().parents[2] / "shared" / "data" / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
+ESFT_TASKS = ("intent", "law", "summary", "translation")
+ESFT_CLUSTER = ClusterSpec(num_gpus=12, slots_per_gpu=6, gpus_per_node=12)  # issue 25's ESFT row: 72 slots, 64 experts
+ESFT_TOKENS_PER_STEP = 512
 
 
 def traces(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int, seed: int
@@ -47,13 +59,15 @@ def traces(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int
 
 
 def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict, every: int, window: int,
-                lag: int, first_scored: int) -> dict:
-    """Held-out live imbalance of the rolling replay at `lag`, over steps [first_scored, T)."""
+                lag: int, first_scored: int, forecast: bool = False) -> dict:
+    """Held-out live imbalance of the rolling replay at `lag` (fitting the trend forecast if `forecast`), over steps
+    [first_scored, T)."""
     began = time.perf_counter()
     result = rolling_replay(counts_TLE, cluster, policy, every=every, window=window, routing="live",
-                            policy_options=options, lag=lag)
+                            policy_options=options, lag=lag, forecast=forecast)
     imbalance_TL = result.held_out.imbalance_TL[first_scored - (window + lag):]
-    return {"fit": f"rolling, lag {lag}", "imbalance_mean": float(imbalance_TL.mean()),
+    name = f"rolling{' + forecast' if forecast else ''}, lag {lag}"
+    return {"fit": name, "imbalance_mean": float(imbalance_TL.mean()),
             "fits": len(result.refit_steps), "seconds": time.perf_counter() - began}
 
 
@@ -83,8 +97,8 @@ def measure(quick: bool, lags: list[int], time_limit_s: float, seed: int = 0) ->
             first_scored = window + max(lags)
             for policy, options in (("deepseek", {}), ("cpsat", {"time_limit_s": time_limit_s,
                                                                   "routing": "dynamic"})):
-                found = [rolling_row(counts_TLE, cluster, policy, options, every, window, lag, first_scored)
-                         for lag in lags]
+                found = [rolling_row(counts_TLE, cluster, policy, options, every, window, lag, first_scored, forecast)
+                         for lag in lags for forecast in (False, True)]
                 found.append(oracle_row(counts_TLE, twin_TLE, cluster, policy, options, every, first_scored))
                 oracle = found[-1]["imbalance_mean"]
                 for row in found:
@@ -93,6 +107,39 @@ def measure(quick: bool, lags: list[int], time_limit_s: float, seed: int = 0) ->
                                 "scored_steps": steps - first_scored})
                 rows.extend(found)
     return rows
+
+
+def esft_rows(time_limit_s: float) -> list[dict]:
+    """Real routing (ESFT, DeepSeek-V2-Lite, 26 layers x 64 experts, top-6) at 12 x 6 and 512 tokens a step: per task,
+    fit on the first half of its steps, score on the rest of the task (the next steps) and on each other task, with
+    the window as it is and with the trend forecast to the next steps. Scores under the live router."""
+    tasks = {t: load_trace(ESFT, tokens_per_step=ESFT_TOKENS_PER_STEP, tasks=[t]).counts_TLE for t in ESFT_TASKS}
+    options = {"time_limit_s": time_limit_s, "routing": "dynamic"}
+    rows = []
+    for forecast in (False, True):
+        fitted, following, others = [], [], []
+        for name, counts_TLE in tasks.items():
+            half = len(counts_TLE) // 2
+            window_TLE, next_TLE = counts_TLE[:half], counts_TLE[half:]
+            fit_TLE = forecast_window(window_TLE, hedged_horizons(0, len(next_TLE))) if forecast else window_TLE
+            placement = fit_placement("cpsat", fit_TLE, ESFT_CLUSTER, **options)
+            fitted.append(score_placement(placement, window_TLE, "live").imbalance_TL.mean())
+            following.append(score_placement(placement, next_TLE, "live").imbalance_TL.mean())
+            others.extend(score_placement(placement, other, "live").imbalance_TL.mean()
+                          for other_name, other in tasks.items() if other_name != name)
+        rows.append({"fit": "window + forecast" if forecast else "window", "fitted": float(np.mean(fitted)),
+                     "next_steps": float(np.mean(following)), "other_tasks": float(np.mean(others)),
+                     "gap_next": float(np.mean(following) - np.mean(fitted))})
+    return rows
+
+
+def esft_table(rows: list[dict]) -> str:
+    lines = ["| ESFT 12 x 6, 512 tokens/step, cpsat | fitted (own window) | next steps | other tasks "
+             "| gap (next - fitted) |", "|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['fit']} | {row['fitted']:.4f} | {row['next_steps']:.4f} | {row['other_tasks']:.4f} | "
+                     f"{row['gap_next']:+.4f} |")
+    return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
@@ -111,13 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 100], help="lags of the rolling rows (steps)")
     parser.add_argument("--time-limit", type=float, default=2.0, help="cpsat's budget per fit, seconds")
     parser.add_argument("--json", default=None, help="also write the rows here as JSON")
+    parser.add_argument("--esft-only", action="store_true", help="only the ESFT rows (needs ../shared/data)")
     args = parser.parse_args(argv)
     if min(args.lags) < 0:
         parser.error("--lags must be >= 0")
-    rows = measure(args.quick, args.lags, args.time_limit)
-    print(table(rows))
+    rows = [] if args.esft_only else measure(args.quick, args.lags, args.time_limit)
+    if rows:
+        print(table(rows))
+    esft = esft_rows(args.time_limit) if ESFT.exists() and not args.quick else []
+    if esft:
+        print("\n" + esft_table(esft))
     if args.json:
-        write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
+        write_text_atomically(args.json, json.dumps({"synthetic": rows, "esft": esft}, indent=1) + "\n")
     return 0
 
 

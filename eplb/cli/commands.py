@@ -214,12 +214,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         result = rolling_replay(
             trace.counts_TLE, cluster, args.policy, args.every, args.window, args.routing,
             policy_options(args), on_refit=progress.callback(), drift_ratio=args.refit_on_drift, lag=args.lag,
+            forecast=args.forecast == "trend",
         )
     finally:
         progress.close()
     logger.info("replayed %d fits (%d on drift)", len(result.refit_steps), len(result.drift_steps))
     summary = {"policy": args.policy, "every": args.every, "window": args.window,
-               "refit_on_drift": args.refit_on_drift, **result.summary()}
+               "refit_on_drift": args.refit_on_drift, "forecast": args.forecast, **result.summary()}
     if args.plot:
         plots.plot_imbalance_over_time(
             {f"{args.policy}, {args.routing}": result.held_out.imbalance_TL.mean(axis=1)},

@@ -228,6 +228,9 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refit-on-drift", type=DRIFT_RATIO, default=None, metavar="RATIO",
                    help="also refit at once when a served step's imbalance exceeds RATIO times the fitted one, on "
                         "the steps since that step (for example 1.4; default: fixed cadence only)")
+    p.add_argument("--forecast", choices=("trend", "none"), default="trend",
+                   help="trend (default): fit each placement on its window moved along each expert's load trend to "
+                        "the steps it will serve (--lag and --every set how far); none: fit the window as it is")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 

@@ -40,6 +40,11 @@ class RebalanceConfig(BaseModel):
                                      "where decode ranks fill every core, background work delays them for as long "
                                      "as it is runnable, whatever its priority; 1 where cores are spare (a GPU host)."
     )
+    forecast: Literal["trend", "none"] = Field(
+        "trend", description="trend: rank 0 fits the window moved along each expert's load trend to the steps the "
+                             "placement will serve (from the last measured lag to one interval later; "
+                             "`placement.forecast`); none: the window as it is."
+    )
     routing: Literal["static", "dynamic"] = Field(
         "dynamic", description="The routing the fit optimises for (as the layers route)."
     )

@@ -54,6 +54,7 @@ from eplb.rebalance.solving import Rank0Solver
 from eplb.rebalance.stats import RebalanceStats
 from eplb.rebalance.transfer import WeightMover, tag_base
 from placement import Placement, PlacementFormatError, load_placement
+from placement.forecast import forecast_window, hedged_horizons
 
 __all__ = ["Rebalancer", "RebalanceStats", "RecoveryReport"]
 
@@ -202,9 +203,17 @@ class Rebalancer:
         if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
             window_TLE = self.comm.all_reduce_sum(window_TLE)
         if self.comm.rank == 0:
-            self.solver.submit(window_TLE.cpu().numpy(), self.placement)
+            self.solver.submit(self._fit_window(window_TLE.cpu().numpy()), self.placement)
         self._attempt = Attempt(fit_step=step)
         return False
+
+    def _fit_window(self, window_TLE: np.ndarray) -> np.ndarray:
+        """What rank 0 fits: the recorded window, or with `forecast="trend"` the window moved to the steps its
+        placement will serve, from the last measured lag (0 before the first switch) for one interval."""
+        if self.config.forecast == "none":
+            return window_TLE
+        lag = self.stats.lag_steps[-1] if self.stats.lag_steps else 0
+        return forecast_window(window_TLE, hedged_horizons(lag, self.config.interval)[:len(window_TLE)])
 
     def _poll_solve(self, received_G: np.ndarray | None) -> None:
         """Act on rank 0's solve status once it is about this attempt: fail, keep, or broadcast the answer and

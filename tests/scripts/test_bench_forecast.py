@@ -1,5 +1,6 @@
-"""`scripts/bench_forecast.py` on its quick shape: every policy has its rolling rows at every lag and its oracle row,
-all scored on the same steps; the gaps are measured against the oracle; the twin trace shares its popularity."""
+"""`scripts/bench_forecast.py` on its quick shape: every policy has its rolling rows (with and without the trend
+forecast) at every lag and its oracle row, all scored on the same steps; the gaps are measured against the oracle;
+the twin trace shares its popularity."""
 
 import json
 
@@ -25,12 +26,15 @@ def test_the_quick_bench_reports_rolling_rows_at_every_lag_beside_the_oracle(loa
     bench = load_script("bench_forecast")
     out = tmp_path / "forecast.json"
     assert bench.main(["--quick", "--lags", "0", "20", "--time-limit", "0.2", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())
+    found_json = json.loads(out.read_text())
+    assert found_json["esft"] == []  # --quick leaves the real routing out
+    rows = found_json["synthetic"]
     assert {row["traffic"] for row in rows} == {"drift"}  # --quick runs the drifting traffic alone
     for traffic in ("drift",):
         for policy in ("deepseek", "cpsat"):
             found = {row["fit"]: row for row in rows if row["traffic"] == traffic and row["policy"] == policy}
-            assert set(found) == {"rolling, lag 0", "rolling, lag 20", "oracle (popularity known)"}
+            assert set(found) == {"rolling, lag 0", "rolling, lag 20", "rolling + forecast, lag 0",
+                                  "rolling + forecast, lag 20", "oracle (popularity known)"}
             assert len({row["scored_steps"] for row in found.values()}) == 1
             oracle = found["oracle (popularity known)"]
             assert oracle["forecast_gap"] == 0.0

@@ -213,6 +213,20 @@ def test_replay_scores_the_held_out_steps_with_one_refit_per_every(run_eplb, sma
     assert_scores(summary)
     assert summary["steps"] == 60 - 10, "steps [0, window) are never scored"
     assert summary["refits"] == 4, "refits at steps 10, 25, 40, 55"
+    assert summary["forecast"] == "trend", "the trend forecast is the default fit"
+
+
+def test_replay_fits_the_window_as_it_is_with_no_forecast(run_eplb, tmp_path):
+    # One expert's rate rises steadily: the forecast gives it more replicas than its stale window does.
+    rng = np.random.default_rng(0)
+    rate = np.full((80, 1, 32), 20.0)
+    rate[:, 0, 0] = np.linspace(20.0, 900.0, 80)
+    save_trace(RoutingTrace.from_counts(rng.poisson(rate)), tmp_path / "rising.npz")
+    args = ("replay", "--trace", tmp_path / "rising.npz", *CLUSTER, "--policy", "deepseek", "--every", "10",
+            "--window", "10", "--lag", "10", "--routing", "dynamic", "--json")
+    trend, none = ok_json(run_eplb(*args)), ok_json(run_eplb(*args, "--forecast", "none"))
+    assert (trend["forecast"], none["forecast"]) == ("trend", "none")
+    assert trend["imbalance_mean"] < none["imbalance_mean"]
 
 
 def test_replay_refits_on_drift_when_the_traffic_switches(run_eplb, tmp_path):

@@ -1,0 +1,165 @@
+"""Forecast the traffic a placement will serve: the fit window's steps moved along each expert's trend.
+
+Legend: T window steps, L layers, E logical experts, K horizons (chunks of the forecast window).
+
+A placement fitted on the last window serves the steps that come after it: from `lag` steps after the window ends
+(the solve and the weight transfer) until the next placement lands. When traffic drifts, the window's mean load is
+stale by then, and the held-out imbalance grows with the staleness (figures: docs/placement.md, 'Forecasting the
+load'). `forecast_window` hands the policy a window of the same shape whose steps carry the loads the served steps
+may carry, so any policy fits the traffic to come with no change to the policy itself:
+
+1. Each row's tokens become shares of that row's total (a step's batch size is not drift).
+2. Per layer and expert, a least-squares line through the shares over the window: a level and a slope. A slope
+   within two standard errors of zero (its noise, from the line's residuals) is dropped, and a larger one shrunk by
+   max(0, 1 - 4 se^2 / b^2), so that sampling noise (few tokens, or traffic that does not move) moves nothing and
+   a clear trend moves almost in full. A slope is also dropped unless the lines through each half of the window
+   slope the same way: a burst that began or ended within the window is a step, not a trend, and extrapolating it
+   as one overshoots.
+3. At h steps after the window ends, the forecast share is the line's value at the window's end plus the slope
+   times h (or, with `damping_steps` tau, times tau * (1 - exp(-h / tau)): a damped trend). A share is kept above a
+   quarter of its window mean (a falling line does not reach zero), and each horizon's shares sum to 1.
+4. The window's rows are split in K consecutive chunks, K = `len(horizons)`; chunk k's rows are rescaled per expert
+   so that the chunk's share of each expert is the forecast at horizons[k], each row keeping its total tokens
+   (iterative proportional fitting). The step-to-step noise of the window stays in the rows; only the means move.
+
+Which horizons: `hedged_horizons`. Under-forecasting an expert that rises costs a replica where it is needed, while
+over-forecasting one costs little (its spare replica still carries tokens), so the fit covers the whole range from
+no change (h = 0) to the trend at the middle of the served period; the policy's objective, a mean over the rows,
+then asks for a placement that serves both. Measured alternatives (a point forecast, damped trends, low-rank
+denoising, synthetic bursts) are in docs/placement.md.
+"""
+
+import numpy as np
+
+# A forecast share is kept above this fraction of the expert's window mean share.
+FLOOR_OF_MEAN = 0.25
+# A slope b with standard error se is kept times max(0, 1 - SHRINK * se^2 / b^2): 4 drops those under 2 se.
+SHRINK = 4.0
+# Rounds of iterative proportional fitting that move a chunk's rows to its forecast shares.
+FITTING_ROUNDS = 8
+# Windows at least this long also check that each half slopes the way the whole does.
+MIN_STEPS_FOR_HALVES = 8
+
+
+def trend_shares(counts_TLE: np.ndarray, horizons, damping_steps: float | None = None) -> np.ndarray:
+    """Each expert's forecast share of its layer's tokens at each horizon.
+
+    Args:
+        counts_TLE: [T, L, E] non-negative counts of the fit window, oldest step first (T >= 1).
+        horizons: K >= 1 horizons in steps after the window's last step, each >= 0.
+        damping_steps: tau of a damped trend (> 0); None: the straight line.
+
+    Returns:
+        shares_KLE: [K, L, E] float64, summing to 1 over E for every layer with tokens (0 where a layer has none).
+    """
+    counts = np.asarray(counts_TLE, dtype=np.float64)
+    horizons_K = np.asarray(horizons, dtype=np.float64).reshape(-1)
+    num_steps = counts.shape[0]
+    totals_TL1 = counts.sum(axis=2, keepdims=True)
+    shares_TLE = np.divide(counts, totals_TL1, out=np.zeros_like(counts), where=totals_TL1 > 0)
+    has_tokens_TL = totals_TL1[..., 0] > 0
+    # Only rows with tokens carry a share: a step of a layer with no tokens says nothing about its mix.
+    weight_TL1 = has_tokens_TL[..., None].astype(np.float64)
+    rows_L1 = np.maximum(weight_TL1.sum(axis=0), 1.0)
+    t_T11 = np.arange(num_steps, dtype=np.float64)[:, None, None]
+    t_mean_L1 = (weight_TL1 * t_T11).sum(axis=0) / rows_L1
+    mean_LE = (weight_TL1 * shares_TLE).sum(axis=0) / rows_L1
+    dt_TL1 = (t_T11 - t_mean_L1) * weight_TL1
+    sxx_L1 = (dt_TL1 ** 2).sum(axis=0)
+    slope_LE = np.divide((dt_TL1 * (shares_TLE - mean_LE)).sum(axis=0), sxx_L1,
+                         out=np.zeros_like(mean_LE), where=sxx_L1 > 0)
+    residual_TLE = (shares_TLE - mean_LE - slope_LE * (t_T11 - t_mean_L1)) * weight_TL1
+    dof_L1 = np.maximum(rows_L1 - 2.0, 1.0)
+    se2_LE = np.divide((residual_TLE ** 2).sum(axis=0) / dof_L1, sxx_L1, out=np.full_like(mean_LE, np.inf),
+                       where=sxx_L1 > 0)
+    signal_LE = np.clip(1.0 - SHRINK * np.divide(se2_LE, slope_LE ** 2, out=np.full_like(mean_LE, np.inf),
+                                                  where=slope_LE != 0), 0.0, 1.0)
+    slope_LE = slope_LE * signal_LE
+    if num_steps >= MIN_STEPS_FOR_HALVES:
+        # A trend slopes the same way in both halves of the window; a step (a burst that began or ended within it)
+        # leaves both halves flat, their slopes' signs noise: no trend is drawn from it.
+        half = num_steps // 2
+        first_LE, second_LE = _slope(shares_TLE[:half]), _slope(shares_TLE[half:])
+        same_way_LE = (np.sign(first_LE) == np.sign(slope_LE)) & (np.sign(second_LE) == np.sign(slope_LE))
+        slope_LE = np.where(same_way_LE, slope_LE, 0.0)
+    end_LE = mean_LE + slope_LE * (num_steps - 1 - t_mean_L1)
+    ahead_K = horizons_K if damping_steps is None else damping_steps * (1.0 - np.exp(-horizons_K / damping_steps))
+    forecast_KLE = end_LE[None] + slope_LE[None] * ahead_K[:, None, None]
+    forecast_KLE = np.maximum(forecast_KLE, FLOOR_OF_MEAN * mean_LE[None])
+    total_KL1 = forecast_KLE.sum(axis=2, keepdims=True)
+    return np.divide(forecast_KLE, total_KL1, out=np.zeros_like(forecast_KLE), where=total_KL1 > 0)
+
+
+def _slope(shares_TLE: np.ndarray) -> np.ndarray:
+    """[L, E] least-squares slope of each expert's share over the rows of `shares_TLE` [T, L, E]."""
+    t_T11 = np.arange(len(shares_TLE), dtype=np.float64)[:, None, None]
+    dt_T11 = t_T11 - t_T11.mean()
+    return (dt_T11 * (shares_TLE - shares_TLE.mean(axis=0))).sum(axis=0) / max((dt_T11 ** 2).sum(), 1e-300)
+
+
+def forecast_window(counts_TLE: np.ndarray, horizons, damping_steps: float | None = None) -> np.ndarray:
+    """The fit window with its steps' loads moved to the damped-trend forecast (see the module docstring).
+
+    Args:
+        counts_TLE: [T, L, E] non-negative integer counts of the fit window, oldest step first.
+        horizons: K >= 1 horizons in steps after the window's last step (>= 0), in the order the window's K chunks
+            of rows take them; K at most T (`hedged_horizons` for a placement serving a known period).
+        damping_steps: tau of a damped trend (> 0); None: the straight line.
+
+    Returns:
+        [T, L, E] int64 counts: row t keeps its total tokens (up to rounding) and chunk k's mean shares are the
+        forecast at horizons[k].
+
+    Raises:
+        ValueError: a count is negative or not finite, a horizon is negative or not finite, there are more
+            horizons than steps or none, or damping_steps is not > 0.
+    """
+    counts = np.asarray(counts_TLE)
+    horizons_K = np.asarray(horizons, dtype=np.float64).reshape(-1)
+    _check(counts, horizons_K, damping_steps)
+    num_steps = counts.shape[0]
+    shares_KLE = trend_shares(counts, horizons_K, damping_steps)
+    values = counts.astype(np.float64)
+    out = np.empty_like(values)
+    bounds = np.linspace(0, num_steps, len(horizons_K) + 1).round().astype(int)
+    for k, (first, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+        out[first:stop] = _rescaled(values[first:stop], shares_KLE[k])
+    return np.rint(out).astype(np.int64)
+
+
+def _rescaled(chunk_TLE: np.ndarray, shares_LE: np.ndarray) -> np.ndarray:
+    """The rows of `chunk_TLE` [T, L, E] scaled per expert so that the chunk's shares are `shares_LE` [L, E], each
+    row keeping its total: iterative proportional fitting (experts, then rows; `FITTING_ROUNDS` rounds). An expert
+    with no tokens in the chunk first gets its expected count in every row."""
+    totals_TL1 = chunk_TLE.sum(axis=2, keepdims=True)
+    present_LE = chunk_TLE.sum(axis=0) > 0
+    rows = np.where(present_LE[None], chunk_TLE, totals_TL1 * shares_LE[None])
+    target_LE = shares_LE * totals_TL1.sum(axis=0)
+    for _ in range(FITTING_ROUNDS):
+        column_LE = rows.sum(axis=0)
+        rows = rows * np.divide(target_LE, column_LE, out=np.zeros_like(column_LE), where=column_LE > 0)[None]
+        row_TL1 = rows.sum(axis=2, keepdims=True)
+        rows = rows * np.divide(totals_TL1, row_TL1, out=np.zeros_like(row_TL1), where=row_TL1 > 0)
+    return rows
+
+
+def hedged_horizons(lag: float, every: float) -> tuple[float, float, float]:
+    """The horizons of `forecast_window` for a placement that serves from `lag` to `lag + every` steps after its
+    window ends: no change, half-way, and the middle of the served period (h = lag + every / 2)."""
+    middle = lag + every / 2.0
+    return (0.0, middle / 2.0, middle)
+
+
+def _check(counts: np.ndarray, horizons_K: np.ndarray, damping_steps: float | None) -> None:
+    if counts.ndim != 3 or counts.shape[0] < 1:
+        raise ValueError(f"counts_TLE must be [T, L, E] with T >= 1; got shape {counts.shape}")
+    if not np.issubdtype(counts.dtype, np.number) or not np.isfinite(counts).all() or (counts < 0).any():
+        raise ValueError("counts_TLE must hold finite counts >= 0")
+    if horizons_K.size == 0 or horizons_K.size > counts.shape[0]:
+        raise ValueError(f"horizons must hold 1 to T = {counts.shape[0]} values (one per chunk of the window's rows); "
+                         f"got {horizons_K.size}")
+    if not np.isfinite(horizons_K).all() or (horizons_K < 0).any():
+        raise ValueError(f"horizons are steps after the window's end and must be finite and >= 0; got "
+                         f"{horizons_K.tolist()}")
+    if damping_steps is not None and not (np.isfinite(damping_steps) and damping_steps > 0):
+        raise ValueError(f"damping_steps is the damped trend's tau and must be > 0; got {damping_steps}")
