@@ -51,9 +51,13 @@ def trend_shares(counts_TLE: np.ndarray, horizons, damping_steps: float | None =
 
     Returns:
         shares_KLE: [K, L, E] float64, summing to 1 over E for every layer with tokens (0 where a layer has none).
+
+    Raises:
+        ValueError: as `forecast_window`'s, but any number K >= 1 of horizons is allowed.
     """
     counts = np.asarray(counts_TLE, dtype=np.float64)
     horizons_K = np.asarray(horizons, dtype=np.float64).reshape(-1)
+    _check(counts, horizons_K, damping_steps, most_horizons=None)
     num_steps = counts.shape[0]
     totals_TL1 = counts.sum(axis=2, keepdims=True)
     shares_TLE = np.divide(counts, totals_TL1, out=np.zeros_like(counts), where=totals_TL1 > 0)
@@ -116,7 +120,7 @@ def forecast_window(counts_TLE: np.ndarray, horizons, damping_steps: float | Non
     """
     counts = np.asarray(counts_TLE)
     horizons_K = np.asarray(horizons, dtype=np.float64).reshape(-1)
-    _check(counts, horizons_K, damping_steps)
+    _check(counts, horizons_K, damping_steps, most_horizons=counts.shape[0] if counts.ndim == 3 else None)
     num_steps = counts.shape[0]
     shares_KLE = trend_shares(counts, horizons_K, damping_steps)
     values = counts.astype(np.float64)
@@ -150,12 +154,15 @@ def hedged_horizons(lag: float, every: float) -> tuple[float, float, float]:
     return (0.0, middle / 2.0, middle)
 
 
-def _check(counts: np.ndarray, horizons_K: np.ndarray, damping_steps: float | None) -> None:
+def _check(counts: np.ndarray, horizons_K: np.ndarray, damping_steps: float | None,
+           most_horizons: int | None) -> None:
+    """ValueError naming the argument that breaks `forecast_window`'s rules (`most_horizons`: the most horizons
+    allowed, None for any number)."""
     if counts.ndim != 3 or counts.shape[0] < 1:
         raise ValueError(f"counts_TLE must be [T, L, E] with T >= 1; got shape {counts.shape}")
     if not np.issubdtype(counts.dtype, np.number) or not np.isfinite(counts).all() or (counts < 0).any():
         raise ValueError("counts_TLE must hold finite counts >= 0")
-    if horizons_K.size == 0 or horizons_K.size > counts.shape[0]:
+    if horizons_K.size == 0 or (most_horizons is not None and horizons_K.size > most_horizons):
         raise ValueError(f"horizons must hold 1 to T = {counts.shape[0]} values (one per chunk of the window's rows); "
                          f"got {horizons_K.size}")
     if not np.isfinite(horizons_K).all() or (horizons_K < 0).any():

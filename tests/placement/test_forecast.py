@@ -83,6 +83,9 @@ def test_layers_without_tokens_stay_empty():
 def test_bad_arguments_say_what_was_expected(counts, horizons, damping, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         forecast_window(counts, horizons, damping)
+    if "T = 2" not in message:  # trend_shares takes any number of horizons
+        with pytest.raises(ValueError, match=re.escape(message.split(" = ")[0])):
+            trend_shares(counts, horizons, damping)
 
 
 def test_fitting_the_forecast_serves_drifting_traffic_better_after_a_lag():
