@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.lags) < 0:
         parser.error("--lags must be >= 0")
+    if args.esft_only and (args.quick or not ESFT.exists()):
+        parser.error(f"--esft-only needs the ESFT logs at {ESFT} and no --quick")
     rows = [] if args.esft_only else measure(args.quick, args.lags, args.time_limit)
     if rows:
         print(table(rows))
