@@ -58,22 +58,20 @@ def trend_shares(counts_TLE: np.ndarray, horizons, damping_steps: float | None =
     counts = np.asarray(counts_TLE, dtype=np.float64)
     horizons_K = np.asarray(horizons, dtype=np.float64).reshape(-1)
     _check(counts, horizons_K, damping_steps, most_horizons=None)
-    num_steps = counts.shape[0]
-    totals_TL1 = counts.sum(axis=2, keepdims=True)
-    shares_TLE = np.divide(counts, totals_TL1, out=np.zeros_like(counts), where=totals_TL1 > 0)
-    has_tokens_TL = totals_TL1[..., 0] > 0
+    return _trend_shares(counts, horizons_K, damping_steps)
+
+
+def _trend_shares(counts_TLE: np.ndarray, horizons_K: np.ndarray, damping_steps: float | None) -> np.ndarray:
+    """`trend_shares` on checked arguments (counts_TLE float64)."""
+    num_steps = counts_TLE.shape[0]
+    totals_TL1 = counts_TLE.sum(axis=2, keepdims=True)
+    shares_TLE = np.divide(counts_TLE, totals_TL1, out=np.zeros_like(counts_TLE), where=totals_TL1 > 0)
     # Only rows with tokens carry a share: a step of a layer with no tokens says nothing about its mix.
-    weight_TL1 = has_tokens_TL[..., None].astype(np.float64)
-    rows_L1 = np.maximum(weight_TL1.sum(axis=0), 1.0)
+    weight_TL1 = (totals_TL1 > 0).astype(np.float64)
+    mean_LE, slope_LE, t_mean_L1, sxx_L1 = _line(shares_TLE, weight_TL1)
     t_T11 = np.arange(num_steps, dtype=np.float64)[:, None, None]
-    t_mean_L1 = (weight_TL1 * t_T11).sum(axis=0) / rows_L1
-    mean_LE = (weight_TL1 * shares_TLE).sum(axis=0) / rows_L1
-    dt_TL1 = (t_T11 - t_mean_L1) * weight_TL1
-    sxx_L1 = (dt_TL1 ** 2).sum(axis=0)
-    slope_LE = np.divide((dt_TL1 * (shares_TLE - mean_LE)).sum(axis=0), sxx_L1,
-                         out=np.zeros_like(mean_LE), where=sxx_L1 > 0)
     residual_TLE = (shares_TLE - mean_LE - slope_LE * (t_T11 - t_mean_L1)) * weight_TL1
-    dof_L1 = np.maximum(rows_L1 - 2.0, 1.0)
+    dof_L1 = np.maximum(weight_TL1.sum(axis=0) - 2.0, 1.0)
     se2_LE = np.divide((residual_TLE ** 2).sum(axis=0) / dof_L1, sxx_L1, out=np.full_like(mean_LE, np.inf),
                        where=sxx_L1 > 0)
     signal_LE = np.clip(1.0 - SHRINK * np.divide(se2_LE, slope_LE ** 2, out=np.full_like(mean_LE, np.inf),
@@ -83,7 +81,8 @@ def trend_shares(counts_TLE: np.ndarray, horizons, damping_steps: float | None =
         # A trend slopes the same way in both halves of the window; a step (a burst that began or ended within it)
         # leaves both halves flat, their slopes' signs noise: no trend is drawn from it.
         half = num_steps // 2
-        first_LE, second_LE = _slope(shares_TLE[:half]), _slope(shares_TLE[half:])
+        first_LE = _line(shares_TLE[:half], weight_TL1[:half])[1]
+        second_LE = _line(shares_TLE[half:], weight_TL1[half:])[1]
         same_way_LE = (np.sign(first_LE) == np.sign(slope_LE)) & (np.sign(second_LE) == np.sign(slope_LE))
         slope_LE = np.where(same_way_LE, slope_LE, 0.0)
     end_LE = mean_LE + slope_LE * (num_steps - 1 - t_mean_L1)
@@ -94,11 +93,19 @@ def trend_shares(counts_TLE: np.ndarray, horizons, damping_steps: float | None =
     return np.divide(forecast_KLE, total_KL1, out=np.zeros_like(forecast_KLE), where=total_KL1 > 0)
 
 
-def _slope(shares_TLE: np.ndarray) -> np.ndarray:
-    """[L, E] least-squares slope of each expert's share over the rows of `shares_TLE` [T, L, E]."""
+def _line(shares_TLE: np.ndarray, weight_TL1: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The least-squares line through each expert's share over the rows of `shares_TLE` [T, L, E] that
+    `weight_TL1` [T, L, 1] (1 or 0) keeps, against the row index t: (mean_LE, slope_LE, t_mean_L1, sxx_L1), the
+    line passing through (t_mean, mean) and sxx the sum of squared t - t_mean (0: no slope, which is then 0)."""
+    rows_L1 = np.maximum(weight_TL1.sum(axis=0), 1.0)
     t_T11 = np.arange(len(shares_TLE), dtype=np.float64)[:, None, None]
-    dt_T11 = t_T11 - t_T11.mean()
-    return (dt_T11 * (shares_TLE - shares_TLE.mean(axis=0))).sum(axis=0) / max((dt_T11 ** 2).sum(), 1e-300)
+    t_mean_L1 = (weight_TL1 * t_T11).sum(axis=0) / rows_L1
+    mean_LE = (weight_TL1 * shares_TLE).sum(axis=0) / rows_L1
+    dt_TL1 = (t_T11 - t_mean_L1) * weight_TL1
+    sxx_L1 = (dt_TL1 ** 2).sum(axis=0)
+    slope_LE = np.divide((dt_TL1 * (shares_TLE - mean_LE)).sum(axis=0), sxx_L1, out=np.zeros_like(mean_LE),
+                         where=sxx_L1 > 0)
+    return mean_LE, slope_LE, t_mean_L1, sxx_L1
 
 
 def forecast_window(counts_TLE: np.ndarray, horizons, damping_steps: float | None = None) -> np.ndarray:
@@ -122,8 +129,8 @@ def forecast_window(counts_TLE: np.ndarray, horizons, damping_steps: float | Non
     horizons_K = np.asarray(horizons, dtype=np.float64).reshape(-1)
     _check(counts, horizons_K, damping_steps, most_horizons=counts.shape[0] if counts.ndim == 3 else None)
     num_steps = counts.shape[0]
-    shares_KLE = trend_shares(counts, horizons_K, damping_steps)
     values = counts.astype(np.float64)
+    shares_KLE = _trend_shares(values, horizons_K, damping_steps)
     out = np.empty_like(values)
     bounds = np.linspace(0, num_steps, len(horizons_K) + 1).round().astype(int)
     for k, (first, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
