@@ -10,14 +10,18 @@ decode worker runs):
   ended (`placement.replay.rolling_replay`, what `eplb replay --lag` runs);
 - rolling + forecast, lag L: the same, each fit on its window moved along each expert's trend to the period it
   serves (`placement.forecast`, `eplb replay --forecast trend`);
-- oracle: each served segment's placement fitted on the twin's counts of that segment.
+- oracle: each served segment's placement fitted on the twin's counts of that segment;
+- oracle, bursts unknown: the same fitted on a twin without the bursts (same domain mix): what a perfect forecast of
+  the mix alone can serve, the bursts still to come unforeseen.
 
 The forecast gap of a row is its imbalance less the oracle's; a better fit reports the share of the gap it closed.
 
 With ../shared/data present (not with --quick), also real routing: ESFT's four tasks at 12 x 6 and 512 tokens a
-step, each fitted on the first half of its steps and scored on the rest and on the other tasks (`esft_rows`).
+step, each fitted on the first half of its steps and scored on the rest and on the other tasks, and the same on
+independent draws from each task's mean (how much of the gap a perfect forecast would close: `esft_rows`).
 
-Usage: python scripts/bench_forecast.py [--quick] [--esft-only] [--lags 0 100] [--time-limit 2] [--json PATH]
+Usage: python scripts/bench_forecast.py [--quick] [--esft-only] [--lags 0 100] [--seeds 0] [--policies deepseek cpsat]
+       [--time-limit 2] [--json PATH]
 """
 
 import argparse
@@ -43,17 +47,23 @@ TRAFFICS = {
     "bursty": {"burst_rate": 20.0, "burst_length_steps": 75.0, "burst_factor": 3.0},  # a burst every ~50 steps
 }
 TWIN_SAMPLE_SEED = 1_000_003
+POLICIES = ("deepseek", "cpsat")
 ESFT = Path(__file__).resolve().parents[2] / "shared" / "data" / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
 ESFT_TASKS = ("intent", "law", "summary", "translation")
 ESFT_CLUSTER = ClusterSpec(num_gpus=12, slots_per_gpu=6, gpus_per_node=12)  # issue 25's ESFT row: 72 slots, 64 experts
 ESFT_TOKENS_PER_STEP = 512
+IID_FRESH_STEPS = 64  # fresh draws each iid row is scored on
 
 
-def traces(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int, seed: int
+def traces(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int, seed: int, bursts: bool = True
            ) -> tuple[np.ndarray, np.ndarray]:
-    """(counts_TLE, twin_TLE): a trace and its twin (same popularity, other samples), [T, L, 256] int64."""
+    """(counts_TLE, twin_TLE): a trace and its twin (same popularity, other samples), [T, L, 256] int64. With
+    `bursts=False` both lack the traffic's bursts (same popularity and domain mix: the burst draws are a stream of
+    their own)."""
     config = SyntheticConfig(num_steps=steps, num_layers=layers, num_experts=256, top_k=8,
                              tokens_per_step=gpus * tokens_per_gpu, seed=seed, **TRAFFICS[traffic])
+    if not bursts:
+        config = config.model_copy(update={"burst_rate": 0.0})
     twin = config.model_copy(update={"sample_seed": TWIN_SAMPLE_SEED})
     return generate_trace(config).counts_TLE, generate_trace(twin).counts_TLE
 
@@ -72,65 +82,96 @@ def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, optio
 
 
 def oracle_row(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict,
-               every: int, first_scored: int) -> dict:
+               every: int, first_scored: int, name: str = "oracle (popularity known)") -> dict:
     """Live imbalance over [first_scored, T) with each `every`-step segment served by a placement fitted on the
-    twin's counts of that very segment."""
+    twin's counts of that very segment (a twin without the bursts: what a perfect forecast of the domain mix alone
+    could serve)."""
     began = time.perf_counter()
     scores = []
     for start in range(first_scored, counts_TLE.shape[0], every):
         stop = min(start + every, counts_TLE.shape[0])
         placement = fit_placement(policy, twin_TLE[start:stop], cluster, **options)
         scores.append(score_placement(placement, counts_TLE[start:stop], "live").imbalance_TL)
-    return {"fit": "oracle (popularity known)", "imbalance_mean": float(np.concatenate(scores).mean()),
+    return {"fit": name, "imbalance_mean": float(np.concatenate(scores).mean()),
             "fits": len(scores), "seconds": time.perf_counter() - began}
 
 
-def measure(quick: bool, lags: list[int], time_limit_s: float, seed: int = 0) -> list[dict]:
-    """Every row of every shape, traffic and policy."""
+def measure(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int, ...] = (0,),
+            policies: tuple[str, ...] = POLICIES) -> list[dict]:
+    """Every row of every shape, traffic, seed and policy."""
     steps, layers, every, window = (140, 1, 40, 40) if quick else (800, 4, 100, 100)
     shapes = ((32, 9, 64),) if quick else SHAPES
     rows = []
     for gpus, slots, tokens_per_gpu in shapes:
         cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
         for traffic in (("drift",) if quick else TRAFFICS):
-            counts_TLE, twin_TLE = traces(gpus, tokens_per_gpu, traffic, steps, layers, seed)
-            first_scored = window + max(lags)
-            for policy, options in (("deepseek", {}), ("cpsat", {"time_limit_s": time_limit_s,
-                                                                  "routing": "dynamic"})):
-                found = [rolling_row(counts_TLE, cluster, policy, options, every, window, lag, first_scored, forecast)
-                         for lag in lags for forecast in (False, True)]
-                found.append(oracle_row(counts_TLE, twin_TLE, cluster, policy, options, every, first_scored))
-                oracle = found[-1]["imbalance_mean"]
-                for row in found:
-                    row.update({"shape": f"{gpus} x {slots}, {tokens_per_gpu} tokens/GPU", "traffic": traffic,
-                                "policy": policy, "forecast_gap": row["imbalance_mean"] - oracle,
-                                "scored_steps": steps - first_scored})
-                rows.extend(found)
+            for seed in seeds:
+                counts_TLE, twin_TLE = traces(gpus, tokens_per_gpu, traffic, steps, layers, seed)
+                calm_TLE = traces(gpus, tokens_per_gpu, traffic, steps, layers, seed, bursts=False)[1]
+                first_scored = window + max(lags)
+                for policy in policies:
+                    options = {} if policy == "deepseek" else {"time_limit_s": time_limit_s, "routing": "dynamic"}
+                    found = [rolling_row(counts_TLE, cluster, policy, options, every, window, lag, first_scored,
+                                         forecast) for lag in lags for forecast in (False, True)]
+                    found.append(oracle_row(counts_TLE, calm_TLE, cluster, policy, options, every, first_scored,
+                                            "oracle, bursts unknown"))
+                    found.append(oracle_row(counts_TLE, twin_TLE, cluster, policy, options, every, first_scored))
+                    oracle = found[-1]["imbalance_mean"]
+                    for row in found:
+                        row.update({"shape": f"{gpus} x {slots}, {tokens_per_gpu} tokens/GPU", "traffic": traffic,
+                                    "seed": seed, "policy": policy, "forecast_gap": row["imbalance_mean"] - oracle,
+                                    "scored_steps": steps - first_scored})
+                    rows.extend(found)
     return rows
 
 
 def esft_rows(time_limit_s: float) -> list[dict]:
     """Real routing (ESFT, DeepSeek-V2-Lite, 26 layers x 64 experts, top-6) at 12 x 6 and 512 tokens a step: per task,
     fit on the first half of its steps, score on the rest of the task (the next steps) and on each other task, with
-    the window as it is and with the trend forecast to the next steps. Scores under the live router."""
+    the window as it is and with the trend forecast to the next steps. Scores under the live router.
+
+    Two more rows say how much of the gap any fit could close: steps drawn independently (multinomial) from each
+    task's mean load, a window of as many draws fitted and scored on fresh ones ("iid draws: window"), and the same
+    scored with the placement fitted on the exact mean ("iid draws: mean known", a perfect forecast). What stays
+    between the latter and its fitted score is the steps' own noise, which no placement fitted in advance removes."""
     tasks = {t: load_trace(ESFT, tokens_per_step=ESFT_TOKENS_PER_STEP, tasks=[t]).counts_TLE for t in ESFT_TASKS}
     options = {"time_limit_s": time_limit_s, "routing": "dynamic"}
     rows = []
-    for forecast in (False, True):
+    for fit in ("window", "window + forecast", "iid draws: window", "iid draws: mean known"):
         fitted, following, others = [], [], []
+        rng = np.random.default_rng(0)
         for name, counts_TLE in tasks.items():
             half = len(counts_TLE) // 2
             window_TLE, next_TLE = counts_TLE[:half], counts_TLE[half:]
-            fit_TLE = forecast_window(window_TLE, hedged_horizons(0, len(next_TLE))) if forecast else window_TLE
+            fit_TLE = window_TLE
+            if fit == "window + forecast":
+                fit_TLE = forecast_window(window_TLE, hedged_horizons(0, len(next_TLE)))
+            elif fit.startswith("iid"):
+                window_TLE, next_TLE, mean_TLE = iid_draws(counts_TLE, half, IID_FRESH_STEPS, rng)
+                fit_TLE = mean_TLE if fit == "iid draws: mean known" else window_TLE
             placement = fit_placement("cpsat", fit_TLE, ESFT_CLUSTER, **options)
             fitted.append(score_placement(placement, window_TLE, "live").imbalance_TL.mean())
             following.append(score_placement(placement, next_TLE, "live").imbalance_TL.mean())
             others.extend(score_placement(placement, other, "live").imbalance_TL.mean()
                           for other_name, other in tasks.items() if other_name != name)
-        rows.append({"fit": "window + forecast" if forecast else "window", "fitted": float(np.mean(fitted)),
-                     "next_steps": float(np.mean(following)), "other_tasks": float(np.mean(others)),
-                     "gap_next": float(np.mean(following) - np.mean(fitted))})
+        rows.append({"fit": fit, "fitted": float(np.mean(fitted)), "next_steps": float(np.mean(following)),
+                     "other_tasks": float(np.mean(others)), "gap_next": float(np.mean(following) - np.mean(fitted))})
     return rows
+
+
+def iid_draws(counts_TLE: np.ndarray, window: int, fresh: int, rng: np.random.Generator
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(window_TLE, fresh_TLE, mean_TLE): `window` and `fresh` steps drawn independently from the mean shares of
+    `counts_TLE` [T, L, E], each row with the picks of the trace's first step (multinomial, so an expert may be
+    drawn twice for one token: the noise is close to, not exactly, top-k's), and `window` rows of the exact mean
+    (rounded)."""
+    totals_LE = counts_TLE.sum(axis=0).astype(np.float64)
+    shares_LE = totals_LE / np.maximum(totals_LE.sum(axis=1, keepdims=True), 1.0)
+    picks_L = counts_TLE[0].sum(axis=1)
+    window_TLE, fresh_TLE = (rng.multinomial(picks_L, shares_LE, size=(steps, len(picks_L)))
+                             for steps in (window, fresh))
+    mean_TLE = np.repeat(np.rint(picks_L[:, None] * shares_LE)[None], window, axis=0).astype(np.int64)
+    return window_TLE, fresh_TLE, mean_TLE
 
 
 def esft_table(rows: list[dict]) -> str:
@@ -143,10 +184,10 @@ def esft_table(rows: list[dict]) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| shape | traffic | policy | fit | held-out imbalance (live) | forecast gap | fits | seconds |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | traffic | seed | policy | fit | held-out imbalance (live) | forecast gap | fits | seconds |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['shape']} | {row['traffic']} | {row['policy']} | {row['fit']} | "
+        lines.append(f"| {row['shape']} | {row['traffic']} | {row['seed']} | {row['policy']} | {row['fit']} | "
                      f"{row['imbalance_mean']:.4f} | {row['forecast_gap']:+.4f} | {row['fits']} | "
                      f"{row['seconds']:.1f} |")
     return "\n".join(lines)
@@ -157,14 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one small shape, short drifting traces (a smoke run)")
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 100], help="lags of the rolling rows (steps)")
     parser.add_argument("--time-limit", type=float, default=2.0, help="cpsat's budget per fit, seconds")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of the synthetic traces")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="policies to fit")
     parser.add_argument("--json", default=None, help="also write the rows here as JSON")
     parser.add_argument("--esft-only", action="store_true", help="only the ESFT rows (needs ../shared/data)")
     args = parser.parse_args(argv)
-    if min(args.lags) < 0:
-        parser.error("--lags must be >= 0")
+    if min(args.lags) < 0 or min(args.seeds) < 0:
+        parser.error("--lags and --seeds must be >= 0")
     if args.esft_only and (args.quick or not ESFT.exists()):
         parser.error(f"--esft-only needs the ESFT logs at {ESFT} and no --quick")
-    rows = [] if args.esft_only else measure(args.quick, args.lags, args.time_limit)
+    rows = [] if args.esft_only else measure(args.quick, args.lags, args.time_limit, tuple(args.seeds),
+                                             tuple(args.policies))
     if rows:
         print(table(rows))
     esft = esft_rows(args.time_limit) if ESFT.exists() and not args.quick else []

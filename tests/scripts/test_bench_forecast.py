@@ -34,7 +34,7 @@ def test_the_quick_bench_reports_rolling_rows_at_every_lag_beside_the_oracle(loa
         for policy in ("deepseek", "cpsat"):
             found = {row["fit"]: row for row in rows if row["traffic"] == traffic and row["policy"] == policy}
             assert set(found) == {"rolling, lag 0", "rolling, lag 20", "rolling + forecast, lag 0",
-                                  "rolling + forecast, lag 20", "oracle (popularity known)"}
+                                  "rolling + forecast, lag 20", "oracle, bursts unknown", "oracle (popularity known)"}
             assert len({row["scored_steps"] for row in found.values()}) == 1
             oracle = found["oracle (popularity known)"]
             assert oracle["forecast_gap"] == 0.0
@@ -42,3 +42,25 @@ def test_the_quick_bench_reports_rolling_rows_at_every_lag_beside_the_oracle(loa
                 assert row["imbalance_mean"] >= 1.0 and row["fits"] >= 1
                 assert abs(row["forecast_gap"] - (row["imbalance_mean"] - oracle["imbalance_mean"])) < 1e-12
     assert "| oracle (popularity known) |" in capsys.readouterr().out
+
+
+def test_the_bench_runs_the_seeds_and_policies_asked_for(load_script, tmp_path):
+    bench = load_script("bench_forecast")
+    out = tmp_path / "forecast.json"
+    assert bench.main(["--quick", "--lags", "0", "--seeds", "0", "3", "--policies", "deepseek", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["synthetic"]
+    assert {(row["seed"], row["policy"]) for row in rows} == {(0, "deepseek"), (3, "deepseek")}
+    by_seed = {seed: [row["imbalance_mean"] for row in rows if row["seed"] == seed] for seed in (0, 3)}
+    assert by_seed[0] != by_seed[3]  # another seed is another trace
+
+
+def test_iid_draws_keep_each_row_s_picks_and_the_mean_rows_carry_the_mean(load_script):
+    bench = load_script("bench_forecast")
+    counts_TLE = np.random.default_rng(1).integers(0, 50, size=(16, 3, 8))
+    window_TLE, fresh_TLE, mean_TLE = bench.iid_draws(counts_TLE, 8, 5, np.random.default_rng(0))
+    assert window_TLE.shape == (8, 3, 8) and fresh_TLE.shape == (5, 3, 8) and mean_TLE.shape == (8, 3, 8)
+    assert (window_TLE.sum(axis=2) == counts_TLE[0].sum(axis=1)).all()
+    assert (fresh_TLE.sum(axis=2) == counts_TLE[0].sum(axis=1)).all()
+    shares_LE = counts_TLE.sum(axis=0) / counts_TLE.sum(axis=(0, 2))[:, None]
+    assert np.allclose(mean_TLE[0] / counts_TLE[0].sum(axis=1)[:, None], shares_LE, atol=0.02)
+    assert (mean_TLE == mean_TLE[0]).all()
