@@ -84,8 +84,8 @@ def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, optio
 def oracle_row(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict,
                every: int, first_scored: int, name: str = "oracle (popularity known)") -> dict:
     """Live imbalance over [first_scored, T) with each `every`-step segment served by a placement fitted on the
-    twin's counts of that very segment (a twin without the bursts: what a perfect forecast of the domain mix alone
-    could serve)."""
+    twin's counts of that very segment. Given a twin without the bursts, what a perfect forecast of the domain mix
+    alone could serve."""
     began = time.perf_counter()
     scores = []
     for start in range(first_scored, counts_TLE.shape[0], every):
