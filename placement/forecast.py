@@ -161,6 +161,13 @@ def hedged_horizons(lag: float, every: float) -> tuple[float, float, float]:
     return (0.0, middle / 2.0, middle)
 
 
+def hedged_window(counts_TLE: np.ndarray, lag: float, every: float) -> np.ndarray:
+    """The window a placement that serves from `lag` to `lag + every` steps after it should be fitted on:
+    `forecast_window` at `hedged_horizons(lag, every)`, fewer of them when the window has fewer steps than horizons
+    (its first steps' horizons kept)."""
+    return forecast_window(counts_TLE, hedged_horizons(lag, every)[:len(counts_TLE)])
+
+
 def _check(counts: np.ndarray, horizons_K: np.ndarray, damping_steps: float | None,
            most_horizons: int | None) -> None:
     """ValueError naming the argument that breaks `forecast_window`'s rules (`most_horizons`: the most horizons

@@ -35,7 +35,7 @@ import numpy as np
 
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementInfeasibleError
-from placement.forecast import forecast_window, hedged_horizons
+from placement.forecast import hedged_window
 from placement.placement_model import Placement
 from placement.policies import fit_placement
 from placement.scoring import Routing, StepScores, score_placement
@@ -115,7 +115,7 @@ def rolling_replay(
     refits early when traffic drifts (see the module docstring); None keeps the fixed cadence. `lag` >= 0 delays
     each placement's first served step by that many steps after its fit window (see the module docstring).
     `forecast` fits each placement on its window moved along each expert's trend to the period it serves
-    (`placement.forecast.forecast_window` with `hedged_horizons(lag, every)`); its fitted score stays on the window.
+    (`placement.forecast.hedged_window(window, lag, every)`); its fitted score stays on the window.
 
     Raises:
         PlacementInfeasibleError: `every` or `window` below 1, `lag` negative, `window + lag` leaving no step of
@@ -125,11 +125,11 @@ def rolling_replay(
     first_scored = _check_replay_args(num_steps, every, window, lag, drift_ratio)
     schedule = _Schedule(fit_step=window)
     parts = _ReplayParts(also={name: [] for name in also_routings})
+    hedge = (lag, every) if forecast else None
     while schedule.fit_step + lag < num_steps:
         first = max(schedule.regime_start, schedule.fit_step - window)
-        horizons = hedged_horizons(lag, every) if forecast else None
         placement = parts.fit(policy, counts_TLE, first, schedule.fit_step, cluster, policy_options or {}, routing,
-                              horizons)
+                              hedge)
         serve_from = schedule.fit_step + lag
         parts.serve_starts.append(serve_from)
         check_drift = drift_ratio is not None and not schedule.upcoming  # else a refit on drift is in flight
@@ -229,14 +229,13 @@ class _ReplayParts:
     drifts: list[int] = field(default_factory=list)
 
     def fit(self, policy: str, counts_TLE: np.ndarray, first: int, stop: int, cluster: ClusterSpec, options: dict,
-            routing: Routing, horizons: tuple[float, ...] | None = None) -> Placement:
-        """Fits `policy` on steps [first, stop) of `counts_TLE` [T, L, E] (moved to `horizons` by
-        `forecast_window` unless None), timing the fit (the forecast included) and scoring it on those steps."""
+            routing: Routing, hedge: tuple[int, int] | None = None) -> Placement:
+        """Fits `policy` on steps [first, stop) of `counts_TLE` [T, L, E] (moved by `hedged_window` to the steps a
+        placement serves `hedge` = (lag, every) after them, unless None), timing the fit (the forecast included)
+        and scoring it on those steps."""
         history_TLE = counts_TLE[first:stop]
         began = time.perf_counter()
-        fit_TLE = history_TLE
-        if horizons is not None:
-            fit_TLE = forecast_window(history_TLE, horizons[:len(history_TLE)])
+        fit_TLE = history_TLE if hedge is None else hedged_window(history_TLE, *hedge)
         placement = fit_placement(policy, fit_TLE, cluster, **options)
         self.seconds.append(time.perf_counter() - began)
         self.windows.append((first, stop))

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from placement import ClusterSpec, fit_placement
-from placement.forecast import forecast_window, hedged_horizons
+from placement.forecast import hedged_window
 from placement.replay import rolling_replay
 from placement.scoring import score_placement
 from traces import load_trace
@@ -55,17 +55,26 @@ ESFT_TOKENS_PER_STEP = 512
 IID_FRESH_STEPS = 64  # fresh draws each iid row is scored on
 
 
-def traces(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int, seed: int, bursts: bool = True
+def trace_config(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int, seed: int
+                 ) -> SyntheticConfig:
+    """The synthetic trace of one shape, traffic and seed: [T, L, 256], top-8, gpus * tokens_per_gpu tokens a step."""
+    return SyntheticConfig(num_steps=steps, num_layers=layers, num_experts=256, top_k=8,
+                           tokens_per_step=gpus * tokens_per_gpu, seed=seed, **TRAFFICS[traffic])
+
+
+def traces(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int, seed: int
            ) -> tuple[np.ndarray, np.ndarray]:
-    """(counts_TLE, twin_TLE): a trace and its twin (same popularity, other samples), [T, L, 256] int64. With
-    `bursts=False` both lack the traffic's bursts (same popularity and domain mix: the burst draws are a stream of
-    their own)."""
-    config = SyntheticConfig(num_steps=steps, num_layers=layers, num_experts=256, top_k=8,
-                             tokens_per_step=gpus * tokens_per_gpu, seed=seed, **TRAFFICS[traffic])
-    if not bursts:
-        config = config.model_copy(update={"burst_rate": 0.0})
+    """(counts_TLE, twin_TLE): a trace and its twin (same popularity, other samples), [T, L, 256] int64."""
+    config = trace_config(gpus, tokens_per_gpu, traffic, steps, layers, seed)
     twin = config.model_copy(update={"sample_seed": TWIN_SAMPLE_SEED})
     return generate_trace(config).counts_TLE, generate_trace(twin).counts_TLE
+
+
+def calm_twin(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int, seed: int) -> np.ndarray:
+    """The twin without the traffic's bursts (same popularity and domain mix: the burst draws are a stream of their
+    own), [T, L, 256] int64."""
+    config = trace_config(gpus, tokens_per_gpu, traffic, steps, layers, seed)
+    return generate_trace(config.model_copy(update={"burst_rate": 0.0, "sample_seed": TWIN_SAMPLE_SEED})).counts_TLE
 
 
 def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict, every: int, window: int,
@@ -107,7 +116,7 @@ def measure(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int,
         for traffic in (("drift",) if quick else TRAFFICS):
             for seed in seeds:
                 counts_TLE, twin_TLE = traces(gpus, tokens_per_gpu, traffic, steps, layers, seed)
-                calm_TLE = traces(gpus, tokens_per_gpu, traffic, steps, layers, seed, bursts=False)[1]
+                calm_TLE = calm_twin(gpus, tokens_per_gpu, traffic, steps, layers, seed)
                 first_scored = window + max(lags)
                 for policy in policies:
                     options = {} if policy == "deepseek" else {"time_limit_s": time_limit_s, "routing": "dynamic"}
@@ -139,13 +148,13 @@ def esft_rows(time_limit_s: float) -> list[dict]:
     rows = []
     for fit in ("window", "window + forecast", "iid draws: window", "iid draws: mean known"):
         fitted, following, others = [], [], []
-        rng = np.random.default_rng(0)
+        rng = np.random.default_rng(0)  # the same draws for both iid rows
         for name, counts_TLE in tasks.items():
             half = len(counts_TLE) // 2
             window_TLE, next_TLE = counts_TLE[:half], counts_TLE[half:]
             fit_TLE = window_TLE
             if fit == "window + forecast":
-                fit_TLE = forecast_window(window_TLE, hedged_horizons(0, len(next_TLE)))
+                fit_TLE = hedged_window(window_TLE, 0, len(next_TLE))
             elif fit.startswith("iid"):
                 window_TLE, next_TLE, mean_TLE = iid_draws(counts_TLE, half, IID_FRESH_STEPS, rng)
                 fit_TLE = mean_TLE if fit == "iid draws: mean known" else window_TLE

@@ -54,7 +54,7 @@ from eplb.rebalance.solving import Rank0Solver
 from eplb.rebalance.stats import RebalanceStats
 from eplb.rebalance.transfer import WeightMover, tag_base
 from placement import Placement, PlacementFormatError, load_placement
-from placement.forecast import forecast_window, hedged_horizons
+from placement.forecast import hedged_window
 
 __all__ = ["Rebalancer", "RebalanceStats", "RecoveryReport"]
 
@@ -213,7 +213,7 @@ class Rebalancer:
         if self.config.forecast == "none":
             return window_TLE
         lag = self.stats.lag_steps[-1] if self.stats.lag_steps else 0
-        return forecast_window(window_TLE, hedged_horizons(lag, self.config.interval)[:len(window_TLE)])
+        return hedged_window(window_TLE, lag, self.config.interval)
 
     def _poll_solve(self, received_G: np.ndarray | None) -> None:
         """Act on rank 0's solve status once it is about this attempt: fail, keep, or broadcast the answer and
