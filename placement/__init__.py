@@ -1,6 +1,7 @@
-"""Cluster spec, placement model and file, policies, lower bounds, scoring and rolling replay."""
+"""Cluster spec, placement model and file, policies, lower bounds, scoring, burst exposure and rolling replay."""
 
 from placement.bounds import imbalance_lower_bound, replica_count_load
+from placement.burst_exposure import burst_exposure
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementFormatError, PlacementInfeasibleError
 from placement.migration import MigrationPlan, oblivious_moves, plan_migration
@@ -20,6 +21,7 @@ __all__ = [
     "PlacementInfeasibleError",
     "ReplayResult",
     "StepScores",
+    "burst_exposure",
     "fit_placement",
     "imbalance_lower_bound",
     "load_placement",

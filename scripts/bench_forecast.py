@@ -20,8 +20,12 @@ With ../shared/data present (not with --quick), also real routing: ESFT's four t
 step, each fitted on the first half of its steps and scored on the rest and on the other tasks, and the same on
 independent draws from each task's mean (how much of the gap a perfect forecast would close: `esft_rows`).
 
-Usage: python scripts/bench_forecast.py [--quick] [--esft-only] [--lags 0 100] [--seeds 0] [--policies deepseek cpsat]
-       [--time-limit 2] [--json PATH]
+With --bursts, instead of those rows, what the bursts cost the "oracle, bursts unknown" placements (`burst_rows`):
+their imbalance on the steps a burst touched and on the calm ones, against their burst exposure
+(`placement.burst_exposure`: the expected imbalance while a uniformly chosen expert bursts).
+
+Usage: python scripts/bench_forecast.py [--quick] [--esft-only | --bursts] [--lags 0 100] [--seeds 0]
+       [--policies deepseek cpsat] [--time-limit 2] [--json PATH]
 """
 
 import argparse
@@ -33,12 +37,13 @@ from pathlib import Path
 import numpy as np
 
 from placement import ClusterSpec, fit_placement
+from placement.burst_exposure import burst_exposure
 from placement.forecast import hedged_window
 from placement.replay import rolling_replay
 from placement.scoring import score_placement
 from traces import load_trace
 from traces.atomic_file import write_text_atomically
-from traces.synthetic import SyntheticConfig, generate_trace
+from traces.synthetic import SyntheticConfig, active_bursts_TL, generate_trace
 
 # (GPUs, slots per GPU, tokens per GPU per step), as issue 25 states its rows
 SHAPES = ((64, 5, 128), (128, 3, 64))
@@ -134,6 +139,62 @@ def measure(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int,
     return rows
 
 
+def burst_rows(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int, ...],
+               policies: tuple[str, ...]) -> list[dict]:
+    """Per shape, traffic, seed and policy, the "oracle, bursts unknown" placements (each served segment fitted on the
+    burst-free twin) scored on the trace: the share q of scored (step, layer) rows with a burst active, the mean
+    imbalance on those rows and on the calm ones, and the placements' burst exposure at the traffic's burst factor
+    (mean over segments, layers and bursting experts), and the mean number of bursts on the rows that have one.
+    predicted = (1 - q) * calm + q * exposure: the held-out imbalance if every row with a burst cost what one burst
+    of a uniformly chosen expert costs on average (bursts that overlap cost more)."""
+    steps, layers, every, window = (140, 1, 40, 40) if quick else (800, 4, 100, 100)
+    first_scored = window + max(lags)  # the rolling rows' scored steps
+    rows = []
+    for gpus, slots, tokens_per_gpu in ((32, 9, 64),) if quick else SHAPES:
+        cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
+        for traffic in (("drift",) if quick else TRAFFICS):
+            for seed in seeds:
+                config = trace_config(gpus, tokens_per_gpu, traffic, steps, layers, seed)
+                counts_TLE = generate_trace(config).counts_TLE
+                calm_TLE = calm_twin(gpus, tokens_per_gpu, traffic, steps, layers, seed)
+                bursts_TL = active_bursts_TL(config)[first_scored:]
+                active_TL = bursts_TL > 0
+                for policy in policies:
+                    options = {} if policy == "deepseek" else {"time_limit_s": time_limit_s, "routing": "dynamic"}
+                    imbalance, exposure = [], []
+                    for start in range(first_scored, steps, every):
+                        segment = slice(start, min(start + every, steps))
+                        placement = fit_placement(policy, calm_TLE[segment], cluster, **options)
+                        imbalance.append(score_placement(placement, counts_TLE[segment], "live").imbalance_TL)
+                        exposure.append(burst_exposure(placement, calm_TLE[segment].mean(axis=0),
+                                                       config.burst_factor).mean())
+                    imbalance_TL = np.concatenate(imbalance)
+                    share = float(active_TL.mean())
+                    calm = float(imbalance_TL[~active_TL].mean())
+                    rows.append({"shape": f"{gpus} x {slots}, {tokens_per_gpu} tokens/GPU", "traffic": traffic,
+                                 "seed": seed, "policy": policy, "burst_factor": config.burst_factor,
+                                 "burst_share": share,
+                                 "bursts_per_burst_row": float(bursts_TL[active_TL].mean()) if share else 0.0,
+                                 "calm_rows": calm,
+                                 "burst_rows": float(imbalance_TL[active_TL].mean()) if share else None,
+                                 "exposure": float(np.mean(exposure)),
+                                 "predicted": (1 - share) * calm + share * float(np.mean(exposure)),
+                                 "measured": float(imbalance_TL.mean())})
+    return rows
+
+
+def burst_table(rows: list[dict]) -> str:
+    lines = ["| shape | traffic | seed | policy | rows with a burst (bursts on them) | imbalance there | calm rows "
+             "| exposure (factor) | predicted | measured |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        there = "-" if row["burst_rows"] is None else f"{row['burst_rows']:.4f}"
+        lines.append(f"| {row['shape']} | {row['traffic']} | {row['seed']} | {row['policy']} | "
+                     f"{row['burst_share']:.3f} ({row['bursts_per_burst_row']:.2f}) | {there} | "
+                     f"{row['calm_rows']:.4f} | {row['exposure']:.4f} ({row['burst_factor']:g}) | "
+                     f"{row['predicted']:.4f} | {row['measured']:.4f} |")
+    return "\n".join(lines)
+
+
 def esft_rows(time_limit_s: float) -> list[dict]:
     """Real routing (ESFT, DeepSeek-V2-Lite, 26 layers x 64 experts, top-6) at 12 x 6 and 512 tokens a step: per task,
     fit on the first half of its steps, score on the rest of the task (the next steps) and on each other task, with
@@ -211,11 +272,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="policies to fit")
     parser.add_argument("--json", default=None, help="also write the rows here as JSON")
     parser.add_argument("--esft-only", action="store_true", help="only the ESFT rows (needs ../shared/data)")
+    parser.add_argument("--bursts", action="store_true",
+                        help="only what the bursts cost the placements fitted without them (no ESFT)")
     args = parser.parse_args(argv)
     if min(args.lags) < 0 or min(args.seeds) < 0:
         parser.error("--lags and --seeds must be >= 0")
     if args.esft_only and (args.quick or not ESFT.exists()):
         parser.error(f"--esft-only needs the ESFT logs at {ESFT} and no --quick")
+    if args.esft_only and args.bursts:
+        parser.error("--esft-only and --bursts choose different rows: give one of them")
+    if args.bursts:
+        bursts = burst_rows(args.quick, args.lags, args.time_limit, tuple(args.seeds), tuple(args.policies))
+        print(burst_table(bursts))
+        if args.json:
+            write_text_atomically(args.json, json.dumps({"bursts": bursts}, indent=1) + "\n")
+        return 0
     rows = [] if args.esft_only else measure(args.quick, args.lags, args.time_limit, tuple(args.seeds),
                                              tuple(args.policies))
     if rows:

@@ -130,6 +130,17 @@ def generate_trace(config: SyntheticConfig) -> RoutingTrace:
     return RoutingTrace.from_counts(counts_TLE, top_k=K, tokens_per_step=N, source=source)
 
 
+def active_bursts_TL(config: SyntheticConfig) -> np.ndarray:
+    """[T, L] int64: how many bursts are active at each step and layer of `generate_trace(config)` (the same draws,
+    so a benchmark can tell the steps a burst touched from the calm ones)."""
+    burst_rng = np.random.default_rng(config.seed).spawn(4)[2]
+    burst_start, burst_stop, burst_layer, _ = _draw_bursts(config, burst_rng)
+    active_TL = np.zeros((config.num_steps + 1, config.num_layers), dtype=np.int64)
+    np.add.at(active_TL, (burst_start, burst_layer), 1)
+    np.add.at(active_TL, (np.minimum(burst_stop, config.num_steps), burst_layer), -1)
+    return np.cumsum(active_TL, axis=0)[:-1]
+
+
 def _domain_popularity_ZLE(c: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
     """[Z, L, E] float64: each domain's pick probability per expert and layer; sums to 1 over E."""
     base_LE = rng.standard_normal((c.num_layers, c.num_experts))

@@ -5,6 +5,7 @@ the twin trace shares its popularity."""
 import json
 
 import numpy as np
+import pytest
 
 from traces.synthetic import SyntheticConfig, generate_trace
 
@@ -63,3 +64,20 @@ def test_iid_draws_keep_each_row_s_picks_and_the_mean_rows_carry_the_mean(load_s
     shares_LE = counts_TLE.sum(axis=0) / counts_TLE.sum(axis=(0, 2))[:, None]
     assert np.allclose(mean_TLE[0] / counts_TLE[0].sum(axis=1)[:, None], shares_LE, atol=0.02)
     assert (mean_TLE == mean_TLE[0]).all()
+
+
+def test_the_burst_rows_split_the_ceiling_placements_score_into_burst_and_calm_rows(load_script, tmp_path, capsys):
+    bench = load_script("bench_forecast")
+    out = tmp_path / "bursts.json"
+    assert bench.main(["--bursts", "--quick", "--lags", "0", "20", "--policies", "deepseek", "--json",
+                       str(out)]) == 0
+    (row,) = json.loads(out.read_text())["bursts"]
+    assert (row["policy"], row["traffic"], row["burst_factor"]) == ("deepseek", "drift", 4.0)
+    assert 0 < row["burst_share"] < 1 and row["bursts_per_burst_row"] >= 1  # seed 0's quick trace has a burst
+    share = row["burst_share"]
+    assert row["measured"] == pytest.approx((1 - share) * row["calm_rows"] + share * row["burst_rows"])
+    assert row["predicted"] == pytest.approx((1 - share) * row["calm_rows"] + share * row["exposure"])
+    assert row["exposure"] >= 1.0 and row["burst_rows"] > row["calm_rows"]
+    assert "| 32 x 9, 64 tokens/GPU | drift | 0 | deepseek |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["--bursts", "--esft-only"])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from traces.routing_trace import RoutingTrace
-from traces.synthetic import SyntheticConfig, generate_trace
+from traces.synthetic import SyntheticConfig, active_bursts_TL, generate_trace
 
 SMALL = dict(num_steps=200, num_layers=3, num_experts=32, top_k=4, tokens_per_step=256)
 
@@ -120,3 +120,15 @@ def test_burst_makes_an_expert_far_hotter_than_its_own_average():
 def test_invalid_config_raises_value_error_naming_the_problem(overrides, message):
     with pytest.raises(ValueError, match=message):
         SyntheticConfig(**overrides)
+
+
+def test_active_bursts_mark_the_rows_where_a_burst_expert_is_hot():
+    config = SyntheticConfig(**SMALL, burst_rate=10.0, burst_length_steps=10.0, burst_factor=30.0)
+    active_TL = active_bursts_TL(config)
+    assert active_TL.shape == (config.num_steps, config.num_layers) and active_TL.min() >= 0
+    assert 0 < (active_TL > 0).mean() < 1
+    counts_TLE = generate_trace(config).counts_TLE
+    top_share_TL = counts_TLE.max(axis=2) / counts_TLE.sum(axis=2)
+    # A 30-fold burst makes its expert the busiest by far; rows without one keep the calm skew.
+    assert top_share_TL[active_TL > 0].mean() > 2 * top_share_TL[active_TL == 0].mean()
+    assert not active_bursts_TL(config.model_copy(update={"burst_rate": 0.0})).any()
