@@ -16,6 +16,7 @@ from placement import (
     ClusterSpec,
     Placement,
     PlacementInfeasibleError,
+    burst_exposure,
     fit_placement,
     load_placement,
     rolling_replay,
@@ -198,11 +199,30 @@ def cmd_score(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     result = {"placement": str(args.placement), "policy": placement.policy, **scores.summary()}
+    if args.burst_factor is not None:
+        result.update(burst_scores(placement, trace.counts_TLE, args.burst_factor))
     if args.plot:
         plot_before_after(placement, trace.counts_TLE, args.plot)
     rows = [{"policy": placement.policy, "routing": args.routing, **result}]
-    emit(args, result, format_table(rows, ("policy", "routing")))
+    text = format_table(rows, ("policy", "routing"))
+    if args.burst_factor is not None:
+        text += (f"\nburst exposure (one expert's load x{args.burst_factor:g}, best split): mean "
+                 f"{result['burst_exposure_mean']:.3f}, worst {result['burst_exposure_max']:.3f}")
+    emit(args, result, text)
     return 0
+
+
+def burst_scores(placement: Placement, counts_TLE: np.ndarray, factor: float) -> dict:
+    """`eplb score --burst-factor`: the placement's burst exposure on the trace's mean load (mean over layers and
+    bursting experts, and the worst), as `placement.burst_exposure` defines it."""
+    load_LE = counts_TLE.mean(axis=0)
+    empty = np.flatnonzero(load_LE.sum(axis=1) <= 0)
+    if len(empty):
+        raise ValueError(f"--burst-factor needs tokens in every layer of the trace, and layer {empty[0]} has none; "
+                         f"score steps where every layer routes tokens (--steps START:STOP)")
+    exposure_LE = burst_exposure(placement, load_LE, factor)
+    return {"burst_factor": factor, "burst_exposure_mean": float(exposure_LE.mean()),
+            "burst_exposure_max": float(exposure_LE.max())}
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -84,6 +84,7 @@ NON_NEGATIVE_FLOAT = _number(float, 0)
 GPUS = _number(int, 1, high=MAX_GPUS)
 SLOTS_PER_GPU = _number(int, 1, high=MAX_SLOTS_PER_GPU)
 DRIFT_RATIO = _number(float, 1, low_open=True)
+BURST_FACTOR = _number(float, 1)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -211,6 +212,10 @@ def _add_score_command(sub: argparse._SubParsersAction) -> None:
     _add_trace(p)
     _add_routing(p)
     p.add_argument("--plot", default=None, help="also write per-GPU loads before/after as a PNG here")
+    p.add_argument("--burst-factor", type=BURST_FACTOR, default=None, metavar="F",
+                   help="also report the burst exposure: the imbalance under the best split while one expert's load "
+                        "(the trace's mean) is F times as high, averaged over layers and experts, and the worst "
+                        "(for example 4)")
     _add_common(p)
 
 

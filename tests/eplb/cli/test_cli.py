@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from placement import load_placement, score_placement
+from placement import burst_exposure, load_placement, score_placement
 from traces import RoutingTrace, load_trace, save_trace
 
 ESFT = Path(__file__).resolve().parents[3].parent / "shared/data/esft-dsv2lite/esft_vanilla_lite_routing.npz"
@@ -183,6 +183,19 @@ def test_score_prints_one_json_object_with_sane_imbalance(run_eplb, small_trace,
     expected = score_placement(load_placement(small_placement), load_trace(small_trace).counts_TLE, routing).summary()
     for key in SCORE_KEYS:
         assert printed[key] == pytest.approx(expected[key], rel=1e-12), key
+
+
+def test_score_reports_the_burst_exposure_on_the_trace_s_mean_load(run_eplb, small_trace, small_placement):
+    printed = ok_json(run_eplb("score", "--placement", small_placement, "--trace", small_trace, "--burst-factor", "4",
+                               "--json"))
+    placement = load_placement(small_placement)
+    exposure_LE = burst_exposure(placement, load_trace(small_trace).counts_TLE.mean(axis=0), 4.0)
+    assert printed["burst_factor"] == 4.0
+    assert printed["burst_exposure_mean"] == pytest.approx(exposure_LE.mean(), rel=1e-12)
+    assert printed["burst_exposure_max"] == pytest.approx(exposure_LE.max(), rel=1e-12)
+    assert 1.0 <= printed["burst_exposure_mean"] <= printed["burst_exposure_max"]
+    plain = ok_json(run_eplb("score", "--placement", small_placement, "--trace", small_trace, "--json"))
+    assert "burst_exposure_mean" not in plain
 
 
 def test_score_dynamic_routing_is_no_worse_than_static_on_the_same_placement(run_eplb, small_trace, small_placement):
