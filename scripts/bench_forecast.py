@@ -52,6 +52,8 @@ TRAFFICS = {
     "bursty": {"burst_rate": 20.0, "burst_length_steps": 75.0, "burst_factor": 3.0},  # a burst every ~50 steps
 }
 TWIN_SAMPLE_SEED = 1_000_003
+# (steps, layers, every, window) of the synthetic traces and their rolling fits: --quick, and the full run
+QUICK_RUN, FULL_RUN = (140, 1, 40, 40), (800, 4, 100, 100)
 POLICIES = ("deepseek", "cpsat")
 ESFT = Path(__file__).resolve().parents[2] / "shared" / "data" / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
 ESFT_TASKS = ("intent", "law", "summary", "translation")
@@ -113,7 +115,7 @@ def oracle_row(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpe
 def measure(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int, ...] = (0,),
             policies: tuple[str, ...] = POLICIES) -> list[dict]:
     """Every row of every shape, traffic, seed and policy."""
-    steps, layers, every, window = (140, 1, 40, 40) if quick else (800, 4, 100, 100)
+    steps, layers, every, window = QUICK_RUN if quick else FULL_RUN
     shapes = ((32, 9, 64),) if quick else SHAPES
     rows = []
     for gpus, slots, tokens_per_gpu in shapes:
@@ -147,7 +149,7 @@ def burst_rows(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[i
     (mean over segments, layers and bursting experts), and the mean number of bursts on the rows that have one.
     predicted = (1 - q) * calm + q * exposure: the held-out imbalance if every row with a burst cost what one burst
     of a uniformly chosen expert costs on average (bursts that overlap cost more)."""
-    steps, layers, every, window = (140, 1, 40, 40) if quick else (800, 4, 100, 100)
+    steps, layers, every, window = QUICK_RUN if quick else FULL_RUN
     first_scored = window + max(lags)  # the rolling rows' scored steps
     rows = []
     for gpus, slots, tokens_per_gpu in ((32, 9, 64),) if quick else SHAPES:
@@ -279,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--lags and --seeds must be >= 0")
     if args.esft_only and (args.quick or not ESFT.exists()):
         parser.error(f"--esft-only needs the ESFT logs at {ESFT} and no --quick")
+    steps, _, _, window = QUICK_RUN if args.quick else FULL_RUN
+    if window + max(args.lags) >= steps:
+        parser.error(f"--lags up to {max(args.lags)} leave no step to score in {'--quick' if args.quick else 'the'} "
+                     f"traces' {steps} steps after a {window}-step window; give lags below {steps - window}")
     if args.esft_only and args.bursts:
         parser.error("--esft-only and --bursts choose different rows: give one of them")
     if args.bursts:

@@ -109,7 +109,7 @@ def generate_trace(config: SyntheticConfig) -> RoutingTrace:
     c = config
     T, L, E, K, N = c.num_steps, c.num_layers, c.num_experts, c.top_k, c.tokens_per_step
     # Separate streams, so that e.g. changing num_steps does not reshuffle which experts are popular.
-    popularity_rng, mix_rng, burst_rng, sample_rng = np.random.default_rng(c.seed).spawn(4)
+    popularity_rng, mix_rng, burst_rng, sample_rng = _streams(c)
     if c.sample_seed is not None:
         sample_rng = np.random.default_rng([c.sample_seed, c.seed])
     p_ZLE = _domain_popularity_ZLE(c, popularity_rng)
@@ -133,12 +133,16 @@ def generate_trace(config: SyntheticConfig) -> RoutingTrace:
 def active_bursts_TL(config: SyntheticConfig) -> np.ndarray:
     """[T, L] int64: how many bursts are active at each step and layer of `generate_trace(config)` (the same draws,
     so a benchmark can tell the steps a burst touched from the calm ones)."""
-    burst_rng = np.random.default_rng(config.seed).spawn(4)[2]
-    burst_start, burst_stop, burst_layer, _ = _draw_bursts(config, burst_rng)
+    burst_start, burst_stop, burst_layer, _ = _draw_bursts(config, _streams(config)[2])
     active_TL = np.zeros((config.num_steps + 1, config.num_layers), dtype=np.int64)
     np.add.at(active_TL, (burst_start, burst_layer), 1)
     np.add.at(active_TL, (np.minimum(burst_stop, config.num_steps), burst_layer), -1)
     return np.cumsum(active_TL, axis=0)[:-1]
+
+
+def _streams(c: SyntheticConfig) -> list[np.random.Generator]:
+    """The trace's random streams, in this order: popularity, domain mix, bursts, sampling (before `sample_seed`)."""
+    return np.random.default_rng(c.seed).spawn(4)
 
 
 def _domain_popularity_ZLE(c: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:

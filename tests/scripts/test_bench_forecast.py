@@ -79,5 +79,6 @@ def test_the_burst_rows_split_the_ceiling_placements_score_into_burst_and_calm_r
     assert row["predicted"] == pytest.approx((1 - share) * row["calm_rows"] + share * row["exposure"])
     assert row["exposure"] >= 1.0 and row["burst_rows"] > row["calm_rows"]
     assert "| 32 x 9, 64 tokens/GPU | drift | 0 | deepseek |" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        bench.main(["--bursts", "--esft-only"])
+    for argv in (["--bursts", "--esft-only"], ["--bursts", "--quick"]):  # the latter's default lag 100 scores nothing
+        with pytest.raises(SystemExit):
+            bench.main(argv)
