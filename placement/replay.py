@@ -24,6 +24,12 @@ placement serving keeps serving, and the steps served in between (its fit is in 
 falls after scheduled fits have started (possible only with L > 0), they still land, each serving from its own
 f' + L, and the refit on drift follows them, serving from d + 1 + L. Lag 0 is the replay without lag, step for
 step.
+
+Burst patches (`patches`, off by default): between refits, every `patches.every` steps the serving placement is
+patched for the bursts of the steps seen `patches.lag` steps earlier (`placement.burst_patch`: a few replica slots
+per layer moved to the experts the recent load overloads), and the patch serves until the next one. Each patch is
+taken from the fitted placement; `patch_moves` counts the slots that changed between consecutive served
+placements within a fit's service (the weights a live group would copy for them).
 """
 
 import math
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from placement.burst_patch import PatchConfig, patch_for_bursts
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementInfeasibleError
 from placement.forecast import hedged_window
@@ -67,6 +74,7 @@ class ReplayResult:
     fit_windows: list[tuple[int, int]] = field(default_factory=list)
     drift_steps: list[int] = field(default_factory=list)
     lag: int = 0
+    patch_moves: int | None = None
 
     def summary(self) -> dict:
         """Held-out summary (the contract keys) plus the fitted summary, fit timing and the lag."""
@@ -83,6 +91,8 @@ class ReplayResult:
                 "lag": self.lag,
             }
         )
+        if self.patch_moves is not None:
+            result["patch_moves"] = self.patch_moves
         return result
 
 
@@ -106,6 +116,7 @@ def rolling_replay(
     drift_ratio: float | None = None,
     lag: int = 0,
     forecast: bool = False,
+    patches: PatchConfig | None = None,
 ) -> ReplayResult:
     """Replay `counts_TLE` [T, L, E] with a re-fit every `every` steps on the last `window` steps.
 
@@ -115,7 +126,8 @@ def rolling_replay(
     refits early when traffic drifts (see the module docstring); None keeps the fixed cadence. `lag` >= 0 delays
     each placement's first served step by that many steps after its fit window (see the module docstring).
     `forecast` fits each placement on its window moved along each expert's trend to the period it serves
-    (`placement.forecast.hedged_window(window, lag, every)`); its fitted score stays on the window.
+    (`placement.forecast.hedged_window(window, lag, every)`); its fitted score stays on the window. `patches`
+    patches the serving placement for recent bursts between refits (see the module docstring); None: no patches.
 
     Raises:
         PlacementInfeasibleError: `every` or `window` below 1, `lag` negative, `window + lag` leaving no step of
@@ -134,18 +146,49 @@ def rolling_replay(
         parts.serve_starts.append(serve_from)
         check_drift = drift_ratio is not None and not schedule.upcoming  # else a refit on drift is in flight
         next_fit = schedule.next_fit(every)
-        served = score_placement(placement, counts_TLE[serve_from : next_fit + lag], routing)
+        chunks = _served_placements(placement, counts_TLE, serve_from, min(next_fit + lag, num_steps), patches)
+        served = _score_chunks(chunks, counts_TLE, routing)
         if check_drift:
             drifted = _first_drift(served, parts.fitted[-1], drift_ratio, serve_from, num_steps)
             if drifted + 1 + lag < num_steps:
                 parts.drifts.append(drifted)
                 next_fit = schedule.refit_on_drift(drifted, next_fit, every, window)
         stop = min(next_fit + lag, num_steps) - serve_from
-        parts.serve(placement, served, counts_TLE[serve_from : serve_from + stop])
+        parts.serve(chunks, served, counts_TLE, serve_from + stop)
         schedule.fit_step = next_fit
         if on_refit is not None:
             on_refit(serve_from + stop - first_scored, num_steps - first_scored)
-    return parts.result(placement, lag)
+    return parts.result(placement, lag, patches is not None)
+
+
+def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int, stop: int,
+                       patches: PatchConfig | None) -> list[tuple[int, int, Placement]]:
+    """(first step, stop step, placement) of each stretch of steps [start, stop) that one placement serves: the
+    fitted one throughout, or with `patches` the fitted one patched every `patches.every` steps from the steps
+    [t - lag - window, t - lag) (unpatched while no step before t - lag has been seen)."""
+    if patches is None:
+        return [(start, stop, placement)]
+    chunks = []
+    for first in range(start, stop, patches.every):
+        seen = first - patches.lag
+        served = placement
+        if seen > 0:
+            recent_LE = counts_TLE[max(0, seen - patches.window):seen].mean(axis=0)
+            served, _ = patch_for_bursts(placement, recent_LE, patches.max_moves, patches.threshold)
+        chunks.append((first, min(first + patches.every, stop), served))
+    return chunks
+
+
+def _score_chunks(chunks: list[tuple[int, int, Placement]], counts_TLE: np.ndarray, routing: Routing) -> StepScores:
+    """The steps of every chunk scored under `routing` with the chunk's placement, in step order."""
+    return StepScores.concatenate([score_placement(placement, counts_TLE[first:stop], routing)
+                                   for first, stop, placement in chunks])
+
+
+def _moved_slots(chunks: list[tuple[int, int, Placement]], stop: int) -> int:
+    """Slots whose expert changes between consecutive placements of the chunks that start before `stop`."""
+    served = [placement for first, _, placement in chunks if first < stop]
+    return sum(int((after.phy2log_LP != before.phy2log_LP).sum()) for before, after in zip(served, served[1:]))
 
 
 def _check_replay_args(num_steps: int, every: int, window: int, lag: int, drift_ratio: float | None) -> int:
@@ -227,6 +270,7 @@ class _ReplayParts:
     windows: list[tuple[int, int]] = field(default_factory=list)
     serve_starts: list[int] = field(default_factory=list)
     drifts: list[int] = field(default_factory=list)
+    moved: int = 0
 
     def fit(self, policy: str, counts_TLE: np.ndarray, first: int, stop: int, cluster: ClusterSpec, options: dict,
             routing: Routing, hedge: tuple[int, int] | None = None) -> Placement:
@@ -242,14 +286,17 @@ class _ReplayParts:
         self.fitted.append(score_placement(placement, history_TLE, routing))
         return placement
 
-    def serve(self, placement: Placement, served: StepScores, counts_TLE: np.ndarray) -> None:
-        """Keeps the scores of the steps `counts_TLE` [T, L, E] that `placement` served (the first T of `served`),
-        and scores them under each of the further routings."""
-        self.held.append(served.take_steps(len(counts_TLE)))
+    def serve(self, chunks: list[tuple[int, int, Placement]], served: StepScores, counts_TLE: np.ndarray,
+              stop: int) -> None:
+        """Keeps the scores of the steps the `chunks` served before step `stop` of `counts_TLE` [T, L, E] (the
+        first of `served`), scores them under each of the further routings, and counts the slots patches moved."""
+        kept = [(first, min(last, stop), placement) for first, last, placement in chunks if first < stop]
+        self.held.append(served.take_steps(kept[-1][1] - kept[0][0]))
         for name, scores in self.also.items():
-            scores.append(score_placement(placement, counts_TLE, name))
+            scores.append(_score_chunks(kept, counts_TLE, name))
+        self.moved += _moved_slots(chunks, stop)
 
-    def result(self, last: Placement, lag: int) -> ReplayResult:
+    def result(self, last: Placement, lag: int, patched: bool) -> ReplayResult:
         return ReplayResult(StepScores.concatenate(self.held), StepScores.concatenate(self.fitted), self.serve_starts,
                             self.seconds, {name: StepScores.concatenate(parts) for name, parts in self.also.items()},
-                            last, self.windows, self.drifts, lag)
+                            last, self.windows, self.drifts, lag, self.moved if patched else None)

@@ -11,6 +11,8 @@ decode worker runs):
 - rolling + forecast, lag L: the same, each fit on its window moved along each expert's trend to the period it
   serves (`placement.forecast`, `eplb replay --forecast trend`);
 - oracle: each served segment's placement fitted on the twin's counts of that segment;
+- with --patch-lag P, rolling + forecast + patches, lag L: the forecast rows with the serving placement patched
+  between refits for the bursts seen P steps before (`placement.burst_patch`, `eplb replay --patch-lag`);
 - oracle, bursts unknown: the same fitted on a twin without the bursts (same domain mix): what a perfect forecast of
   the mix alone can serve, the bursts still to come unforeseen.
 
@@ -25,7 +27,7 @@ their imbalance on the steps a burst touched and on the calm ones, against their
 (`placement.burst_exposure`: the expected imbalance while a uniformly chosen expert bursts).
 
 Usage: python scripts/bench_forecast.py [--quick] [--esft-only | --bursts] [--lags 0 100] [--seeds 0]
-       [--policies deepseek cpsat] [--time-limit 2] [--json PATH]
+       [--policies deepseek cpsat] [--patch-lag 10] [--time-limit 2] [--json PATH]
 """
 
 import argparse
@@ -38,6 +40,7 @@ import numpy as np
 
 from placement import ClusterSpec, fit_placement
 from placement.burst_exposure import burst_exposure
+from placement.burst_patch import PatchConfig
 from placement.forecast import hedged_window
 from placement.replay import rolling_replay
 from placement.scoring import score_placement
@@ -85,16 +88,20 @@ def calm_twin(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: 
 
 
 def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict, every: int, window: int,
-                lag: int, first_scored: int, forecast: bool = False) -> dict:
-    """Held-out live imbalance of the rolling replay at `lag` (fitting the trend forecast if `forecast`), over steps
-    [first_scored, T)."""
+                lag: int, first_scored: int, forecast: bool = False, patches: PatchConfig | None = None) -> dict:
+    """Held-out live imbalance of the rolling replay at `lag` (fitting the trend forecast if `forecast`, patching
+    for bursts between refits with `patches`), over steps [first_scored, T)."""
     began = time.perf_counter()
     result = rolling_replay(counts_TLE, cluster, policy, every=every, window=window, routing="live",
-                            policy_options=options, lag=lag, forecast=forecast)
+                            policy_options=options, lag=lag, forecast=forecast, patches=patches)
     imbalance_TL = result.held_out.imbalance_TL[first_scored - (window + lag):]
-    name = f"rolling{' + forecast' if forecast else ''}, lag {lag}"
-    return {"fit": name, "imbalance_mean": float(imbalance_TL.mean()),
-            "fits": len(result.refit_steps), "seconds": time.perf_counter() - began}
+    name = (f"rolling{' + forecast' if forecast else ''}{' + patches' if patches else ''}, lag {lag}"
+            f"{f' (patch lag {patches.lag})' if patches else ''}")
+    row = {"fit": name, "imbalance_mean": float(imbalance_TL.mean()),
+           "fits": len(result.refit_steps), "seconds": time.perf_counter() - began}
+    if patches:
+        row["patch_moves"] = result.patch_moves
+    return row
 
 
 def oracle_row(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict,
@@ -113,8 +120,9 @@ def oracle_row(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpe
 
 
 def measure(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int, ...] = (0,),
-            policies: tuple[str, ...] = POLICIES) -> list[dict]:
-    """Every row of every shape, traffic, seed and policy."""
+            policies: tuple[str, ...] = POLICIES, patches: PatchConfig | None = None) -> list[dict]:
+    """Every row of every shape, traffic, seed and policy (with `patches`, also the forecast rows with burst
+    patches between refits)."""
     steps, layers, every, window = QUICK_RUN if quick else FULL_RUN
     shapes = ((32, 9, 64),) if quick else SHAPES
     rows = []
@@ -129,6 +137,9 @@ def measure(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int,
                     options = {} if policy == "deepseek" else {"time_limit_s": time_limit_s, "routing": "dynamic"}
                     found = [rolling_row(counts_TLE, cluster, policy, options, every, window, lag, first_scored,
                                          forecast) for lag in lags for forecast in (False, True)]
+                    if patches is not None:
+                        found += [rolling_row(counts_TLE, cluster, policy, options, every, window, lag, first_scored,
+                                              True, patches) for lag in lags]
                     found.append(oracle_row(counts_TLE, calm_TLE, cluster, policy, options, every, first_scored,
                                             "oracle, bursts unknown"))
                     found.append(oracle_row(counts_TLE, twin_TLE, cluster, policy, options, every, first_scored))
@@ -274,11 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="policies to fit")
     parser.add_argument("--json", default=None, help="also write the rows here as JSON")
     parser.add_argument("--esft-only", action="store_true", help="only the ESFT rows (needs ../shared/data)")
+    parser.add_argument("--patch-lag", type=int, default=None, metavar="STEPS",
+                        help="also the forecast rows with burst patches between refits, each serving STEPS after "
+                             "the steps it saw (placement.burst_patch)")
     parser.add_argument("--bursts", action="store_true",
                         help="only what the bursts cost the placements fitted without them (no ESFT)")
     args = parser.parse_args(argv)
-    if min(args.lags) < 0 or min(args.seeds) < 0:
-        parser.error("--lags and --seeds must be >= 0")
+    if min(args.lags) < 0 or min(args.seeds) < 0 or (args.patch_lag is not None and args.patch_lag < 0):
+        parser.error("--lags, --seeds and --patch-lag must be >= 0")
     if args.esft_only and (args.quick or not ESFT.exists()):
         parser.error(f"--esft-only needs the ESFT logs at {ESFT} and no --quick")
     steps, _, _, window = QUICK_RUN if args.quick else FULL_RUN
@@ -293,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_text_atomically(args.json, json.dumps({"bursts": bursts}, indent=1) + "\n")
         return 0
+    patches = None if args.patch_lag is None else PatchConfig(lag=args.patch_lag)
     rows = [] if args.esft_only else measure(args.quick, args.lags, args.time_limit, tuple(args.seeds),
-                                             tuple(args.policies))
+                                             tuple(args.policies), patches)
     if rows:
         print(table(rows))
     esft = esft_rows(args.time_limit) if ESFT.exists() and not args.quick else []

@@ -1,0 +1,137 @@
+"""Patch a serving placement for the bursts of the last few steps: a few replica slots moved, no refit.
+
+Legend: L layers, E logical experts, G GPUs, S slots per GPU, P = G * S slots, K recent steps.
+
+Why: a refit lands `lag` steps after its window (the solve and the weight transfer of a whole model), so a burst
+that begins after the window (one expert several times hotter for tens of steps) is served by a placement that
+never saw it. What it costs depends on where the placement put that expert, and no placement fitted in advance
+absorbs it well: a single-replica expert's burst stays on its GPU (figures: docs/placement.md, 'Forecasting the
+load'). What does absorb it is a replica of the bursting expert, and giving one is cheap: one slot of an expert with
+replicas to spare takes the bursting expert's weights, one expert per layer to copy instead of a model. So between
+refits the serving placement is patched from the steps just seen, and the patch can land within a few steps.
+
+Method, per layer, on the mean load of the recent steps: if the live router's split of that load leaves the busiest GPU
+above `threshold` times the mean, try giving each of the `CANDIDATES` experts with the most load per replica one more
+replica, taken from a slot of an expert that keeps at least one replica after it, on a GPU that does not hold the
+bursting expert yet (the `DONORS` slots of the experts with the least load per replica); keep the move that lowers the
+imbalance most, if by at least `MIN_GAIN`; repeat up to `max_moves` moves. Each trial is scored as the live router would
+split it (`placement.routing.dynamic_split`, `ROUTER_ROUNDS` rounds). A patched layer's static weights are refitted to
+the recent load; the other layers are untouched. A patch is taken from the fitted placement each time, not from the last
+patch, so when the burst is over the layer goes back to the fit.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from placement.placement_model import Placement
+from placement.routing.dynamic_split import MOMENTUM, ROUTER_ROUNDS, ReplicaGraph, optimal_split_loads
+from placement.routing.static_weights import fitted_weights
+
+THRESHOLD = 1.02  # a layer whose recent load is served above this imbalance is patched
+MIN_GAIN = 0.005  # a move is kept only if it lowers the recent load's imbalance by this much
+CANDIDATES = 2  # bursting experts tried per move: those with the most recent load per replica
+DONORS = 8  # slots tried per bursting expert: those of the experts with the least recent load per replica
+
+
+@dataclass(frozen=True)
+class PatchConfig:
+    """When and how much a replay (or a live group) patches its serving placement between refits.
+
+    Attributes:
+        lag: steps from the last step a patch sees until it serves (detecting, solving, copying a few experts).
+        window: recent steps whose mean load a patch is fitted to.
+        every: steps between patches.
+        max_moves: most slots one layer may change per patch.
+        threshold: layers served at or below this imbalance of the recent load are left as fitted.
+    """
+
+    lag: int = 10
+    window: int = 10
+    every: int = 5
+    max_moves: int = 2
+    threshold: float = THRESHOLD
+
+    def __post_init__(self) -> None:
+        if self.lag < 0 or self.window < 1 or self.every < 1 or self.max_moves < 0 or not self.threshold >= 1:
+            raise ValueError(f"patches need lag >= 0, window >= 1, every >= 1, max_moves >= 0 and threshold >= 1; "
+                             f"got lag={self.lag}, window={self.window}, every={self.every}, "
+                             f"max_moves={self.max_moves}, threshold={self.threshold}")
+
+
+def patch_for_bursts(placement: Placement, recent_LE: np.ndarray, max_moves: int = 2,
+                     threshold: float = THRESHOLD) -> tuple[Placement, int]:
+    """The placement with up to `max_moves` slots per layer moved to the experts the recent load overloads.
+
+    Args:
+        placement: the placement now serving (L layers, E experts, P slots).
+        recent_LE: [L, E] non-negative mean tokens per expert over the last steps seen.
+        max_moves: >= 0, the most slots one layer may change.
+        threshold: >= 1, layers served at or below this imbalance of `recent_LE` are left as they are.
+
+    Returns:
+        (patched placement, number of slots that changed expert); the placement itself (0) when nothing moved.
+
+    Raises:
+        ValueError: `recent_LE` not [L, E] of the placement or negative, `max_moves` below 0, `threshold` below 1.
+    """
+    recent = np.asarray(recent_LE, dtype=np.float64)
+    num_layers, num_experts = placement.phy2log_LP.shape[0], placement.num_experts
+    if recent.shape != (num_layers, num_experts) or not np.isfinite(recent).all() or (recent < 0).any():
+        raise ValueError(f"recent_LE must be [layers, experts] = [{num_layers}, {num_experts}] of finite, "
+                         f"non-negative loads to match the placement; got shape {recent.shape}")
+    if max_moves < 0 or not threshold >= 1:
+        raise ValueError(f"max_moves must be >= 0 and threshold >= 1; got max_moves={max_moves}, "
+                         f"threshold={threshold}")
+    phy2log_LP, weights_LP = placement.phy2log_LP.copy(), placement.weights_LP.copy()
+    moved = 0
+    for layer in range(num_layers):
+        patched = _patch_layer(phy2log_LP[layer], recent[layer], placement, max_moves, threshold)
+        changed = int((patched != phy2log_LP[layer]).sum())
+        if changed:
+            moved += changed
+            phy2log_LP[layer] = patched
+            weights_LP[layer] = fitted_weights(patched, recent[layer], placement.cluster.num_gpus,
+                                               placement.cluster.slots_per_gpu)
+    if not moved:
+        return placement, 0
+    info = {**placement.info, "patched_slots": moved}
+    return Placement(phy2log_LP, weights_LP, placement.cluster, num_experts, placement.policy, info), moved
+
+
+def _patch_layer(phy2log_P: np.ndarray, load_E: np.ndarray, placement: Placement, max_moves: int,
+                 threshold: float) -> np.ndarray:
+    """One layer's slot map after the moves that pay (see the module docstring)."""
+    current = phy2log_P.copy()
+    if load_E.sum() <= 0:
+        return current
+    gpu_of_slot = placement.gpu_of_slot_P
+    imbalance = _split_imbalance(current, load_E, placement)
+    for _ in range(max_moves):
+        if imbalance <= threshold:
+            break
+        replicas_E = np.bincount(current, minlength=len(load_E))
+        per_replica_E = load_E / replicas_E
+        best, best_value = None, imbalance - MIN_GAIN
+        for expert in np.argsort(-per_replica_E, kind="stable")[:CANDIDATES]:
+            holding = np.isin(gpu_of_slot, gpu_of_slot[current == expert])
+            donors = np.flatnonzero((replicas_E[current] >= 2) & (current != expert) & ~holding)
+            for slot in donors[np.argsort(per_replica_E[current[donors]], kind="stable")[:DONORS]]:
+                trial = current.copy()
+                trial[slot] = expert
+                value = _split_imbalance(trial, load_E, placement)
+                if value < best_value:
+                    best, best_value = trial, value
+        if best is None:
+            break
+        current, imbalance = best, best_value
+    return current
+
+
+def _split_imbalance(phy2log_P: np.ndarray, load_E: np.ndarray, placement: Placement) -> float:
+    """Busiest GPU over the mean when the live router's water-filling (its `ROUTER_ROUNDS` rounds)
+    splits `load_E` [E] on the slot map `phy2log_P` [P]: what the patched layer would serve."""
+    num_gpus = placement.cluster.num_gpus
+    graph = ReplicaGraph.build(phy2log_P, placement.gpu_of_slot_P, len(load_E), num_gpus)
+    loads_1G, _ = optimal_split_loads(load_E[None], graph, -np.inf, ROUTER_ROUNDS, MOMENTUM)
+    return float(loads_1G.max() / max(loads_1G.mean(), 1e-12))
