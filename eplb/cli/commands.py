@@ -25,6 +25,7 @@ from placement import (
     score_placement,
     static_gpu_loads,
 )
+from placement.burst_patch import PatchConfig
 from placement.migration import oblivious_moves, plan_migration
 from placement.scoring import check_compatible
 from traces import RoutingTrace, TraceFormatError, load_trace, save_trace
@@ -234,13 +235,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         result = rolling_replay(
             trace.counts_TLE, cluster, args.policy, args.every, args.window, args.routing,
             policy_options(args), on_refit=progress.callback(), drift_ratio=args.refit_on_drift, lag=args.lag,
-            forecast=args.forecast == "trend",
+            forecast=args.forecast == "trend", patches=patches_from(args),
         )
     finally:
         progress.close()
     logger.info("replayed %d fits (%d on drift)", len(result.refit_steps), len(result.drift_steps))
     summary = {"policy": args.policy, "every": args.every, "window": args.window,
-               "refit_on_drift": args.refit_on_drift, "forecast": args.forecast, **result.summary()}
+               "refit_on_drift": args.refit_on_drift, "forecast": args.forecast, "patch_lag": args.patch_lag,
+               **result.summary()}
     if args.plot:
         plots.plot_imbalance_over_time(
             {f"{args.policy}, {args.routing}": result.held_out.imbalance_TL.mean(axis=1)},
@@ -256,6 +258,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     ]
     emit(args, summary, format_table(rows, ("policy", "routing", "fit")))
     return 0
+
+
+def patches_from(args: argparse.Namespace) -> PatchConfig | None:
+    """`eplb replay`'s burst patches: None without --patch-lag."""
+    if args.patch_lag is None:
+        return None
+    return PatchConfig(lag=args.patch_lag, every=args.patch_every)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

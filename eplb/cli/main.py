@@ -236,6 +236,12 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--forecast", choices=("trend", "none"), default="trend",
                    help="trend (default): fit each placement on its window moved along each expert's load trend to "
                         "the steps it will serve (--lag and --every set how far); none: fit the window as it is")
+    p.add_argument("--patch-lag", type=NON_NEGATIVE_INT, default=None, metavar="STEPS",
+                   help="between refits, patch the serving placement for bursts every --patch-every steps: move a "
+                        "few replica slots per layer to the experts the last 10 steps seen overload, serving STEPS "
+                        "after them (detecting and copying a few experts; for example 10; default: no patches)")
+    p.add_argument("--patch-every", type=POSITIVE_INT, default=5, metavar="STEPS",
+                   help="steps between patches with --patch-lag (default %(default)s)")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 

@@ -229,6 +229,20 @@ def test_replay_scores_the_held_out_steps_with_one_refit_per_every(run_eplb, sma
     assert summary["forecast"] == "trend", "the trend forecast is the default fit"
 
 
+def test_replay_patches_a_burst_between_refits_and_reports_the_slots_moved(run_eplb, tmp_path):
+    # Expert 0 turns 8 times as hot at step 40, between the refits at 30 and 50 (each served 5 steps later).
+    rng = np.random.default_rng(0)
+    rate = np.full((70, 1, 32), 40.0)
+    rate[40:, 0, 0] *= 8
+    save_trace(RoutingTrace.from_counts(rng.poisson(rate)), tmp_path / "burst.npz")
+    args = ("replay", "--trace", tmp_path / "burst.npz", *CLUSTER, "--policy", "deepseek", "--every", "20",
+            "--window", "10", "--lag", "5", "--routing", "dynamic", "--json")
+    plain, patched = ok_json(run_eplb(*args)), ok_json(run_eplb(*args, "--patch-lag", "2", "--patch-every", "2"))
+    assert plain["patch_lag"] is None and "patch_moves" not in plain
+    assert patched["patch_lag"] == 2 and patched["patch_moves"] > 0
+    assert patched["imbalance_mean"] < plain["imbalance_mean"]
+
+
 def test_replay_fits_the_window_as_it_is_with_no_forecast(run_eplb, tmp_path):
     # One expert's rate rises steadily: the forecast gives it more replicas than its stale window does.
     rng = np.random.default_rng(0)

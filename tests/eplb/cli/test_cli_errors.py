@@ -67,6 +67,8 @@ ERRORS = [
     ("every-zero", "replay --trace {trace} {cluster} --every 0 --window 10", "--every"),
     ("drift-ratio-not-above-one", "replay --trace {trace} {cluster} --every 10 --window 10 --refit-on-drift 0.9",
      "--refit-on-drift"),
+    ("patch-lag-negative", "replay --trace {trace} {cluster} --every 10 --window 10 --patch-lag -1",
+     "argument --patch-lag"),
     ("burst-factor-below-one", "score --placement {placement} --trace {trace} --burst-factor 0.5",
      "argument --burst-factor"),
     ("unknown-policy", "place --trace {trace} {cluster} --policy nosuch --out {dir}/o.json", "invalid choice"),
