@@ -63,6 +63,8 @@ class ReplayResult:
         fit_windows: the trace steps [first, stop) each placement was fitted on; its fit starts at step stop.
         drift_steps: the served steps whose imbalance triggered a refit on drift, in trace order.
         lag: steps from the end of each fit window until its placement serves.
+        patch_moves: with burst patches, the slots whose expert changed between consecutive served placements
+            within each fit's service (None without patches).
     """
 
     held_out: StepScores
