@@ -10,9 +10,9 @@ decode worker runs):
   ended (`placement.replay.rolling_replay`, what `eplb replay --lag` runs);
 - rolling + forecast, lag L: the same, each fit on its window moved along each expert's trend to the period it
   serves (`placement.forecast`, `eplb replay --forecast trend`);
-- oracle: each served segment's placement fitted on the twin's counts of that segment;
 - with --patch-lag P, rolling + forecast + patches, lag L: the forecast rows with the serving placement patched
   between refits for the bursts seen P steps before (`placement.burst_patch`, `eplb replay --patch-lag`);
+- oracle: each served segment's placement fitted on the twin's counts of that segment;
 - oracle, bursts unknown: the same fitted on a twin without the bursts (same domain mix): what a perfect forecast of
   the mix alone can serve, the bursts still to come unforeseen.
 

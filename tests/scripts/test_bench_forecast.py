@@ -45,12 +45,15 @@ def test_the_quick_bench_reports_rolling_rows_at_every_lag_beside_the_oracle(loa
     assert "| oracle (popularity known) |" in capsys.readouterr().out
 
 
-def test_the_bench_runs_the_seeds_and_policies_asked_for(load_script, tmp_path):
+def test_the_bench_runs_the_seeds_policies_and_patches_asked_for(load_script, tmp_path):
     bench = load_script("bench_forecast")
     out = tmp_path / "forecast.json"
-    assert bench.main(["--quick", "--lags", "0", "--seeds", "3", "--policies", "deepseek", "--json", str(out)]) == 0
+    assert bench.main(["--quick", "--lags", "0", "--seeds", "3", "--policies", "deepseek", "--patch-lag", "5",
+                       "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["synthetic"]
     assert {(row["seed"], row["policy"]) for row in rows} == {(3, "deepseek")}
+    (patched,) = [row for row in rows if row["fit"] == "rolling + forecast + patches, lag 0 (patch lag 5)"]
+    assert patched["patch_moves"] >= 0 and patched["imbalance_mean"] >= 1.0
     assert not np.array_equal(bench.traces(32, 64, "drift", 140, 1, 3)[0], bench.traces(32, 64, "drift", 140, 1, 0)[0])
 
 
