@@ -1,6 +1,6 @@
 """Patch a serving placement for the bursts of the last few steps: a few replica slots moved, no refit.
 
-Legend: L layers, E logical experts, G GPUs, S slots per GPU, P = G * S slots, K recent steps.
+Legend: L layers, E logical experts, G GPUs, S slots per GPU, P = G * S slots.
 
 Why: a refit lands `lag` steps after its window (the solve and the weight transfer of a whole model), so a burst
 that begins after the window (one expert several times hotter for tens of steps) is served by a placement that
