@@ -167,7 +167,8 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
                        patches: PatchConfig | None) -> list[tuple[int, int, Placement]]:
     """(first step, stop step, placement) of each stretch of steps [start, stop) that one placement serves: the
     fitted one throughout, or with `patches` the fitted one patched every `patches.every` steps from the steps
-    [t - lag - window, t - lag) (unpatched while no step before t - lag has been seen)."""
+    [t - lag - window, t - lag) (unpatched while no step before t - lag has been seen); consecutive steps that
+    the unpatched placement serves form one stretch."""
     if patches is None:
         return [(start, stop, placement)]
     chunks = []
@@ -177,7 +178,11 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
         if seen > 0:
             recent_LE = counts_TLE[max(0, seen - patches.window):seen].mean(axis=0)
             served, _ = patch_for_bursts(placement, recent_LE, patches.max_moves, patches.threshold)
-        chunks.append((first, min(first + patches.every, stop), served))
+        last = min(first + patches.every, stop)
+        if chunks and chunks[-1][2] is served:  # the same placement serves on: one stretch, scored at once
+            chunks[-1] = (chunks[-1][0], last, served)
+        else:
+            chunks.append((first, last, served))
     return chunks
 
 
@@ -187,9 +192,9 @@ def _score_chunks(chunks: list[tuple[int, int, Placement]], counts_TLE: np.ndarr
                                    for first, stop, placement in chunks])
 
 
-def _moved_slots(chunks: list[tuple[int, int, Placement]], stop: int) -> int:
-    """Slots whose expert changes between consecutive placements of the chunks that start before `stop`."""
-    served = [placement for first, _, placement in chunks if first < stop]
+def _moved_slots(chunks: list[tuple[int, int, Placement]]) -> int:
+    """Slots whose expert changes between the placements of consecutive chunks."""
+    served = [placement for _, _, placement in chunks]
     return sum(int((after.phy2log_LP != before.phy2log_LP).sum()) for before, after in zip(served, served[1:]))
 
 
@@ -296,7 +301,7 @@ class _ReplayParts:
         self.held.append(served.take_steps(kept[-1][1] - kept[0][0]))
         for name, scores in self.also.items():
             scores.append(_score_chunks(kept, counts_TLE, name))
-        self.moved += _moved_slots(chunks, stop)
+        self.moved += _moved_slots(kept)
 
     def result(self, last: Placement, lag: int, patched: bool) -> ReplayResult:
         return ReplayResult(StepScores.concatenate(self.held), StepScores.concatenate(self.fitted), self.serve_starts,
