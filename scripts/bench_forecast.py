@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from placement import ClusterSpec, fit_placement
+from placement import ClusterSpec, Placement, fit_placement
 from placement.burst_exposure import burst_exposure
 from placement.burst_patch import PatchConfig
 from placement.forecast import hedged_window
@@ -104,19 +104,27 @@ def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, optio
     return row
 
 
+def segment_fits(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict,
+                 every: int, first_scored: int) -> list[tuple[slice, Placement, np.ndarray]]:
+    """(segment, placement, imbalance_TL) of each `every`-step segment of [first_scored, T): the placement fitted on
+    the twin's counts of that very segment, its live imbalance on the trace's."""
+    fits = []
+    for start in range(first_scored, counts_TLE.shape[0], every):
+        segment = slice(start, min(start + every, counts_TLE.shape[0]))
+        placement = fit_placement(policy, twin_TLE[segment], cluster, **options)
+        fits.append((segment, placement, score_placement(placement, counts_TLE[segment], "live").imbalance_TL))
+    return fits
+
+
 def oracle_row(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict,
                every: int, first_scored: int, name: str = "oracle (popularity known)") -> dict:
     """Live imbalance over [first_scored, T) with each `every`-step segment served by a placement fitted on the
-    twin's counts of that very segment. Given a twin without the bursts, what a perfect forecast of the domain mix
-    alone could serve."""
+    twin's counts of that very segment (`segment_fits`). Given a twin without the bursts, what a perfect forecast of
+    the domain mix alone could serve."""
     began = time.perf_counter()
-    scores = []
-    for start in range(first_scored, counts_TLE.shape[0], every):
-        stop = min(start + every, counts_TLE.shape[0])
-        placement = fit_placement(policy, twin_TLE[start:stop], cluster, **options)
-        scores.append(score_placement(placement, counts_TLE[start:stop], "live").imbalance_TL)
-    return {"fit": name, "imbalance_mean": float(np.concatenate(scores).mean()),
-            "fits": len(scores), "seconds": time.perf_counter() - began}
+    fits = segment_fits(counts_TLE, twin_TLE, cluster, policy, options, every, first_scored)
+    return {"fit": name, "imbalance_mean": float(np.concatenate([scores for _, _, scores in fits]).mean()),
+            "fits": len(fits), "seconds": time.perf_counter() - began}
 
 
 def measure(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int, ...] = (0,),
@@ -174,14 +182,10 @@ def burst_rows(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[i
                 active_TL = bursts_TL > 0
                 for policy in policies:
                     options = {} if policy == "deepseek" else {"time_limit_s": time_limit_s, "routing": "dynamic"}
-                    imbalance, exposure = [], []
-                    for start in range(first_scored, steps, every):
-                        segment = slice(start, min(start + every, steps))
-                        placement = fit_placement(policy, calm_TLE[segment], cluster, **options)
-                        imbalance.append(score_placement(placement, counts_TLE[segment], "live").imbalance_TL)
-                        exposure.append(burst_exposure(placement, calm_TLE[segment].mean(axis=0),
-                                                       config.burst_factor).mean())
-                    imbalance_TL = np.concatenate(imbalance)
+                    fits = segment_fits(counts_TLE, calm_TLE, cluster, policy, options, every, first_scored)
+                    exposure = [burst_exposure(placement, calm_TLE[segment].mean(axis=0), config.burst_factor).mean()
+                                for segment, placement, _ in fits]
+                    imbalance_TL = np.concatenate([scores for _, _, scores in fits])
                     share = float(active_TL.mean())
                     calm = float(imbalance_TL[~active_TL].mean())
                     rows.append({"shape": f"{gpus} x {slots}, {tokens_per_gpu} tokens/GPU", "traffic": traffic,
