@@ -14,10 +14,12 @@ Method, per layer, on the mean load of the recent steps: if the live router's sp
 above `threshold` times the mean, try giving each of the `CANDIDATES` experts with the most load per replica one more
 replica, taken from a slot of an expert that keeps at least one replica after it, on a GPU that does not hold the
 bursting expert yet (the `DONORS` slots of the experts with the least load per replica); keep the move that lowers the
-imbalance most, if by at least `MIN_GAIN`; repeat up to `max_moves` moves. Each trial is scored as the live router would
-split it (`placement.routing.dynamic_split`, `ROUTER_ROUNDS` rounds). A patched layer's static weights are refitted to
-the recent load; the other layers are untouched. A patch is taken from the fitted placement each time, not from the last
-patch, so when the burst is over the layer goes back to the fit.
+imbalance most (of moves equal but for rounding, the first tried), if by at least `MIN_GAIN`; repeat up to `max_moves`
+moves. Each trial is scored as the live router would split it (`placement.routing.dynamic_split`'s water-filling,
+`ROUTER_ROUNDS` rounds); a move's trials are scored together, in one batched water-filling
+(`placement.routing.trial_split`). A patched layer's static weights are refitted to the recent load; the other layers
+are untouched. A patch is taken from the fitted placement each time, not from the last patch, so when the burst is over
+the layer goes back to the fit.
 """
 
 from dataclasses import dataclass
@@ -25,13 +27,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from placement.placement_model import Placement
-from placement.routing.dynamic_split import MOMENTUM, ROUTER_ROUNDS, ReplicaGraph, optimal_split_loads
+from placement.routing.dynamic_split import MOMENTUM, ROUTER_ROUNDS
 from placement.routing.static_weights import fitted_weights
+from placement.routing.trial_split import trial_imbalances
 
 THRESHOLD = 1.02  # a layer whose recent load is served above this imbalance is patched
 MIN_GAIN = 0.005  # a move is kept only if it lowers the recent load's imbalance by this much
 CANDIDATES = 2  # bursting experts tried per move: those with the most recent load per replica
 DONORS = 8  # slots tried per bursting expert: those of the experts with the least recent load per replica
+TIE = 1e-12  # trials whose imbalances differ by less than this are equally good (rounding, not balance)
 
 
 @dataclass(frozen=True)
@@ -106,32 +110,32 @@ def _patch_layer(phy2log_P: np.ndarray, load_E: np.ndarray, placement: Placement
     if load_E.sum() <= 0:
         return current
     gpu_of_slot = placement.gpu_of_slot_P
-    imbalance = _split_imbalance(current, load_E, placement)
+    imbalance = float(_split_imbalances(current[None], load_E, placement)[0])
     for _ in range(max_moves):
         if imbalance <= threshold:
             break
         replicas_E = np.bincount(current, minlength=len(load_E))
         per_replica_E = load_E / replicas_E
-        best, best_value = None, imbalance - MIN_GAIN
+        trials = []  # candidates in order, each one's donors in order: the first of equally good trials wins
         for expert in np.argsort(-per_replica_E, kind="stable")[:CANDIDATES]:
             holding = np.isin(gpu_of_slot, gpu_of_slot[current == expert])
             donors = np.flatnonzero((replicas_E[current] >= 2) & (current != expert) & ~holding)
             for slot in donors[np.argsort(per_replica_E[current[donors]], kind="stable")[:DONORS]]:
                 trial = current.copy()
                 trial[slot] = expert
-                value = _split_imbalance(trial, load_E, placement)
-                if value < best_value:
-                    best, best_value = trial, value
-        if best is None:
+                trials.append(trial)
+        if not trials:
             break
-        current, imbalance = best, best_value
+        values = _split_imbalances(np.stack(trials), load_E, placement)
+        if values.min() >= imbalance - MIN_GAIN:
+            break
+        best = int(np.flatnonzero(values <= values.min() + TIE)[0])
+        current, imbalance = trials[best], float(values[best])
     return current
 
 
-def _split_imbalance(phy2log_P: np.ndarray, load_E: np.ndarray, placement: Placement) -> float:
-    """Busiest GPU over the mean when the live router's water-filling (its `ROUTER_ROUNDS` rounds)
-    splits `load_E` [E] on the slot map `phy2log_P` [P]: what the patched layer would serve."""
-    num_gpus = placement.cluster.num_gpus
-    graph = ReplicaGraph.build(phy2log_P, placement.gpu_of_slot_P, len(load_E), num_gpus)
-    loads_1G, _ = optimal_split_loads(load_E[None], graph, -np.inf, ROUTER_ROUNDS, MOMENTUM)
-    return float(loads_1G.max() / max(loads_1G.mean(), 1e-12))
+def _split_imbalances(phy2log_BP: np.ndarray, load_E: np.ndarray, placement: Placement) -> np.ndarray:
+    """[B] busiest GPU over the mean when the live router's water-filling (its `ROUTER_ROUNDS` rounds)
+    splits `load_E` [E] on each slot map of `phy2log_BP` [B, P]: what the patched layer would serve."""
+    return trial_imbalances(phy2log_BP, placement.gpu_of_slot_P, load_E, placement.cluster.num_gpus,
+                            ROUTER_ROUNDS, MOMENTUM)

@@ -9,6 +9,8 @@
   scoring under live routing replays it (the simulator too, never a copy of it). Import it by its module path,
   `placement.routing.live_router`: it needs torch, which this package leaves unimported so numpy users of routing
   do not pay for it. `chain_split` and `index_tables` are its torch helpers.
+- `trial_split` (numpy): the same rounds on many trial slot maps of one layer at once (one slot apart: the burst
+  patch's moves), each trial's busiest GPU over the mean, no certificate.
 - `static_weights` (numpy): static replica weights fitted to an expected load, from the best split of that load
   (the `cpsat` policy's weights).
 - `exact_split` (scipy): the exact optimum of one step by a linear program, the oracle tests and benchmarks check

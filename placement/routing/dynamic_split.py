@@ -113,17 +113,21 @@ def extrapolate(share_BMY: np.ndarray, previous_BMY: np.ndarray, tokens_BM: np.n
     return ahead * (tokens_BM[..., None] / np.maximum(ahead.sum(axis=-1, keepdims=True), 1e-300))
 
 
-def _water_fill(tokens_BM: np.ndarray, base_BMY: np.ndarray) -> np.ndarray:
-    """Spread tokens_BM over Y bins whose levels are base_BMY (inf = absent) to raise the lowest bins evenly."""
-    order = np.argsort(base_BMY, axis=-1)
-    sorted_base = np.take_along_axis(base_BMY, order, axis=-1)
-    finite = np.where(np.isfinite(sorted_base), sorted_base, 0.0)
-    k = np.arange(1, base_BMY.shape[-1] + 1)
-    level_k = (tokens_BM[..., None] + np.cumsum(finite, axis=-1)) / k
-    active = (sorted_base < level_k) | (k == 1)
-    num_active = active.sum(axis=-1, keepdims=True)
-    level = np.take_along_axis(level_k, num_active - 1, axis=-1)
-    return np.where(np.isfinite(base_BMY), np.maximum(level - base_BMY, 0.0), 0.0)
+def water_fill(tokens_BM: np.ndarray, base_BMY: np.ndarray) -> np.ndarray:
+    """[B, M, Y] the spread of tokens_BM [B, M] over Y bins whose levels are base_BMY (inf = absent) that raises the
+    lowest bins evenly (sorting the levels, not their indices: fewer and cheaper numpy calls).
+
+    The bins below the water are a prefix of the sorted levels (the lowest one always), so the last of them is found
+    from the first sorted level at or above its prefix's water level."""
+    width = base_BMY.shape[-1]
+    sorted_base = np.sort(base_BMY, axis=-1)
+    prefix_sum = np.cumsum(np.where(sorted_base < np.inf, sorted_base, 0.0), axis=-1)
+    level_k = (tokens_BM[..., None] + prefix_sum) / np.arange(1, width + 1)
+    below = sorted_base < level_k
+    below[..., 0] = True
+    last = np.where(below[..., -1], width - 1, below.argmin(axis=-1) - 1)
+    level = np.take_along_axis(level_k, last[..., None], axis=-1)
+    return np.where(base_BMY < np.inf, np.maximum(level - base_BMY, 0.0), 0.0)
 
 
 def certified_lower_bound(counts_BE: np.ndarray, loads_BG: np.ndarray, graph: ReplicaGraph) -> np.ndarray:
@@ -204,7 +208,7 @@ def optimal_split(
         padded = np.concatenate([loads_of(ahead, active), np.full((len(active), 1), np.inf)], axis=1)
         base = padded[np.arange(len(active))[:, None, None], gpus_MY[None]] - ahead
         previous_BMY[active] = share
-        share_BMY[active] = ahead + step_M1 * (_water_fill(tokens, base) - ahead)
+        share_BMY[active] = ahead + step_M1 * (water_fill(tokens, base) - ahead)
         if round_index % 8 == 7 or round_index == max_rounds - 1:
             loads = loads_of(share_BMY[active], active)
             bound = certified_lower_bound(counts[active], loads, graph)

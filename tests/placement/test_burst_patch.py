@@ -1,11 +1,13 @@
 """Burst patches: a bursting single-replica expert gets a replica from an expert with one to spare, balanced layers
-are left alone, moves stay within their bound; the replay with patches serves a burst better and counts its moves."""
+are left alone, moves stay within their bound, a move's trials scored together pick the move per-trial scoring picks;
+the replay with patches serves a burst better and counts its moves."""
 
 import numpy as np
 import pytest
 
 from placement import ClusterSpec, Placement, rolling_replay
-from placement.burst_patch import PatchConfig, patch_for_bursts
+from placement.burst_patch import CANDIDATES, DONORS, MIN_GAIN, THRESHOLD, TIE, PatchConfig, patch_for_bursts
+from placement.routing.dynamic_split import MOMENTUM, ROUTER_ROUNDS, ReplicaGraph, optimal_split_loads
 from placement.routing.live_router import LayerRoutingTable, route_step
 
 CLUSTER = ClusterSpec(num_gpus=4, slots_per_gpu=3, gpus_per_node=4)
@@ -88,3 +90,53 @@ def test_the_replay_with_patches_serves_the_burst_better_and_counts_the_slots_it
     never = rolling_replay(counts, CLUSTER, "deepseek", patches=PatchConfig(lag=1000), **args)
     np.testing.assert_array_equal(never.held_out.imbalance_TL, plain.held_out.imbalance_TL)
     assert never.patch_moves == 0
+
+
+def _per_trial_patch(phy2log_P: np.ndarray, load_E: np.ndarray, placement: Placement, max_moves: int) -> np.ndarray:
+    """One layer's patch with each trial scored on its own (a replica graph and a live-router split per trial): the
+    moves as chosen before a move's trials were scored together. Of trials within TIE of the best (equal but for
+    rounding), the first in the order tried wins."""
+    def imbalance_of(slots: np.ndarray) -> float:
+        graph = ReplicaGraph.build(slots, placement.gpu_of_slot_P, len(load_E), placement.cluster.num_gpus)
+        loads_1G, _ = optimal_split_loads(load_E[None], graph, -np.inf, ROUTER_ROUNDS, MOMENTUM)
+        return float(loads_1G.max() / max(loads_1G.mean(), 1e-12))
+
+    current, gpu_of_slot = phy2log_P.copy(), placement.gpu_of_slot_P
+    imbalance = imbalance_of(current)
+    for _ in range(max_moves):
+        if imbalance <= THRESHOLD:
+            break
+        replicas_E = np.bincount(current, minlength=len(load_E))
+        per_replica_E = load_E / replicas_E
+        trials, values = [], []
+        for expert in np.argsort(-per_replica_E, kind="stable")[:CANDIDATES]:
+            holding = np.isin(gpu_of_slot, gpu_of_slot[current == expert])
+            donors = np.flatnonzero((replicas_E[current] >= 2) & (current != expert) & ~holding)
+            for slot in donors[np.argsort(per_replica_E[current[donors]], kind="stable")[:DONORS]]:
+                trials.append(current.copy())
+                trials[-1][slot] = expert
+                values.append(imbalance_of(trials[-1]))
+        if not values or min(values) >= imbalance - MIN_GAIN:
+            break
+        best = next(index for index, value in enumerate(values) if value <= min(values) + TIE)
+        current, imbalance = trials[best], values[best]
+    return current
+
+
+@pytest.mark.parametrize("seed", [0, 7, 8])  # 7, 8: best trials equal but for rounding, the first must win
+def test_batched_trials_choose_the_moves_one_split_per_trial_chooses(seed):
+    rng = np.random.default_rng(seed)
+    cluster = ClusterSpec(num_gpus=8, slots_per_gpu=4, gpus_per_node=8)
+    num_layers, num_experts = 6, 20
+    phy2log_LP = np.stack([rng.permutation(np.concatenate([np.arange(num_experts),
+                                                          rng.integers(0, num_experts, 32 - num_experts)]))
+                           for _ in range(num_layers)])
+    placement = Placement.equal_split(phy2log_LP, cluster, num_experts)
+    recent_LE = rng.lognormal(4.0, 0.7, (num_layers, num_experts))
+    recent_LE[np.arange(num_layers), rng.integers(0, num_experts, num_layers)] *= 6  # one burst per layer
+    recent_LE[:2] = np.round(recent_LE[:2] / 50) * 50  # coarse loads: trials that tie
+    patched, moved = patch_for_bursts(placement, recent_LE, max_moves=3)
+    expected = np.stack([_per_trial_patch(phy2log_LP[layer], recent_LE[layer], placement, 3)
+                         for layer in range(num_layers)])
+    np.testing.assert_array_equal(patched.phy2log_LP, expected)
+    assert moved == int((expected != phy2log_LP).sum()) > 0
