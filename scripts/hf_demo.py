@@ -53,9 +53,10 @@ RANK_IMPORTS = ["transformers", "transformers.generation.utils",
                 "transformers.models.deepseek_v4.modeling_deepseek_v4",
                 "transformers.models.qwen3_moe.modeling_qwen3_moe", "eplb.harness.hf_serving"]
 # The rebalancer of --rebalance-at and --fail-rank: attempts only when asked for (and after a recovery), every fit
-# switched (min_gain 0: the demo shows weights moving mid-generation), no drift trigger (the demo's forwards are few).
+# switched (min_gain 0: the demo shows weights moving mid-generation), no drift trigger and no burst patches (the
+# demo's forwards are few).
 DEMO_REBALANCE = dict(window=256, interval=1_000_000, policy="cpsat", time_limit_s=0.5, min_gain=0.0,
-                      refit_on_drift=None)
+                      refit_on_drift=None, patch_every=None)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ with this process however it ends; SIGTERM or SIGINT stops them and exits 128 + 
 Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dynamic] [--layers 2] [--json]
        [--rebalance-every R] [--fail-rank K [--fail-at-step N]] [--rebalance-policy cpsat|deepseek]
        [--rebalance-good-enough X] [--rebalance-min-gain G] [--solve-cpu-share F] [--max-bytes-per-step B]
-       [--shift-at-step N] [--step-times FILE]
+       [--patch-every STEPS] [--shift-at-step N] [--step-times FILE]
 """
 
 import argparse
@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "paced, only at a low priority)")
     parser.add_argument("--max-bytes-per-step", type=count, default=512 << 10,
                         help="expert bytes a rank sends or receives between two steps (default 512 KiB)")
+    parser.add_argument("--patch-every", type=index, default=RebalanceConfig().patch_every, metavar="STEPS",
+                        help="with a rebalancer: a burst patch every STEPS steps between refits (a few slots moved "
+                             "to the experts the last steps overload; default %(default)s; 0: none)")
     parser.add_argument("--shift-at-step", type=index, default=None, metavar="N",
                         help="with a rebalancer: the step at which the traffic's expert mix changes (default: half "
                              "of --rebalance-every, at most a third of --steps, so that the first attempt's window "
@@ -209,6 +212,7 @@ def rebalancing_demo(args) -> int:
                                 solve_cpu_share=args.solve_cpu_share,
                                 routing="static" if args.routing == "static" else "dynamic",
                                 max_bytes_per_step=args.max_bytes_per_step,
+                                patch_every=args.patch_every or None,
                                 transfer_timeout_s=min(5.0, args.timeout / 2))
     fail_at = args.fail_at_step if args.fail_at_step is not None else args.steps // 2
     faults = Faults(kills=((args.fail_rank, fail_at),) if args.fail_rank is not None else ())

@@ -34,8 +34,9 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
     """The demo's figures over every rank that finished (`reports` in original rank order; a killed rank's entry
     is its error). Imbalance is max / mean over the group's ranks of the rows each computed, mean over layers,
     then over steps; tokens lost = picks the quotas left out plus rows a reporting rank did not compute; before =
-    the start placement routed on the traffic of the steps after the last switch (on its own group size, also
-    when the group has shrunk since); after = as measured after the last switch."""
+    the start placement routed on the traffic of the steps after the last switch (of a refit, a load or a burst
+    patch; on its own group size, also when the group has shrunk since); after = as measured after the last
+    switch."""
     finished = [r for r in reports if isinstance(r, LoopReport) and not r.drained]
     served = [r for r in reports if isinstance(r, LoopReport)]
     steps = sorted(set().union(*(r.steps for r in finished)))
@@ -49,9 +50,11 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
     waited = sum(any(r.steps[step]["pause_seconds"] > median_quiet for r in served_by[step]) for step in steps)
     stats = finished[0].stats
     switches = stats["switch_steps"]
-    after_steps = [s for s in steps if switches and s >= switches[-1]]
+    last_switch = max(switches + stats["patch_steps"], default=None)  # of a refit, a load or a burst patch
+    after_steps = [s for s in steps if last_switch is not None and s >= last_switch]
     before, basis = _imbalance_before(setup, finished[0], after_steps, steps)
     first_switch = _first_switch(setup, finished[0], switches, measured, steps)
+    patched = _patched(setup, finished[0], measured, steps)
     recoveries = finished[0].recoveries
     return {
         "steps": len(steps),
@@ -65,6 +68,9 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "rebalances": stats["rebalances"],
         "rebalance_failures": stats["failures"],
         "rebalances_kept": stats["kept"],
+        "patches": stats["patches"],
+        "patch_steps": stats["patch_steps"],
+        "patch_lag_steps": stats["patch_lag_steps"],
         "bytes_moved": int(sum(r.stats["bytes_received"] for r in finished)),
         "tokens_lost": lost,
         "requests_requeued": finished[0].requeued,
@@ -79,6 +85,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "step_time_ms_by_phase": _by_phase(finished[0], {step: row["seconds"] for step, row in times.items()}),
         "switch_steps": switches,
         "first_switch": first_switch,
+        "burst_patches": patched,
         "lag_steps": stats["lag_steps"],
         "lag_seconds": [round(x, 3) for x in stats["lag_seconds"]],
         "slots_match_placement": all(r.slots_match_placement for r in finished),
@@ -131,6 +138,20 @@ def _first_switch(setup: DecodeSetup, report: LoopReport, switches: list[int], m
     before, _ = _imbalance_before(setup, report, served, steps)
     return {"from_step": switches[0], "to_step": end, "before": before,
             "after": float(np.mean([measured[s] for s in served]))}
+
+
+def _patched(setup: DecodeSetup, report: LoopReport, measured: dict[int, float], steps: list[int]) -> dict | None:
+    """What burst patches bought while they served: on the steps a patch served (from its switch to the next switch
+    of any kind or recovery), the start placement routed on their traffic (`before`) against the imbalance measured
+    (`after`). None when no patch served."""
+    stats = report.stats
+    events = sorted([(step, "patch") for step in stats["patch_steps"]] + [(step, "refit") for step in
+                    stats["switch_steps"]] + [(rec["resume_step"], "recovery") for rec in report.recoveries])
+    served = [s for s in steps if max([e for e in events if e[0] <= s], default=(0, "start"))[1] == "patch"]
+    if not served:
+        return None
+    before, _ = _imbalance_before(setup, report, served, steps)
+    return {"steps": len(served), "before": before, "after": float(np.mean([measured[s] for s in served]))}
 
 
 def _imbalance_before(setup: DecodeSetup, report: LoopReport, after_steps: list[int],

@@ -2,15 +2,18 @@
 
 Legend: L layers.
 
-An attempt starts solving (`fit_step`, `fit_time`), then, once rank 0's answer is broadcast, carries the target
-placement, this rank's part of the weight moves and their staging buffers, and the routing tables and host copies
-prepared one layer a step, so that the switch only installs them.
+An attempt (a refit, a loaded placement, or a burst patch) starts solving (`fit_step`, `fit_time`), then, once rank
+0's answer is broadcast, carries the target placement, this rank's part of the weight moves and their staging
+buffers, and the routing tables and host copies of the layers it changes, prepared one layer a step, so that the
+switch only installs them (a layer the target leaves as it is keeps its tables and host copies: a patch that moves
+a few layers' slots switches a few steps after its weights arrive, not one step per layer of the model).
 """
 
 import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from collectives import CollectiveError
@@ -31,6 +34,7 @@ class Attempt:
 
     Attributes:
         fit_step: the step the attempt started at (the end of its fit window).
+        patch: a burst patch (`placement.burst_patch`), which a due refit may replace while it solves.
         fit_time: `time.perf_counter()` at the start, for the lag to the switch.
         fitted_imbalance: the target's fitted level on the window (None: a loaded placement), for the drift check.
         moves: (experts moved, experts a slot-by-slot remap would move); known on rank 0 only.
@@ -39,6 +43,7 @@ class Attempt:
         rounds: every round of the plan with this rank's chunks only (the same count of rounds on every rank).
         next_round: the index of the next round to post.
         staging: the buffers this rank's received fills land in until the switch.
+        changed_L: the layers whose slots or static weights the target changes (their tables are rebuilt).
         tables_L: layer -> the target's routing tables on this rank's device, built one layer a step.
         host_copies_L: layer -> the experts this rank keeps host copies of under the target.
         transfers_ok: False once a transfer of this attempt failed on this rank (sent to every rank).
@@ -47,10 +52,12 @@ class Attempt:
     """
 
     fit_step: int
+    patch: bool = False
     fit_time: float = field(default_factory=time.perf_counter)
     fitted_imbalance: float | None = None
     moves: tuple[int, int] | None = None
     target: Placement | None = None
+    changed_L: list[int] = field(default_factory=list)
     fills: dict[int, Fill] = field(default_factory=dict)
     rounds: list[list[Chunk]] = field(default_factory=list)
     next_round: int = 0
@@ -61,11 +68,16 @@ class Attempt:
     in_flight: PendingRound | None = None
     reported_all: bool = False
 
-    def start_moving(self, target: Placement, fitted_imbalance: float | None, fills: dict[int, Fill],
-                     rounds: list[list[Chunk]], staging: Staging, moves: tuple[int, int] | None) -> None:
-        """Take this rank's part of rank 0's answer: the attempt is moving from here."""
+    def start_moving(self, current: Placement, target: Placement, fitted_imbalance: float | None,
+                     fills: dict[int, Fill], rounds: list[list[Chunk]], staging: Staging,
+                     moves: tuple[int, int] | None) -> None:
+        """Take this rank's part of rank 0's answer (`target` to replace `current`): the attempt is moving from
+        here."""
         self.fills, self.rounds, self.staging, self.moves = fills, rounds, staging, moves
         self.fitted_imbalance, self.target = fitted_imbalance, target
+        self.changed_L = [layer for layer in range(target.num_layers)
+                          if not (np.array_equal(target.phy2log_LP[layer], current.phy2log_LP[layer])
+                                  and np.array_equal(target.weights_LP[layer], current.weights_LP[layer]))]
 
     @property
     def rounds_left(self) -> bool:
@@ -73,12 +85,12 @@ class Attempt:
         return self.next_round < len(self.rounds)
 
     def _next_layer_to_prepare(self) -> int | None:
-        """The first layer whose routing tables are not built yet (None: all are)."""
-        return next((layer for layer in range(self.target.num_layers) if layer not in self.tables_L), None)
+        """The first changed layer whose routing tables are not built yet (None: all are)."""
+        return next((layer for layer in self.changed_L if layer not in self.tables_L), None)
 
     def prepare_next_layer(self, device: torch.device, host_copies: HostCopies) -> None:
-        """Build one more layer's routing tables and host-copy list for the target (one layer a step, so that the
-        switch only installs them)."""
+        """Build one more changed layer's routing tables and host-copy list for the target (one layer a step, so
+        that the switch only installs them)."""
         layer = self._next_layer_to_prepare()
         if layer is not None:
             self.tables_L[layer] = ReplicaTables.build(self.target, layer, device)

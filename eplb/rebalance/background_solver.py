@@ -1,17 +1,17 @@
 """The rebalancer's solve, off the decode process: a helper process at a low CPU priority, or a thread.
 
 A process shares neither the interpreter lock nor the scheduler's favour with decode: the `cpsat` policy's Python
-parts (building models, scoring candidates) would otherwise hold the lock for long stretches while the decode
-thread waits for it. The process starts once, as `python -m eplb.rebalance.background_solver` (so it imports only
-what solving needs: no torch, and not the worker's main module, which a multiprocessing spawn would run again; its
-imports run in the background), talks over a socket pair, and solves one job at a time, optionally paced to a
-share of the time (`eplb.rebalance.cpu_pacer`: where decode ranks fill every core, a low priority alone does not
-keep background work from delaying them). A job is the recorder's window (or a placement loaded from a file) and
-the placement serving now; its answer the new placement relabelled to move the fewest experts, the move counts,
-and the weight moves planned (slow Python at the full shape, which would otherwise stall a decode step on every
-rank; figures: docs/rebalancing.md, 'The background solve'). The process ends when its parent does, however the
-parent ends and also in the middle of a job (`collectives.lifeline`); `close` ends it sooner, by closing its
-socket.
+parts (building models, scoring candidates) would otherwise hold the lock for long stretches while the decode thread
+waits for it. The process starts once, as `python -m eplb.rebalance.background_solver` (so it imports only what
+solving needs: no torch, and not the worker's main module, which a multiprocessing spawn would run again; its
+imports run in the background), talks over a socket pair, and solves one job at a time, optionally paced to a share
+of the time (`eplb.rebalance.cpu_pacer`: where decode ranks fill every core, a low priority alone does not keep
+background work from delaying them). A job is the recorder's window (or a placement loaded from a file, or a burst
+patch's recent load and the last fitted placement) and the placement serving now; its answer the new placement
+relabelled to move the fewest experts, the move counts, and the weight moves planned (slow Python at the full shape,
+which would otherwise stall a decode step on every rank; figures: docs/rebalancing.md, 'The background solve'). The
+process ends when its parent does, however the parent ends and also in the middle of a job (`collectives.lifeline`);
+`close` ends it sooner, by closing its socket.
 """
 import os
 import pickle
@@ -31,6 +31,7 @@ from collectives.lifeline import end_with_parent, parent_of_child
 from eplb.rebalance.cpu_pacer import Pacer, stop_process
 from eplb.rebalance.move_plan import TransferShape, encode_fills, encode_rounds, plan_rebalance
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
+from placement.burst_patch import patch_for_bursts
 from placement.scoring import score_placement
 
 LOW_PRIORITY_NICE = 10  # low, yet the solve still progresses beside busy decode processes (19 starves it)
@@ -71,12 +72,34 @@ class SolveResult:
     fit_skipped: bool = False
 
 
+@dataclass(frozen=True)
+class PatchRequest:
+    """A burst patch job (`placement.burst_patch.patch_for_bursts`): `fitted` patched for the mean load of the
+    recent steps.
+
+    Attributes:
+        recent_LE: [L, E] mean tokens per expert over the last steps.
+        fitted: the last fitted (or loaded) placement, which every patch starts from.
+        max_moves: the most slots one layer may change.
+        threshold: layers served at or below this imbalance of `recent_LE` stay as fitted.
+    """
+
+    recent_LE: np.ndarray
+    fitted: Placement
+    max_moves: int
+    threshold: float
+
+
 def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, options: dict, policy_fn: PolicyFn | None,
-          shape: TransferShape, target: Placement | None = None, min_gain: float = 0.0) -> SolveResult:
-    """Fit a placement on the window `counts_TLE` (or take `target` as it is), relabel it to move the fewest experts
-    from `current`, and plan the weight moves; with `min_gain` > 0, a fit that beats `current` on the window by
-    less than that (relative) is not worth moving weights for, and comes back `kept`, as does a window on which
-    `current` is already within `min_gain` of the lower bound (`placement.bounds`), without a fit."""
+          shape: TransferShape, target: Placement | None = None, min_gain: float = 0.0,
+          patch: PatchRequest | None = None) -> SolveResult:
+    """Fit a placement on the window `counts_TLE` (or take `target` as it is, or patch for bursts), relabel it to
+    move the fewest experts from `current`, and plan the weight moves; with `min_gain` > 0, a fit that beats
+    `current` on the window by less than that (relative) is not worth moving weights for, and comes back `kept`, as
+    does a window on which `current` is already within `min_gain` of the lower bound (`placement.bounds`), without a
+    fit. A patch that leaves every slot of `current` as it is comes back `kept`."""
+    if patch is not None:
+        return _patch(current, patch, shape)
     fitted = gain = serving = None
     routing = "static" if options.get("routing") == "static" else "dynamic"
     scored = None if counts_TLE is None else counts_TLE[-SCORED_STEPS:]
@@ -106,7 +129,19 @@ def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, option
                        encode_fills(fills), encode_rounds(rounds), gain=gain)
 
 
-def _kept(current: Placement, serving: float, gain: float, fit_skipped: bool = False) -> SolveResult:
+def _patch(current: Placement, patch: PatchRequest, shape: TransferShape) -> SolveResult:
+    """The burst patch of `patch.fitted` relabelled against `current`, and its weight moves; `kept` when it holds
+    every slot's expert where `current` does (new static weights alone are not worth a switch)."""
+    target, _ = patch_for_bursts(patch.fitted, patch.recent_LE, patch.max_moves, patch.threshold)
+    plan = plan_migration(current, target)
+    if np.array_equal(plan.realised.phy2log_LP, current.phy2log_LP):
+        return _kept(current, None, None)
+    fills, rounds = plan_rebalance(current, plan.realised, shape)
+    return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), None, encode_fills(fills),
+                       encode_rounds(rounds))
+
+
+def _kept(current: Placement, serving: float | None, gain: float | None, fit_skipped: bool = False) -> SolveResult:
     """The answer that keeps `current` serving (nothing to move)."""
     empty = np.zeros((0, 8), dtype=np.int64), np.zeros((0, 6), dtype=np.int64)
     return SolveResult(current, (0, 0), serving, *empty, kept=True, gain=gain, fit_skipped=fit_skipped)
@@ -151,15 +186,16 @@ class BackgroundSolver:
         else:
             import_solving_modules(policy, policy_fn)
 
-    def submit(self, counts_TLE: np.ndarray | None, current: Placement, target: Placement | None = None) -> None:
-        """Start a job: fit on the window `counts_TLE`, or take `target` (a loaded placement), and plan the moves
-        from `current` (a job still running is abandoned: its answer will be ignored)."""
+    def submit(self, counts_TLE: np.ndarray | None, current: Placement, target: Placement | None = None,
+               patch: PatchRequest | None = None) -> None:
+        """Start a job: fit on the window `counts_TLE`, or take `target` (a loaded placement), or patch for bursts,
+        and plan the moves from `current` (a job still running is abandoned: its answer will be ignored)."""
         self._job += 1
         self._box = {"job": self._job, "started": time.monotonic()}
         if self._conn is not None:
-            self._conn.send((self._job, counts_TLE, current, target))
+            self._conn.send((self._job, counts_TLE, current, target, patch))
         else:
-            threading.Thread(target=self._solve_in_thread, args=(self._box, counts_TLE, current, target),
+            threading.Thread(target=self._solve_in_thread, args=(self._box, counts_TLE, current, target, patch),
                              name="eplb-solve", daemon=True).start()
 
     def wait_ready(self, timeout_s: float) -> bool:
@@ -200,11 +236,11 @@ class BackgroundSolver:
             self._process = None
 
     def _solve_in_thread(self, box: dict, counts_TLE: np.ndarray | None, current: Placement,
-                         target: Placement | None) -> None:
+                         target: Placement | None, patch: PatchRequest | None) -> None:
         low_priority()
         try:
             box["result"] = solve(counts_TLE, current, self.policy, self.options, self.policy_fn, self.shape, target,
-                                  self.min_gain)
+                                  self.min_gain, patch)
         except Exception as exc:  # reported to every rank by the next poll
             box["error"] = f"{type(exc).__name__}: {exc}"
 
@@ -249,12 +285,13 @@ def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None, shape: 
         conn.send((READY_JOB, True, None))
         while True:
             try:
-                job, counts_TLE, current, target = conn.recv()
+                job, counts_TLE, current, target, patch = conn.recv()
             except (EOFError, OSError):
                 return
             pacer.on()
             try:
-                answer = (job, True, solve(counts_TLE, current, policy, options, policy_fn, shape, target, min_gain))
+                answer = (job, True, solve(counts_TLE, current, policy, options, policy_fn, shape, target, min_gain,
+                                           patch))
             except Exception as exc:
                 answer = (job, False, f"{type(exc).__name__}: {exc}")
             finally:

@@ -52,6 +52,20 @@ class RebalanceConfig(BaseModel):
         1.4, gt=1, description="Rebalance at once when a served step's imbalance exceeds this times the placement's "
                                "fitted imbalance (the replay's trigger; None: fixed interval only)."
     )
+    patch_every: int | None = Field(
+        5, ge=1, description="Steps between burst patches while no refit is under way (None: never patch): rank 0 "
+                             "checks the last patch_window steps' load and, in layers the live router would serve "
+                             "above patch_threshold, moves up to patch_moves slots to the experts that burst "
+                             "(`placement.burst_patch`), taken from the last fitted placement so that a layer goes "
+                             "back to its fit when the burst ends. A patch moves a few experts, not a model."
+    )
+    patch_window: int = Field(10, ge=1, description="Last steps whose mean load a patch fits (at most the "
+                                                    "recorder's window).")
+    patch_moves: int = Field(2, ge=1, description="Most slots one layer may change in one patch.")
+    patch_threshold: float = Field(
+        1.02, ge=1, description="Layers whose recent load the live router serves at or below this imbalance (max / "
+                                "mean GPU load) are left as fitted."
+    )
     drift_steps: int = Field(8, ge=1, description="Served steps that set the level of a placement with no fitted "
                                                   "imbalance (the one at start, or one loaded from a file).")
     drift_check_every: int = Field(4, ge=1, description="Steps between a rank's drift checks (the flag travels with "

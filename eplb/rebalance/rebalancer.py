@@ -28,6 +28,14 @@ rank reads the same messages and takes the same decision. Over the steps (`proto
 A failure or timeout anywhere (solve, transfer, a refusal) drops the staged state on every rank at the same step,
 leaves the old placement serving, is logged once, and the next attempt comes at the next interval.
 
+Burst patches (one every `patch_every` steps while no refit is under way, when the last has ended): a patch is an
+attempt like the others, whose solve is `placement.burst_patch.patch_for_bursts` on the last `patch_window` steps'
+mean load, applied to the last fitted placement (so a layer goes back to its fit once its burst has passed); it
+comes back kept when no slot would change, else it moves a few experts and switches the same way, and only the
+layers it changes get new tables. A refit that comes due while a patch is still solving replaces it; one that comes
+due while a patch moves waits the few steps to its switch. A refit lands `lag` steps after its window, and a burst
+that begins after the window would otherwise be served by a placement that never saw it until the next refit.
+
 A rank that dies surfaces as a `CollectiveError`; `recover` and `mark_failed` re-form the group (`recovery`).
 """
 
@@ -42,7 +50,7 @@ from collectives.membership import Heartbeat
 from eplb.live.load_recorder import LoadRecorder
 from eplb.live.moe_layer import MoEDecodeLayer, check_placement_fits
 from eplb.rebalance.attempt import Attempt
-from eplb.rebalance.background_solver import PolicyFn, SolveResult
+from eplb.rebalance.background_solver import PatchRequest, PolicyFn, SolveResult
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.drift import DriftWatch
 from eplb.rebalance.host_copies import HostCopies
@@ -80,6 +88,7 @@ class Rebalancer:
         _check_settings(config, comm, layers, recorder, placement)
         self.config, self.comm, self.layers, self.recorder = config, comm, layers, recorder
         self.placement = placement
+        self.fitted = placement  # the last fitted or loaded placement, which burst patches start from
         self.placement_members = list(comm.members)  # original rank of each GPU of the placement
         self.failures_tolerated = config.failures_tolerated_for(comm.world_size)
         self.stats = RebalanceStats()
@@ -88,7 +97,8 @@ class Rebalancer:
         self.drift = DriftWatch(config)
         self.recovery = GroupRecovery(config, comm, layers, recorder, self.mover, self.host_copies, self.stats)
         self._attempt: Attempt | None = None  # None: idle
-        self._steps_since_attempt = 0
+        self._steps_since_attempt = 0  # steps with no refit under way since the last refit attempt
+        self._steps_since_patch = 0  # steps with no refit under way since the last patch attempt started
         self._due_now = False
         shape = self.mover.transfer_shape(config.max_bytes_per_step, self.failures_tolerated)
         self.solver = Rank0Solver(config, comm, shape, policy_fn)
@@ -115,8 +125,13 @@ class Rebalancer:
 
     @property
     def in_progress(self) -> bool:
-        """True while a rebalance is under way (solving, moving or about to switch)."""
+        """True while a rebalance or a burst patch is under way (solving, moving or about to switch)."""
         return self._attempt is not None
+
+    @property
+    def refit_in_progress(self) -> bool:
+        """True while a refit or a loaded placement is under way (not a burst patch)."""
+        return self._attempt is not None and not self._attempt.patch
 
     @property
     def host_copy_bytes(self) -> int:
@@ -132,12 +147,17 @@ class Rebalancer:
         """
         self.drift.note_step(self.layers)
         received_G = self._received_G()
-        drifted = False
-        if self.phase == Phase.IDLE:
-            drifted = self._maybe_start(step, received_G)
-        elif self.phase == Phase.SOLVING:
+        if received_G is not None and received_G[:, Field.DRIFTED].any():
+            self._due_now = True  # every rank reads the same flags: a refit at the first step that may start one
+        drifted = started = False
+        if not self.refit_in_progress:
+            self._steps_since_attempt += 1
+            self._steps_since_patch += 1
+            if self.phase != Phase.MOVING:  # idle, or a patch still solving, which a due refit replaces
+                drifted, started = self._maybe_start(step)
+        if not started and self.phase == Phase.SOLVING:
             self._poll_solve(received_G)
-        else:
+        elif not started and self.phase == Phase.MOVING:
             self._move_round(step, received_G)
         status, sizes = self.solver.status() if self.phase == Phase.SOLVING else (SolveStatus.RUNNING, (0, 0))
         transfers_ok = self._attempt is None or self._attempt.transfers_ok
@@ -147,9 +167,9 @@ class Rebalancer:
 
     def request_rebalance(self) -> None:
         """Start a rebalance attempt at the next `step` instead of at the next interval (as an operator's manual
-        trigger does, e.g. SGLang's rebalance request). Call on every rank at the same step; no-op while one is
-        under way."""
-        if not self.in_progress:
+        trigger does, e.g. SGLang's rebalance request; after a burst patch that is moving, when it has switched).
+        Call on every rank at the same step; no-op while a refit is under way."""
+        if not self.refit_in_progress:
             self._due_now = True
 
     def wait_for_solve(self, timeout_s: float | None = None) -> None:
@@ -179,24 +199,35 @@ class Rebalancer:
         Raises:
             PlacementFormatError: the placement is for another shape (layers, experts, GPUs, slots); nothing
                 changes then.
-            RuntimeError: a rebalance is already under way.
+            RuntimeError: a rebalance is already under way, or a burst patch is moving (a patch still solving is
+                dropped).
         """
         target = placement if isinstance(placement, Placement) else load_placement(placement)
         _check_loadable(target, self.placement, self.layers, self.comm.world_size)
+        if self.in_progress and self.phase == Phase.SOLVING and self._attempt.patch:
+            self._attempt = None  # its answer, when it comes, is about an older attempt and ignored
         if self.in_progress:
             raise RuntimeError("a rebalance is under way; load a placement when `in_progress` is False")
         self.stats.attempts += 1
         self.solver.submit(None, self.placement, target)
         self._attempt = Attempt(fit_step=step)
 
-    def _maybe_start(self, step: int, received_G: np.ndarray | None) -> bool:
-        """Start a rebalance if one is due (interval, or drift seen by any rank last step); return this rank's
-        drift flag for this step's message."""
-        self._steps_since_attempt += 1
+    def _maybe_start(self, step: int) -> tuple[bool, bool]:
+        """Start a refit if one is due (interval, a request, or drift seen by any rank), replacing a patch still
+        solving, else a burst patch if one is due and nothing is under way; return (this rank's drift flag for this
+        step's message, whether an attempt started)."""
         due = self._due_now or self._steps_since_attempt >= self.config.interval
-        due = due or (received_G is not None and bool(received_G[:, Field.DRIFTED].any()))
-        if not (due and self.recorder.steps_recorded > 0):
-            return self.drift.check(self._steps_since_attempt)
+        if due and self.recorder.steps_recorded > 0:
+            self._start_refit(step)
+            return False, True
+        patch_due = self.config.patch_every is not None and self._steps_since_patch >= self.config.patch_every
+        if patch_due and self._attempt is None and self.recorder.steps_recorded > 0:
+            self._start_patch(step)
+            return self.drift.check(self._steps_since_attempt), True
+        return self.drift.check(self._steps_since_attempt), False
+
+    def _start_refit(self, step: int) -> None:
+        """Start a refit attempt on the recorder's window (rank 0 solves in the background)."""
         self._due_now, self._steps_since_attempt = False, 0
         self.stats.attempts += 1
         window_TLE = self.recorder.counts_TLE()
@@ -205,7 +236,21 @@ class Rebalancer:
         if self.comm.rank == 0:
             self.solver.submit(self._fit_window(window_TLE.cpu().numpy()), self.placement)
         self._attempt = Attempt(fit_step=step)
-        return False
+
+    def _start_patch(self, step: int) -> None:
+        """Start a burst patch attempt on the mean load of the last `patch_window` recorded steps."""
+        self._steps_since_patch = 0
+        self.stats.attempts += 1
+        recent_TLE = self.recorder.counts_TLE()[-self.config.patch_window:]
+        recent_LE = recent_TLE.sum(0)
+        if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
+            recent_LE = self.comm.all_reduce_sum(recent_LE)
+        if self.comm.rank == 0:
+            config = self.config
+            request = PatchRequest(recent_LE.cpu().numpy() / len(recent_TLE), self.fitted, config.patch_moves,
+                                   config.patch_threshold)
+            self.solver.submit(None, self.placement, patch=request)
+        self._attempt = Attempt(fit_step=step, patch=True)
 
     def _fit_window(self, window_TLE: np.ndarray) -> np.ndarray:
         """What rank 0 fits: the recorded window, or with `forecast="trend"` the window moved to the steps its
@@ -242,7 +287,8 @@ class Rebalancer:
             self._fail(f"the solved placement is invalid: {exc}")
             return
         fills, rounds = decode_for_rank(fills_U8, chunks_C6, comm.rank)
-        attempt.start_moving(target, fitted, fills, rounds, self.mover.staging_for(list(fills.values())),
+        attempt.start_moving(self.placement, target, fitted, fills, rounds,
+                             self.mover.staging_for(list(fills.values())),
                              job["result"].moves if comm.rank == 0 else None)
 
     def _move_round(self, step: int, received_G: np.ndarray | None) -> None:
@@ -270,18 +316,31 @@ class Rebalancer:
             return
         for index, layer in enumerate(self.layers):
             self.mover.copy_staged_slots(index, layer.slot_experts, attempt.staging)
-            layer.install(attempt.target, attempt.tables_L[index])
-            self.host_copies.keep(index, attempt.host_copies_L[index], attempt.staging)
+            if index in attempt.tables_L:
+                layer.install(attempt.target, attempt.tables_L[index])
+                self.host_copies.keep(index, attempt.host_copies_L[index], attempt.staging)
+            else:  # the target leaves this layer as it is: its tables and host copies stay
+                layer.install(attempt.target, layer.tables)
         self.placement = attempt.target
+        self._attempt = None
+        if attempt.patch:
+            self.drift.restart(self.drift.fitted_imbalance)  # the fit's level stays the drift trigger's
+            self.stats.record_patch(step, attempt.fit_step, attempt.moves)
+            logger.info("switched to a burst patch at step %d (%d fills)", step, len(attempt.fills))
+            return
+        self.fitted = attempt.target
         self.drift.restart(attempt.fitted_imbalance)
         self.stats.record_switch(step, attempt.fit_step, time.perf_counter() - attempt.fit_time, attempt.moves)
-        self._attempt = None
         logger.info("switched to the new placement at step %d (%d fills)", step, len(attempt.fills))
 
     def _keep(self, answer: SolveResult | None) -> None:
-        """End the attempt with the placement serving unchanged (the fit gained less than min_gain; `answer` is
-        rank 0's). The drift trigger's level is then measured again on the steps served from here, so that traffic
-        no placement serves better does not start attempt after attempt."""
+        """End the attempt with the placement serving unchanged (the fit gained less than min_gain, or a patch
+        would change no slot; `answer` is rank 0's). After a refit, the drift trigger's level is then measured again
+        on the steps served from here, so that traffic no placement serves better does not start attempt after
+        attempt."""
+        if self._attempt.patch:
+            self._attempt = None
+            return
         self.stats.kept += 1
         if answer is not None:
             logger.info("kept the placement serving: a new fit would gain %s%.2f%% on the window (min_gain %.2f%%)",
@@ -290,10 +349,15 @@ class Rebalancer:
         self._attempt, self._steps_since_attempt = None, 0
 
     def _fail(self, reason: str) -> None:
-        """Drop the attempt: the old placement keeps serving; try again at the next interval."""
-        self.stats.failures.append(reason)
-        logger.warning("rebalance abandoned, the current placement keeps serving: %s", reason)
-        self._attempt, self._steps_since_attempt = None, 0
+        """Drop the attempt: the old placement keeps serving; try again at the next interval (a patch: at the
+        next patch)."""
+        patch = self._attempt.patch
+        self.stats.failures.append(f"burst patch: {reason}" if patch else reason)
+        logger.warning("%s abandoned, the current placement keeps serving: %s", "burst patch" if patch else "rebalance",
+                       reason)
+        self._attempt = None
+        if not patch:
+            self._steps_since_attempt = 0
 
     def recover(self, step: int, max_attempts: int | None = None) -> RecoveryReport:
         """After a `CollectiveError` on this rank (a peer died): agree with the other survivors on who is left,
@@ -329,6 +393,7 @@ class Rebalancer:
         report, target = self.recovery.regroup(survivors, step, self.placement, self.placement_members, began)
         if target is not None:
             self.placement, self.placement_members = target, list(survivors)
+            self.fitted = target
             self.drift.restart()
             self._due_now = True
         return report

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from collectives import Communicator
-from eplb.rebalance.background_solver import BackgroundSolver, PolicyFn
+from eplb.rebalance.background_solver import BackgroundSolver, PatchRequest, PolicyFn
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.move_plan import TransferShape
 from eplb.rebalance.protocol import SolveStatus
@@ -45,11 +45,12 @@ class Rank0Solver:
                                             cpu_share=config.solve_cpu_share, min_gain=config.min_gain)
         return self._solver
 
-    def submit(self, counts_TLE: np.ndarray | None, current: Placement, target: Placement | None = None) -> None:
-        """On rank 0, start a job: fit on the window counts_TLE [T, L, E] (or take `target`) and plan the moves
-        from `current`; nothing on the other ranks."""
+    def submit(self, counts_TLE: np.ndarray | None, current: Placement, target: Placement | None = None,
+               patch: PatchRequest | None = None) -> None:
+        """On rank 0, start a job: fit on the window counts_TLE [T, L, E] (or take `target`, or patch for bursts)
+        and plan the moves from `current`; nothing on the other ranks."""
         if self.comm.rank == 0:
-            self.background().submit(counts_TLE, current, target)
+            self.background().submit(counts_TLE, current, target, patch)
 
     def job(self) -> dict:
         """Rank 0's current job (`BackgroundSolver.poll`); {} on the other ranks."""

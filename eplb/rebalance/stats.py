@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RebalanceStats:
-    """What the rebalancer did on this rank (the loop's report keeps `vars()` of it)."""
+    """What the rebalancer did on this rank (the loop's report keeps `vars()` of it). `attempts` counts refits,
+    loads and burst patches started; `rebalances`, `switch_steps` and `lag_steps` only refits and loads."""
 
     rebalances: int = 0
     attempts: int = 0
@@ -19,6 +20,10 @@ class RebalanceStats:
     expert_moves: list[int] = field(default_factory=list)  # per switch: slots filled from another slot or rank
     oblivious_moves: list[int] = field(default_factory=list)  # per switch: slots a slot-by-slot remap would fill
     recoveries: list[dict] = field(default_factory=list)
+    patches: int = 0  # burst patches switched to (not counted in `rebalances`)
+    patch_steps: list[int] = field(default_factory=list)
+    patch_lag_steps: list[int] = field(default_factory=list)  # from the patch's last recent step to its switch
+    patch_slots: list[int] = field(default_factory=list)  # per patch: slots filled from another slot or rank (rank 0)
 
     def record_switch(self, step: int, fit_step: int, seconds: float, moves: tuple[int, int] | None) -> None:
         """Count a switch at `step` of an attempt started at `fit_step`, `seconds` after its start; `moves`:
@@ -30,3 +35,11 @@ class RebalanceStats:
         if moves:
             self.expert_moves.append(moves[0])
             self.oblivious_moves.append(moves[1])
+
+    def record_patch(self, step: int, fit_step: int, moves: tuple[int, int] | None) -> None:
+        """Count a burst patch switched to at `step`, started at `fit_step`; `moves` as in `record_switch`."""
+        self.patches += 1
+        self.patch_steps.append(step)
+        self.patch_lag_steps.append(step - fit_step)
+        if moves:
+            self.patch_slots.append(moves[0])

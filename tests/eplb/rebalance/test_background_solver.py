@@ -2,8 +2,9 @@
 fewest experts with its fitted imbalance (the drift trigger's level) and its weight moves planned, a loaded
 placement planned the same way, a policy's error reported as text, an abandoned job's answer ignored, a policy a
 process cannot take refused up front, a helper that says when its start-up is done, a helper paced to a share of
-the time answering all the same, fits kept (gaining under min_gain) or not even run (no placement could), and a
-helper and its pacer that end, in the middle of a job, with a parent killed outright."""
+the time answering all the same, fits kept (gaining under min_gain) or not even run (no placement could), burst
+patches (moved to, undone when the burst has passed, kept when nothing bursts), and a helper and its pacer that
+end, in the middle of a job, with a parent killed outright."""
 
 import os
 import signal
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplb.rebalance.background_solver import BackgroundSolver
+from eplb.rebalance.background_solver import BackgroundSolver, PatchRequest
 from eplb.harness.rebalancing_loop import failing_policy
 from eplb.rebalance.move_plan import TransferShape, decode_fills, decode_rounds, plan_rebalance
 from placement import ClusterSpec, fit_placement, plan_migration
@@ -219,3 +220,44 @@ def test_the_helper_and_its_pacer_end_in_the_middle_of_a_job_with_a_parent_kille
     session.process.send_signal(signal.SIGKILL)
     session.process.wait()
     assert session.survivors_after(5.0) == {}
+
+
+def experts_per_gpu(placement) -> list:
+    """Each layer's GPUs as sorted expert lists, in GPU order: the placement up to its slot order within a GPU."""
+    cluster = placement.cluster
+    return [sorted(map(sorted, layer.reshape(cluster.num_gpus, cluster.slots_per_gpu).tolist()))
+            for layer in placement.phy2log_LP]
+
+
+@pytest.mark.parametrize("where", ["process", "thread"])
+def test_a_burst_patch_moves_a_few_slots_to_the_burst_and_back_to_the_fit_when_it_has_passed(where, window):
+    counts, _ = window
+    fitted = fit_placement("deepseek", counts, ClusterSpec(num_gpus=4, slots_per_gpu=5, gpus_per_node=4))
+    calm_LE = counts.mean(0)
+    replicas_LE = np.stack([np.bincount(row, minlength=16) for row in fitted.phy2log_LP])
+    hot_L = np.where(replicas_LE == 1, calm_LE, -1).argmax(1)  # each layer's busiest single-replica expert
+    burst_LE = calm_LE.copy()
+    burst_LE[[0, 1], hot_L] *= 8
+    calm, burst = (score_placement(fitted, load[None], "dynamic").imbalance_TL.mean() for load in (calm_LE, burst_LE))
+    assert burst > calm + 0.1
+    threshold = (calm + burst) / 2  # the burst is patched, the calm load is not
+    solver = BackgroundSolver(where, "deepseek", {}, SHAPE)
+    try:
+        solver.submit(None, fitted, patch=PatchRequest(burst_LE, fitted, 2, threshold))
+        patched = wait_for(solver)["result"]
+        assert not patched.kept and patched.fitted_imbalance is None
+        assert 0 < patched.moves[0] <= 2 * 2 and len(patched.fills_U8) >= patched.moves[0]
+        for layer, hot in enumerate(hot_L):  # the bursting expert lives on more GPUs than before
+            gpus_before = {slot // 5 for slot in np.flatnonzero(fitted.phy2log_LP[layer] == hot)}
+            gpus_after = {slot // 5 for slot in np.flatnonzero(patched.placement.phy2log_LP[layer] == hot)}
+            assert len(gpus_after) > len(gpus_before)
+        assert score_placement(patched.placement, burst_LE[None], "dynamic").imbalance_TL.mean() < burst - 0.05
+        solver.submit(None, patched.placement, patch=PatchRequest(calm_LE, fitted, 2, threshold))
+        undone = wait_for(solver)["result"]  # the burst has passed: back to the fit, moving as few slots as it took
+        assert not undone.kept and experts_per_gpu(undone.placement) == experts_per_gpu(fitted)
+        assert undone.moves[0] == patched.moves[0]
+        solver.submit(None, fitted, patch=PatchRequest(calm_LE, fitted, 2, threshold))
+        calm_answer = wait_for(solver)["result"]
+        assert calm_answer.kept and calm_answer.moves == (0, 0) and len(calm_answer.fills_U8) == 0
+    finally:
+        solver.close()

@@ -20,9 +20,13 @@ EXPERTS, TOP_K, TOKENS, FIT = 16, 4, 128, 20
 TIMEOUT_S = 3.0
 # Solves in a thread here: a helper process (the default) takes a few seconds to start on 2 busy cores, longer
 # than these runs; `test_background_solver.py` tests the process. Every fit is moved to (min_gain 0), so that the
-# moves these tests follow happen whatever the fit gains; the last test keeps them.
+# moves these tests follow happen whatever the fit gains; the last test keeps them. Burst patches, which would
+# switch placements between the refits and loads most tests follow, are on where a test says so (PATCHES: the
+# defaults).
 CONFIG = RebalanceConfig(window=8, interval=8, policy="deepseek", max_bytes_per_step=16 << 10, solve_in="thread",
-                         transfer_timeout_s=1.0, heartbeat_interval_s=0.1, heartbeat_timeout_s=0.5, min_gain=0.0)
+                         transfer_timeout_s=1.0, heartbeat_interval_s=0.1, heartbeat_timeout_s=0.5, min_gain=0.0,
+                         patch_every=None)
+PATCHES = {"patch_every": RebalanceConfig().patch_every}
 
 
 def setup_for(world_size: int, steps: int, slots: int | None = None) -> DecodeSetup:
@@ -58,13 +62,13 @@ def assert_exact_and_complete(summary: dict, steps: int) -> None:
 
 
 def test_a_running_group_rebalances_onto_the_new_traffic_with_exact_outputs():
-    config = CONFIG.model_copy(update={"policy": "cpsat", "time_limit_s": 0.3})
+    config = CONFIG.model_copy(update={"policy": "cpsat", "time_limit_s": 0.3, **PATCHES})
     setup, reports, summary = run(4, 36, config=config)
     assert_exact_and_complete(summary, 36)
     assert summary["rebalances"] >= 1 and not summary["rebalance_failures"]
     assert summary["bytes_moved"] > 0
     # Every rank switched at the same steps to the same placement.
-    assert len({tuple(r.stats["switch_steps"]) for r in reports}) == 1
+    assert len({(tuple(r.stats["switch_steps"]), tuple(r.stats["patch_steps"])) for r in reports}) == 1
     assert all(np.array_equal(r.final_phy2log_LP, reports[0].final_phy2log_LP) for r in reports)
     assert not np.array_equal(reports[0].final_phy2log_LP, setup.placement.phy2log_LP)
     assert summary["imbalance_after"] < summary["imbalance_before"]
@@ -101,8 +105,8 @@ def test_a_failed_rebalance_leaves_the_old_placement_serving_everywhere(fault, t
 
 def test_survivors_of_a_killed_rank_finish_the_run_exactly_and_requeue_its_requests():
     steps = 30
-    setup, reports, summary = run(4, steps, faults=Faults(kills=((2, 14),)),
-                                  config=CONFIG.model_copy(update={"interval": 100, "max_bytes_per_step": 1 << 20}))
+    setup, reports, summary = run(4, steps, faults=Faults(kills=((2, 14),)), config=CONFIG.model_copy(
+        update={"interval": 100, "max_bytes_per_step": 1 << 20, **PATCHES}))
     assert_exact_and_complete(summary, steps)
     assert summary["survivors"] == [0, 1, 3] and summary["world_size_at_end"] == 3
     assert [rec["lost_ranks"] for rec in summary["recoveries"]] == [[2]]
@@ -207,3 +211,36 @@ def test_fits_that_gain_too_little_leave_the_placement_serving_and_move_nothing(
     for report in reports:
         assert report.stats["kept"] == summary["rebalances_kept"]
         assert np.array_equal(report.final_phy2log_LP, setup.placement.phy2log_LP)
+
+
+def bursty_setup(world_size: int, steps: int, burst: tuple[int, int]) -> DecodeSetup:
+    """Calm traffic, then for the steps in `burst` (start, end) one expert per layer 4x as popular: the single-replica
+    expert with the most load in the start placement's fit window (so its GPU carries the burst alone)."""
+    trace = generate_trace(SyntheticConfig(num_steps=FIT + steps, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
+                                           tokens_per_step=2 * TOKENS, seed=3))
+    counts = trace.counts_TLE.astype(float)
+    cluster = ClusterSpec(num_gpus=world_size, slots_per_gpu=EXPERTS // world_size + 2, gpus_per_node=world_size)
+    placement = fit_placement("deepseek", counts[:FIT], cluster)
+    replicas_LE = np.stack([np.bincount(row, minlength=EXPERTS) for row in placement.phy2log_LP])
+    hot_L = np.where(replicas_LE == 1, counts[:FIT].sum(0), -1).argmax(1)
+    share = counts / counts.sum(-1, keepdims=True)
+    share[FIT + burst[0] : FIT + burst[1], np.arange(2), hot_L] *= 4
+    share /= share.sum(-1, keepdims=True)
+    config = MoELayerConfig(hidden_size=32, intermediate_size=48, num_experts=EXPERTS, top_k=TOP_K)
+    return DecodeSetup(config, placement, share[FIT:], 2 * TOKENS, "dynamic")
+
+
+def test_burst_patches_switch_between_refits_and_serve_the_burst_better_with_exact_outputs():
+    steps = 40
+    setup = bursty_setup(4, steps, (6, 22))
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 3,
+                                       "patch_window": 6, "max_bytes_per_step": 1 << 20})
+    setup, reports, summary = run(4, steps, config=config, setup=setup)
+    assert_exact_and_complete(summary, steps)
+    assert summary["rebalances"] == 0 and summary["patches"] >= 1 and not summary["rebalance_failures"]
+    assert len({tuple(r.stats["patch_steps"]) for r in reports}) == 1
+    assert all(np.array_equal(r.final_phy2log_LP, reports[0].final_phy2log_LP) for r in reports)
+    assert all(lag >= 1 for lag in summary["patch_lag_steps"])
+    assert 0 < sum(reports[0].stats["patch_slots"]) <= 2 * 2 * summary["patches"]  # <= patch_moves per layer
+    patched = summary["burst_patches"]
+    assert patched["steps"] >= 3 and patched["after"] < patched["before"] - 0.01, patched
