@@ -78,10 +78,13 @@ def backup_wanted(experts_GS: np.ndarray, failures_tolerated: int) -> list[tuple
     ranks may die at once and a survivor still holds every expert.
 
     Experts short of copies are served in order (the most missing first, then by id); each copy goes to a rank
-    that holds the expert nowhere yet: the one with the fewest host copies of this layer so far, then the nearest
-    after the expert's first rank on the ring (so a rank's host memory stays near the mean, and with one failure
-    tolerated a lone expert's copy lies on its rank's successor when that is balanced). Pure and deterministic: every
-    rank computes the same pairs. Empty for one rank (nothing survives its loss)."""
+    that holds the expert nowhere yet: the nearest after the expert's first rank on the ring among the ranks below
+    the cap (the mean copies per rank rounded up, plus one), else the nearest over it. So a rank's host memory stays
+    within one copy of the mean's ceiling, with one failure tolerated a lone expert's copy lies on its rank's
+    successor, and a placement a few slots away (a burst patch) wants nearly the same copies: an expert's copies
+    depend on its own ranks and on which ranks are full, not on every expert served before it (balancing by the
+    fewest copies so far re-planned dozens of copies per layer for one moved slot; docs/rebalancing.md). Pure and
+    deterministic: every rank computes the same pairs. Empty for one rank (nothing survives its loss)."""
     num_gpus, slots = experts_GS.shape
     copies = min(failures_tolerated + 1, num_gpus)
     if copies < 2 or not (experts_GS >= 0).any():
@@ -95,11 +98,12 @@ def backup_wanted(experts_GS: np.ndarray, failures_tolerated: int) -> list[tuple
     # key_EG: where a copy of expert e may go, lower first: never a holder, else ring distance after its first rank.
     distance_EG = (np.arange(num_gpus)[None, :] - holds_EG.argmax(1)[:, None] - 1) % num_gpus
     key_EG = np.where(holds_EG, 1 << 40, distance_EG)
+    cap = -(-int(need_E.sum()) // num_gpus) + 1
     host_G = np.zeros(num_gpus, dtype=np.int64)
     wanted = []
     order = np.lexsort((np.arange(num_experts), -need_E))[: int((need_E > 0).sum())]
     for expert, need in zip(order.tolist(), need_E[order].tolist()):
-        key = key_EG[expert] + host_G * num_gpus
+        key = key_EG[expert] + (host_G >= cap) * num_gpus
         chosen = [int(np.argmin(key))] if need == 1 else np.argsort(key, kind="stable")[:need].tolist()
         host_G[chosen] += 1
         wanted += [(gpu, expert) for gpu in chosen]

@@ -38,7 +38,25 @@ def test_any_tolerated_set_of_dead_ranks_leaves_a_copy_of_every_expert(num_gpus,
             alive = set().union(*(held[g] for g in range(num_gpus) if g not in dead))
             assert alive == set(range(num_experts)), f"ranks {dead} dead"
         per_rank = np.bincount([gpu for gpu, _ in wanted], minlength=num_gpus)
-        assert per_rank.max() - per_rank.min() <= 2  # spread over the ranks, not piled on one
+        assert per_rank.max() <= -(-len(wanted) // num_gpus) + 1  # no rank's host memory far above the mean
+
+
+def test_a_placement_one_slot_away_wants_nearly_the_same_host_copies():
+    # A burst patch moves a slot or two per layer; the host copies must not be re-planned wholesale with it.
+    rng = np.random.default_rng(4)
+    num_gpus, slots, num_experts = 16, 5, 64
+    new_copies, copies = [], []
+    for _ in range(40):
+        flat = np.concatenate([rng.permutation(num_experts), rng.integers(0, num_experts, num_gpus * slots - 64)])
+        old_GS = rng.permutation(flat).reshape(num_gpus, slots)
+        new_GS = old_GS.copy()
+        spare = [(g, s) for g, s in np.argwhere(old_GS >= 0) if (old_GS == old_GS[g, s]).sum() >= 2]
+        gpu, slot = spare[rng.integers(len(spare))]
+        new_GS[gpu, slot] = rng.integers(num_experts)  # a spare replica's slot given to another expert
+        old, new = set(backup_wanted(old_GS, 2)), set(backup_wanted(new_GS, 2))
+        new_copies.append(len(new - old))
+        copies.append(len(new))
+    assert np.mean(new_copies) <= 3 and np.mean(copies) >= 60
 
 
 def test_two_failures_tolerated_cover_an_expert_whose_replicas_are_on_two_non_neighbours():
