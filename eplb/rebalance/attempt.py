@@ -75,9 +75,7 @@ class Attempt:
         here."""
         self.fills, self.rounds, self.staging, self.moves = fills, rounds, staging, moves
         self.fitted_imbalance, self.target = fitted_imbalance, target
-        self.changed_L = [layer for layer in range(target.num_layers)
-                          if not (np.array_equal(target.phy2log_LP[layer], current.phy2log_LP[layer])
-                                  and np.array_equal(target.weights_LP[layer], current.weights_LP[layer]))]
+        self.changed_L = changed_layers(current, target)
 
     @property
     def rounds_left(self) -> bool:
@@ -111,3 +109,11 @@ class Attempt:
             self.next_round += 1
         self.reported_all = (self.in_flight is None and not self.rounds_left
                              and self._next_layer_to_prepare() is None)
+
+
+def changed_layers(current: Placement, target: Placement) -> list[int]:
+    """The layers whose slot map or static weights differ between `current` and `target` (what a switch must build
+    new routing tables for)."""
+    return [layer for layer in range(target.num_layers)
+            if not (np.array_equal(target.phy2log_LP[layer], current.phy2log_LP[layer])
+                    and np.array_equal(target.weights_LP[layer], current.weights_LP[layer]))]

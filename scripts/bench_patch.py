@@ -1,0 +1,140 @@
+"""What a burst patch costs a live group at the full shape, against a refit measured in the same process.
+
+Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, top-8, 128 tokens per GPU a step,
+`traces.synthetic`'s drifting trace with bursts), rank 0's background jobs as the `Rebalancer` submits them
+(`eplb.rebalance.background_solver.solve`), each from the placement serving to the next:
+
+- refit (the baseline): `cpsat` with the `RebalanceConfig` defaults (1 s budget, good_enough 1.001, dynamic
+  routing) on the window of steps [W, 2W), from a placement fitted the same way on [0, W), every fit moved to
+  (min_gain 0), as a refit that switches;
+- patches, from that refit's placement (`PatchRequest` with the config's patch_moves and patch_threshold) on the
+  mean of the next `patch_window` steps: as the trace has them, then with one random expert per layer 4x as popular
+  in a share of the layers (a burst in 10% and in every layer).
+
+Per job: its seconds (the solve and the weight moves' plan, on this machine's cores), the slots that change expert,
+the fills (slots, and host copies the new placement wants), the bytes moved and the rounds at the config's
+`max_bytes_per_step` for DeepSeek-V3's experts (hidden 7168, intermediate 2048, FP8), the layers the switch must build
+tables for (one a step), and the steps from the job's start to the switch at a decode step of `--step-ms`: the job,
+one step for the answer's broadcast, the larger of rounds and changed layers (they run together), one for the
+switch. Ratios against the refit: seconds and bytes.
+
+Usage: python scripts/bench_patch.py [--gpus 64 128] [--slots-per-gpu 5 3] [--quick] [--json FILE]
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from eplb.rebalance.attempt import changed_layers
+from eplb.rebalance.background_solver import PatchRequest, SolveResult, import_solving_modules, solve
+from eplb.rebalance.config import RebalanceConfig
+from eplb.rebalance.move_plan import KINDS, TransferShape
+from placement import ClusterSpec, Placement, fit_placement
+from traces.atomic_file import write_text_atomically
+from traces.synthetic import SyntheticConfig, generate_trace
+
+FULL = {"layers": 61, "experts": 256, "top_k": 8, "window": 100}
+QUICK = {"layers": 4, "experts": 32, "top_k": 4, "window": 20}
+EXPERT = {"hidden_size": 7168, "intermediate_size": 2048, "element_size": 1}  # DeepSeek-V3's routed expert, FP8
+TOKENS_PER_GPU = 128
+BURST_FACTOR = 4.0
+BURST_SHARES = (0.1, 1.0)  # shares of the layers a burst is added to
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, nargs="+", default=[64, 128], help="GPUs of each cluster")
+    parser.add_argument("--slots-per-gpu", type=int, nargs="+", default=[5, 3], help="slots per GPU of each cluster")
+    parser.add_argument("--step-ms", type=float, default=50.0, help="decode step time for the steps to a switch")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="a small shape (4 layers x 32 experts), for tests")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    return parser
+
+
+def job_row(name: str, answer: SolveResult, seconds: float, current: Placement, step_ms: float) -> dict:
+    """One job's figures (see the module docstring); `current` is the placement it moves from."""
+    kinds = answer.fills_U8[:, 3] if len(answer.fills_U8) else np.zeros(0, dtype=np.int64)
+    rounds = int(answer.chunks_C6[:, 0].max()) + 1 if len(answer.chunks_C6) else 0
+    layers = 0 if answer.kept else len(changed_layers(current, answer.placement))
+    steps = 0 if answer.kept else math.ceil(seconds * 1000 / step_ms) + 1 + max(rounds, layers) + 1
+    return {"job": name, "seconds": round(seconds, 3), "kept": answer.kept, "slots_moved": int(answer.moves[0]),
+            "slot_fills": int((kinds == KINDS.index("slot")).sum()),
+            "host_copy_fills": int((kinds == KINDS.index("backup")).sum()),
+            "bytes": int(answer.chunks_C6[:, 5].sum()) if len(answer.chunks_C6) else 0, "rounds": rounds,
+            "changed_layers": layers, "steps_to_switch": steps}
+
+
+def timed(job) -> tuple[SolveResult, float]:
+    began = time.perf_counter()
+    answer = job()
+    return answer, time.perf_counter() - began
+
+
+def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed: int) -> list[dict]:
+    """The refit row, then the patch rows, of one cluster (see the module docstring)."""
+    config = RebalanceConfig()
+    window = shape["window"]
+    trace = generate_trace(SyntheticConfig(num_steps=2 * window + config.patch_window, num_layers=shape["layers"],
+                                           num_experts=shape["experts"], top_k=shape["top_k"],
+                                           tokens_per_step=TOKENS_PER_GPU * num_gpus, seed=seed))
+    counts_TLE = trace.counts_TLE
+    cluster = ClusterSpec(num_gpus=num_gpus, slots_per_gpu=slots)
+    options = {"time_limit_s": config.time_limit_s, "routing": config.routing, "workers": config.solve_threads,
+               "good_enough": config.good_enough}
+    transfer = TransferShape(**EXPERT, max_bytes_per_round=config.max_bytes_per_step,
+                             failures_tolerated=config.failures_tolerated_for(num_gpus))
+    start = fit_placement("cpsat", counts_TLE[:window], cluster, **options)
+    refit, seconds = timed(lambda: solve(counts_TLE[window : 2 * window], start, "cpsat", options, None, transfer))
+    rows = [job_row("refit", refit, seconds, start, step_ms)]
+    fitted = refit.placement
+    recent_LE = counts_TLE[2 * window :].mean(axis=0)
+    rng = np.random.default_rng(seed)
+    cases = [("patch, the trace's next steps", recent_LE)]
+    for share in BURST_SHARES:
+        layers = rng.choice(shape["layers"], max(1, round(share * shape["layers"])), replace=False)
+        burst_LE = recent_LE.copy()
+        burst_LE[layers, rng.integers(0, shape["experts"], len(layers))] *= BURST_FACTOR
+        cases.append((f"patch, a {BURST_FACTOR:g}x burst in {len(layers)} of {shape['layers']} layers", burst_LE))
+    for name, load_LE in cases:
+        request = PatchRequest(load_LE, fitted, config.patch_moves, config.patch_threshold)
+        answer, seconds = timed(lambda: solve(None, fitted, "cpsat", options, None, transfer, patch=request))
+        rows.append(job_row(name, answer, seconds, fitted, step_ms))
+    for row in rows:
+        row.update({"gpus": num_gpus, "slots_per_gpu": slots,
+                    "seconds_vs_refit": round(row["seconds"] / rows[0]["seconds"], 4),
+                    "bytes_vs_refit": round(row["bytes"] / max(rows[0]["bytes"], 1), 4)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if len(args.gpus) != len(args.slots_per_gpu):
+        print("bench_patch: --gpus and --slots-per-gpu need as many values each", file=sys.stderr)
+        return 2
+    import_solving_modules("cpsat", None)  # as the helper does at start: no import inside a timed job
+    shape = QUICK if args.quick else FULL
+    rows = [row for gpus, slots in zip(args.gpus, args.slots_per_gpu)
+            for row in measure_cluster(gpus, slots, shape, args.step_ms, args.seed)]
+    print(f"{shape['layers']} layers x {shape['experts']} experts, top-{shape['top_k']}, {TOKENS_PER_GPU} tokens per "
+          f"GPU a step; steps to switch at {args.step_ms:g} ms a step")
+    print("| GPUs x slots | job | seconds | vs refit | slots moved | slot / host-copy fills | GB moved | vs refit "
+          "| rounds | changed layers | steps to switch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['gpus']} x {row['slots_per_gpu']} | {row['job']}{' (kept)' if row['kept'] else ''} | "
+              f"{row['seconds']:.2f} | {row['seconds_vs_refit']:.3f} | {row['slots_moved']} | {row['slot_fills']} / "
+              f"{row['host_copy_fills']} | {row['bytes'] / 1e9:.2f} | {row['bytes_vs_refit']:.3f} | {row['rounds']} | "
+              f"{row['changed_layers']} | {row['steps_to_switch']} |")
+    if args.json is not None:
+        write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

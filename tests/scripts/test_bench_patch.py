@@ -1,0 +1,47 @@
+"""The burst patch bench (`scripts/bench_patch.py`) on its quick shape: a refit row and the patch rows of each cluster,
+a patch moving at most `patch_moves` slots per layer and a small share of the refit's bytes, its host copies
+following its few slots (not re-planned wholesale), and its steps to the switch as the module docstring counts them.
+No figure of a run is pinned."""
+
+import json
+import math
+
+import pytest
+
+from eplb.rebalance.config import RebalanceConfig
+
+
+@pytest.fixture(scope="module")
+def rows(load_script, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "rows.json"
+    bench = load_script("bench_patch")
+    assert bench.main(["--quick", "--gpus", "8", "--slots-per-gpu", "5", "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_each_cluster_has_a_refit_and_its_patches(rows):
+    assert [row["job"].split(",")[0] for row in rows] == ["refit", "patch", "patch", "patch"]
+    refit = rows[0]
+    assert not refit["kept"] and refit["bytes"] > 0 and refit["slots_moved"] > 0
+    assert refit["seconds_vs_refit"] == 1 and refit["bytes_vs_refit"] == 1
+
+
+def test_a_patch_moves_a_few_slots_and_the_host_copies_that_follow_them(rows):
+    config, layers = RebalanceConfig(), 4
+    everywhere = rows[-1]  # a burst in every layer: the fit serves it above the threshold
+    assert not everywhere["kept"] and everywhere["slots_moved"] >= 1
+    for row in rows[1:]:
+        assert row["slots_moved"] <= config.patch_moves * layers
+        assert row["slot_fills"] == row["slots_moved"]
+        assert row["host_copy_fills"] <= 3 * row["slots_moved"]
+        assert row["bytes_vs_refit"] < 0.25 and row["changed_layers"] <= layers
+        if row["kept"]:
+            assert row["bytes"] == 0 and row["steps_to_switch"] == 0
+
+
+def test_the_steps_to_a_switch_are_the_job_the_broadcast_the_moves_and_the_switch(rows):
+    for row in rows:
+        if not row["kept"]:
+            job_steps = math.ceil(row["seconds"] * 1000 / 50.0)
+            moving = max(row["rounds"], row["changed_layers"])
+            assert abs(row["steps_to_switch"] - (job_steps + 1 + moving + 1)) <= 1  # seconds are rounded in the row
