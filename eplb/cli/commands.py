@@ -241,7 +241,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         progress.close()
     logger.info("replayed %d fits (%d on drift)", len(result.refit_steps), len(result.drift_steps))
     summary = {"policy": args.policy, "every": args.every, "window": args.window,
-               "refit_on_drift": args.refit_on_drift, "forecast": args.forecast, "patch_lag": args.patch_lag,
+               "refit_on_drift": args.refit_on_drift, "forecast": args.forecast,
+               "patch_lag": args.patch_lag if args.patch_every else None,
                **result.summary()}
     if args.plot:
         plots.plot_imbalance_over_time(
@@ -261,8 +262,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def patches_from(args: argparse.Namespace) -> PatchConfig | None:
-    """`eplb replay`'s burst patches: None without --patch-lag."""
-    if args.patch_lag is None:
+    """`eplb replay`'s burst patches: None with --patch-every 0."""
+    if args.patch_every == 0:
         return None
     return PatchConfig(lag=args.patch_lag, every=args.patch_every)
 

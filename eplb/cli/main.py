@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from eplb.cli import commands, demo, sim_command
 from eplb.cli.output_paths import check_paths
 from placement import POLICIES, ROUTINGS
+from placement.burst_patch import PatchConfig
 from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
 from traces import EplbError
 from traces.atomic_file import all_or_nothing
@@ -236,12 +237,13 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--forecast", choices=("trend", "none"), default="trend",
                    help="trend (default): fit each placement on its window moved along each expert's load trend to "
                         "the steps it will serve (--lag and --every set how far); none: fit the window as it is")
-    p.add_argument("--patch-lag", type=NON_NEGATIVE_INT, default=None, metavar="STEPS",
-                   help="between refits, patch the serving placement for bursts every --patch-every steps: move a "
-                        "few replica slots per layer to the experts the last 10 steps seen overload, serving STEPS "
-                        "after them (detecting and copying a few experts; for example 10; default: no patches)")
-    p.add_argument("--patch-every", type=POSITIVE_INT, default=5, metavar="STEPS",
-                   help="steps between patches with --patch-lag (default %(default)s)")
+    p.add_argument("--patch-lag", type=NON_NEGATIVE_INT, default=PatchConfig().lag, metavar="STEPS",
+                   help="steps from the last steps a burst patch sees until it serves (detecting, solving, copying a "
+                        "few experts; default %(default)s)")
+    p.add_argument("--patch-every", type=NON_NEGATIVE_INT, default=PatchConfig().every, metavar="STEPS",
+                   help="between refits, patch the serving placement for bursts every STEPS steps, as the live "
+                        "rebalancer does: move a few replica slots per layer to the experts the last 10 steps seen "
+                        "overload (default %(default)s; 0: no patches)")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 

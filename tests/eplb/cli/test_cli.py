@@ -237,10 +237,13 @@ def test_replay_patches_a_burst_between_refits_and_reports_the_slots_moved(run_e
     save_trace(RoutingTrace.from_counts(rng.poisson(rate)), tmp_path / "burst.npz")
     args = ("replay", "--trace", tmp_path / "burst.npz", *CLUSTER, "--policy", "deepseek", "--every", "20",
             "--window", "10", "--lag", "5", "--routing", "dynamic", "--json")
-    plain, patched = ok_json(run_eplb(*args)), ok_json(run_eplb(*args, "--patch-lag", "2", "--patch-every", "2"))
+    plain, patched = ok_json(run_eplb(*args, "--patch-every", "0")), ok_json(run_eplb(*args, "--patch-lag", "2",
+                                                                                      "--patch-every", "2"))
     assert plain["patch_lag"] is None and "patch_moves" not in plain
     assert patched["patch_lag"] == 2 and patched["patch_moves"] > 0
     assert patched["imbalance_mean"] < plain["imbalance_mean"]
+    default = ok_json(run_eplb(*args))  # patches are on by default, as in the live rebalancer
+    assert default["patch_lag"] == 10 and default["patch_moves"] > 0
 
 
 def test_replay_fits_the_window_as_it_is_with_no_forecast(run_eplb, tmp_path):
