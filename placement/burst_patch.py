@@ -43,14 +43,15 @@ class PatchConfig:
     """When and how much a replay (or a live group) patches its serving placement between refits.
 
     Attributes:
-        lag: steps from the last step a patch sees until it serves (detecting, solving, copying a few experts).
+        lag: steps from the last step a patch sees until it serves (detecting, solving, copying a few experts; the
+            default is about what a live group at the full shape takes, docs/rebalancing.md, 'Burst patches').
         window: recent steps whose mean load a patch is fitted to.
         every: steps between patches.
         max_moves: most slots one layer may change per patch.
         threshold: layers served at or below this imbalance of the recent load are left as fitted.
     """
 
-    lag: int = 10
+    lag: int = 20
     window: int = 10
     every: int = 5
     max_moves: int = 2

@@ -14,9 +14,9 @@ Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, 
 Per job: its seconds (the solve and the weight moves' plan, on this machine's cores), the slots that change expert,
 the fills (slots, and host copies the new placement wants), the bytes moved and the rounds at the config's
 `max_bytes_per_step` for DeepSeek-V3's experts (hidden 7168, intermediate 2048, FP8), the layers the switch must build
-tables for (one a step), and the steps from the job's start to the switch at a decode step of `--step-ms`: the job,
-one step for the answer's broadcast, the larger of rounds and changed layers (they run together), one for the
-switch. Ratios against the refit: seconds and bytes.
+tables for (a few a step, `eplb.rebalance.attempt.layers_per_step`), and the steps from the job's start to the switch
+at a decode step of `--step-ms`: the job, one step for the answer's broadcast, the larger of the rounds and the steps
+preparing the changed layers (they run together), one for the switch. Ratios against the refit: seconds and bytes.
 
 Usage: python scripts/bench_patch.py [--gpus 64 128] [--slots-per-gpu 5 3] [--quick] [--json FILE]
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.rebalance.attempt import changed_layers
+from eplb.rebalance.attempt import changed_layers, layers_per_step
 from eplb.rebalance.background_solver import PatchRequest, SolveResult, import_solving_modules, solve
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.move_plan import KINDS, TransferShape
@@ -62,7 +62,8 @@ def job_row(name: str, answer: SolveResult, seconds: float, current: Placement, 
     kinds = answer.fills_U8[:, 3] if len(answer.fills_U8) else np.zeros(0, dtype=np.int64)
     rounds = int(answer.chunks_C6[:, 0].max()) + 1 if len(answer.chunks_C6) else 0
     layers = 0 if answer.kept else len(changed_layers(current, answer.placement))
-    steps = 0 if answer.kept else math.ceil(seconds * 1000 / step_ms) + 1 + max(rounds, layers) + 1
+    preparing = math.ceil(layers / layers_per_step(layers, rounds))
+    steps = 0 if answer.kept else math.ceil(seconds * 1000 / step_ms) + 1 + max(rounds, preparing) + 1
     return {"job": name, "seconds": round(seconds, 3), "kept": answer.kept, "slots_moved": int(answer.moves[0]),
             "slot_fills": int((kinds == KINDS.index("slot")).sum()),
             "host_copy_fills": int((kinds == KINDS.index("backup")).sum()),

@@ -4,9 +4,11 @@ Legend: L layers.
 
 An attempt (a refit, a loaded placement, or a burst patch) starts solving (`fit_step`, `fit_time`), then, once rank
 0's answer is broadcast, carries the target placement, this rank's part of the weight moves and their staging
-buffers, and the routing tables and host copies of the layers it changes, prepared one layer a step, so that the
-switch only installs them (a layer the target leaves as it is keeps its tables and host copies: a patch that moves
-a few layers' slots switches a few steps after its weights arrive, not one step per layer of the model).
+buffers, and the routing tables and host copies of the layers it changes, prepared a few layers a step, so that the
+switch only installs them (a layer the target leaves as it is keeps its tables and host copies). A refit's hundreds
+of rounds leave time to prepare one layer a step; a patch's few rounds would leave its switch waiting on one layer a
+step, so an attempt prepares as many layers a step as finish with its last round, at most `MAX_LAYERS_PER_STEP`
+(each takes a few milliseconds of the worker's thread before a decode step).
 """
 
 import logging
@@ -27,6 +29,8 @@ from placement import Placement
 
 logger = logging.getLogger(__name__)
 
+MAX_LAYERS_PER_STEP = 4  # the most layers' tables and host-copy lists one step prepares
+
 
 @dataclass
 class Attempt:
@@ -44,7 +48,8 @@ class Attempt:
         next_round: the index of the next round to post.
         staging: the buffers this rank's received fills land in until the switch.
         changed_L: the layers whose slots or static weights the target changes (their tables are rebuilt).
-        tables_L: layer -> the target's routing tables on this rank's device, built one layer a step.
+        layers_per_step: the changed layers prepared per step (the same on every rank: rounds are).
+        tables_L: layer -> the target's routing tables on this rank's device, built a few layers a step.
         host_copies_L: layer -> the experts this rank keeps host copies of under the target.
         transfers_ok: False once a transfer of this attempt failed on this rank (sent to every rank).
         in_flight: the round posted before the last decode step, completed at the next step.
@@ -58,6 +63,7 @@ class Attempt:
     moves: tuple[int, int] | None = None
     target: Placement | None = None
     changed_L: list[int] = field(default_factory=list)
+    layers_per_step: int = 1
     fills: dict[int, Fill] = field(default_factory=dict)
     rounds: list[list[Chunk]] = field(default_factory=list)
     next_round: int = 0
@@ -76,6 +82,7 @@ class Attempt:
         self.fills, self.rounds, self.staging, self.moves = fills, rounds, staging, moves
         self.fitted_imbalance, self.target = fitted_imbalance, target
         self.changed_L = changed_layers(current, target)
+        self.layers_per_step = layers_per_step(len(self.changed_L), len(rounds))
 
     @property
     def rounds_left(self) -> bool:
@@ -86,11 +93,13 @@ class Attempt:
         """The first changed layer whose routing tables are not built yet (None: all are)."""
         return next((layer for layer in self.changed_L if layer not in self.tables_L), None)
 
-    def prepare_next_layer(self, device: torch.device, host_copies: HostCopies) -> None:
-        """Build one more changed layer's routing tables and host-copy list for the target (one layer a step, so
-        that the switch only installs them)."""
-        layer = self._next_layer_to_prepare()
-        if layer is not None:
+    def prepare_layers(self, device: torch.device, host_copies: HostCopies) -> None:
+        """Build `layers_per_step` more changed layers' routing tables and host-copy lists for the target (so that
+        the switch only installs them)."""
+        for _ in range(self.layers_per_step):
+            layer = self._next_layer_to_prepare()
+            if layer is None:
+                return
             self.tables_L[layer] = ReplicaTables.build(self.target, layer, device)
             self.host_copies_L[layer] = host_copies.wanted(self.target, layer)
 
@@ -117,3 +126,9 @@ def changed_layers(current: Placement, target: Placement) -> list[int]:
     return [layer for layer in range(target.num_layers)
             if not (np.array_equal(target.phy2log_LP[layer], current.phy2log_LP[layer])
                     and np.array_equal(target.weights_LP[layer], current.weights_LP[layer]))]
+
+
+def layers_per_step(changed: int, rounds: int) -> int:
+    """Layers to prepare per step so that `changed` layers are ready with the last of `rounds` rounds, within 1 and
+    `MAX_LAYERS_PER_STEP`."""
+    return min(MAX_LAYERS_PER_STEP, max(1, -(-changed // max(1, rounds))))

@@ -99,13 +99,24 @@ def backup_wanted(experts_GS: np.ndarray, failures_tolerated: int) -> list[tuple
     distance_EG = (np.arange(num_gpus)[None, :] - holds_EG.argmax(1)[:, None] - 1) % num_gpus
     key_EG = np.where(holds_EG, 1 << 40, distance_EG)
     cap = -(-int(need_E.sum()) // num_gpus) + 1
-    host_G = np.zeros(num_gpus, dtype=np.int64)
-    wanted = []
     order = np.lexsort((np.arange(num_experts), -need_E))[: int((need_E > 0).sum())]
-    for expert, need in zip(order.tolist(), need_E[order].tolist()):
-        key = key_EG[expert] + (host_G >= cap) * num_gpus
-        chosen = [int(np.argmin(key))] if need == 1 else np.argsort(key, kind="stable")[:need].tolist()
-        host_G[chosen] += 1
+    # Each expert's ranks that may take a copy (none holding it), nearest after its first rank first.
+    ring_NG = np.argsort(key_EG[order], axis=1, kind="stable").tolist()
+    host_G = [0] * num_gpus
+    wanted = []
+    for ring, expert, need, holders in zip(ring_NG, order.tolist(), need_E[order].tolist(),
+                                           holders_E[order].tolist()):
+        candidates = ring[: num_gpus - holders]
+        chosen = []
+        for gpu in candidates:  # below the cap, nearest first
+            if host_G[gpu] < cap:
+                chosen.append(gpu)
+                if len(chosen) == need:
+                    break
+        if len(chosen) < need:  # then over it, nearest first
+            chosen += [gpu for gpu in candidates if host_G[gpu] >= cap][: need - len(chosen)]
+        for gpu in chosen:
+            host_G[gpu] += 1
         wanted += [(gpu, expert) for gpu in chosen]
     return sorted(wanted)
 
@@ -226,6 +237,8 @@ def plan_rebalance(current: Placement, target: Placement, shape: TransferShape) 
     sends: dict[int, int] = {}
     for layer in range(current.num_layers):
         old_GS, new_GS = current.phy2log_LP[layer].reshape(grid), target.phy2log_LP[layer].reshape(grid)
+        if np.array_equal(old_GS, new_GS):
+            continue  # the same slots want the same host copies: nothing to fill (a patch leaves most layers so)
         tolerated = shape.failures_tolerated
         old_backup = set(backup_wanted(old_GS, tolerated))
         wanted = [(int(gpu), "slot", int(slot), int(new_GS[gpu, slot])) for gpu, slot in np.argwhere(new_GS != old_GS)]

@@ -20,8 +20,9 @@ rank reads the same messages and takes the same decision. Over the steps (`proto
    (`move_plan.plan_rebalance`: moved slots into staging buffers, and the host copies the new placement needs, in
    rounds); each rank keeps its part (`attempt.Attempt`);
 3. moving: one round of chunks per step (no rank sends or receives more than `max_bytes_per_step`), posted before
-   the decode step and completed before the next (it moves while the step runs, `transfer`), and one layer's
-   routing tables built; each rank's message says whether its transfers succeeded;
+   the decode step and completed before the next (it moves while the step runs, `transfer`), and the routing
+   tables of a layer or a few that the target changes built; each rank's message says whether its transfers
+   succeeded;
 4. switch: the step after the last round, if every rank's transfers succeeded and every rank accepts, each copies
    the staged experts into the slots and installs the new tables on every layer, between two steps: a step runs
    wholly on the old or the new placement.
@@ -292,7 +293,7 @@ class Rebalancer:
                              job["result"].moves if comm.rank == 0 else None)
 
     def _move_round(self, step: int, received_G: np.ndarray | None) -> None:
-        """Switch when every rank reported all rounds moved; else prepare one layer, complete the round posted
+        """Switch when every rank reported all rounds moved; else prepare a few layers, complete the round posted
         before the last decode step (it moved meanwhile) and post the next."""
         attempt, comm = self._attempt, self.comm
         current = received_G is not None and bool((received_G[:, Field.ATTEMPT] == self.stats.attempts).all())
@@ -304,7 +305,7 @@ class Rebalancer:
             # Every round moved and every rank said so with the last step: switch, if every rank accepts.
             self._switch(step, bool(received_G[:, Field.ACCEPTS_SWITCH].all()))
             return
-        attempt.prepare_next_layer(comm.device, self.host_copies)
+        attempt.prepare_layers(comm.device, self.host_copies)
         tags = tag_base(self.stats.attempts, attempt.next_round)
         attempt.advance(self.mover, self.config.transfer_timeout_s, tags, self.stats)
 

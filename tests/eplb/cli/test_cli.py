@@ -243,7 +243,7 @@ def test_replay_patches_a_burst_between_refits_and_reports_the_slots_moved(run_e
     assert patched["patch_lag"] == 2 and patched["patch_moves"] > 0
     assert patched["imbalance_mean"] < plain["imbalance_mean"]
     default = ok_json(run_eplb(*args))  # patches are on by default, as in the live rebalancer
-    assert default["patch_lag"] == 10 and default["patch_moves"] > 0
+    assert default["patch_lag"] == 20 and default["patch_moves"] > 0
 
 
 def test_replay_fits_the_window_as_it_is_with_no_forecast(run_eplb, tmp_path):
