@@ -79,8 +79,8 @@ def backup_wanted(experts_GS: np.ndarray, failures_tolerated: int) -> list[tuple
 
     Experts short of copies are served in order (the most missing first, then by id); each copy goes to a rank
     that holds the expert nowhere yet: the nearest after the expert's first rank on the ring among the ranks below
-    the cap (the mean copies per rank rounded up, plus one), else the nearest over it. So a rank's host memory stays
-    within one copy of the mean's ceiling, with one failure tolerated a lone expert's copy lies on its rank's
+    the cap (the mean copies per rank rounded up, plus one), else the nearest over it. So no rank holds more than a
+    copy above the mean's ceiling in a layer, with one failure tolerated a lone expert's copy lies on its rank's
     successor, and a placement a few slots away (a burst patch) wants nearly the same copies: an expert's copies
     depend on its own ranks and on which ranks are full, not on every expert served before it (balancing by the
     fewest copies so far re-planned dozens of copies per layer for one moved slot; docs/rebalancing.md). Pure and

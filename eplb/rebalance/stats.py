@@ -22,7 +22,7 @@ class RebalanceStats:
     recoveries: list[dict] = field(default_factory=list)
     patches: int = 0  # burst patches switched to (not counted in `rebalances`)
     patch_steps: list[int] = field(default_factory=list)
-    patch_lag_steps: list[int] = field(default_factory=list)  # from the patch's last recent step to its switch
+    patch_lag_steps: list[int] = field(default_factory=list)  # from its start (after the steps it saw) to its switch
     patch_slots: list[int] = field(default_factory=list)  # per patch: slots filled from another slot or rank (rank 0)
 
     def record_switch(self, step: int, fit_step: int, seconds: float, moves: tuple[int, int] | None) -> None:
