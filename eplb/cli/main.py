@@ -242,8 +242,8 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                         "few experts; default %(default)s)")
     p.add_argument("--patch-every", type=NON_NEGATIVE_INT, default=PatchConfig().every, metavar="STEPS",
                    help="between refits, patch the serving placement for bursts every STEPS steps, as the live "
-                        "rebalancer does: move a few replica slots per layer to the experts the last 10 steps seen "
-                        "overload (default %(default)s; 0: no patches)")
+                        f"rebalancer does: move a few replica slots per layer to the experts the last "
+                        f"{PatchConfig().window} steps seen overload (default %(default)s; 0: no patches)")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 

@@ -145,9 +145,14 @@ def _patched(setup: DecodeSetup, report: LoopReport, measured: dict[int, float],
     of any kind or recovery), the start placement routed on their traffic (`before`) against the imbalance measured
     (`after`). None when no patch served."""
     stats = report.stats
-    events = sorted([(step, "patch") for step in stats["patch_steps"]] + [(step, "refit") for step in
-                    stats["switch_steps"]] + [(rec["resume_step"], "recovery") for rec in report.recoveries])
-    served = [s for s in steps if max([e for e in events if e[0] <= s], default=(0, "start"))[1] == "patch"]
+    serving_from = {rec["resume_step"]: "recovery" for rec in report.recoveries}
+    serving_from.update({step: "refit" for step in stats["switch_steps"]})
+    serving_from.update({step: "patch" for step in stats["patch_steps"]})
+    serving, served = "start", []
+    for step in steps:  # in order: what serves a step is what switched last at or before it
+        serving = serving_from.get(step, serving)
+        if serving == "patch":
+            served.append(step)
     if not served:
         return None
     before, _ = _imbalance_before(setup, report, served, steps)

@@ -102,9 +102,10 @@ class LoadRecorder:
         """[L, E] int64: tokens per expert summed over the finished steps still in the window."""
         return self.counts_TLE().sum(0)
 
-    def counts_TLE(self) -> torch.Tensor:
-        """[T, L, E] int64: the finished steps still in the window, oldest first (T = min(steps, window))."""
-        kept = min(self.steps_recorded, self.window)
+    def counts_TLE(self, last: int | None = None) -> torch.Tensor:
+        """[T, L, E] int64: the finished steps still in the window, oldest first (T = min(steps, window)); with
+        `last`, only the last that many of them."""
+        kept = min(self.steps_recorded, self.window, self.window if last is None else last)
         rows = self.window + 1
         start = (int(self.position) - kept) % rows  # one host read, off the per-step path
         order = (torch.arange(kept, device=self.buffer_TLE.device) + start) % rows

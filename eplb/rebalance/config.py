@@ -4,6 +4,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from placement.burst_patch import PatchConfig
+
+PATCH = PatchConfig()  # the burst patch's defaults, which the replay's `eplb replay` shares
+
 
 class RebalanceConfig(BaseModel):
     """When to fit a new placement, how, how fast to move the weights, and how long anything may take.
@@ -53,18 +57,20 @@ class RebalanceConfig(BaseModel):
                                "fitted imbalance (the replay's trigger; None: fixed interval only)."
     )
     patch_every: int | None = Field(
-        5, ge=1, description="Steps between burst patches while no refit is under way (None: never patch): rank 0 "
-                             "checks the last patch_window steps' load and, in layers the live router would serve "
-                             "above patch_threshold, moves up to patch_moves slots to the experts that burst "
-                             "(`placement.burst_patch`), taken from the last fitted placement so that a layer goes "
-                             "back to its fit when the burst ends. A patch moves a few experts, not a model."
+        PATCH.every, ge=1,
+        description="Steps between burst patches while no refit is under way (None: never patch): rank 0 checks the "
+                    "last patch_window steps' load and, in layers the live router would serve above patch_threshold, "
+                    "moves up to patch_moves slots to the experts that burst (`placement.burst_patch`), taken from "
+                    "the last fitted placement so that a layer goes back to its fit when the burst ends. A patch "
+                    "moves a few experts, not a model."
     )
-    patch_window: int = Field(10, ge=1, description="Last steps whose mean load a patch fits (at most the "
+    patch_window: int = Field(PATCH.window, ge=1, description="Last steps whose mean load a patch fits (at most the "
                                                     "recorder's window).")
-    patch_moves: int = Field(2, ge=1, description="Most slots one layer may change in one patch.")
+    patch_moves: int = Field(PATCH.max_moves, ge=1, description="Most slots one layer may change in one patch.")
     patch_threshold: float = Field(
-        1.02, ge=1, description="Layers whose recent load the live router serves at or below this imbalance (max / "
-                                "mean GPU load) are left as fitted."
+        PATCH.threshold, ge=1,
+        description="Layers whose recent load the live router serves at or below this imbalance (max / mean GPU "
+                    "load) are left as fitted."
     )
     drift_steps: int = Field(8, ge=1, description="Served steps that set the level of a placement with no fitted "
                                                   "imbalance (the one at start, or one loaded from a file).")

@@ -242,7 +242,7 @@ class Rebalancer:
         """Start a burst patch attempt on the mean load of the last `patch_window` recorded steps."""
         self._steps_since_patch = 0
         self.stats.attempts += 1
-        recent_TLE = self.recorder.counts_TLE()[-self.config.patch_window:]
+        recent_TLE = self.recorder.counts_TLE(last=self.config.patch_window)
         recent_LE = recent_TLE.sum(0)
         if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
             recent_LE = self.comm.all_reduce_sum(recent_LE)

@@ -39,6 +39,7 @@ def test_recorder_keeps_the_last_window_steps_oldest_first(steps):
     kept = np.array(expected[-5:])
     assert recorder.counts_TLE().numpy().tolist() == kept.tolist()
     assert recorder.window_load_LE().numpy().tolist() == kept.sum(0).tolist()
+    assert recorder.counts_TLE(last=3).numpy().tolist() == kept[-3:].tolist()  # a burst patch's recent steps
 
 
 def test_sglang_dump_reads_back_through_load_trace(tmp_path):
