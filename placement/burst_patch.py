@@ -49,6 +49,10 @@ class PatchConfig:
         every: steps between patches.
         max_moves: most slots one layer may change per patch.
         threshold: layers served at or below this imbalance of the recent load are left as fitted.
+        drift_swaps: most replica-set swaps per layer and patch that follow the drifting mix
+            (`placement.drift_swaps`); they stay until the next refit, and the burst moves are made on top of them.
+            0: no drift swaps.
+        drift_window: recent steps whose mean load the drift swaps are fitted to.
     """
 
     lag: int = 20
@@ -56,12 +60,16 @@ class PatchConfig:
     every: int = 5
     max_moves: int = 2
     threshold: float = THRESHOLD
+    drift_swaps: int = 4
+    drift_window: int = 30
 
     def __post_init__(self) -> None:
-        if self.lag < 0 or self.window < 1 or self.every < 1 or self.max_moves < 0 or not self.threshold >= 1:
-            raise ValueError(f"patches need lag >= 0, window >= 1, every >= 1, max_moves >= 0 and threshold >= 1; "
-                             f"got lag={self.lag}, window={self.window}, every={self.every}, "
-                             f"max_moves={self.max_moves}, threshold={self.threshold}")
+        if (self.lag < 0 or self.window < 1 or self.every < 1 or self.max_moves < 0 or not self.threshold >= 1
+                or self.drift_swaps < 0 or self.drift_window < 1):
+            raise ValueError(f"patches need lag >= 0, window >= 1, every >= 1, max_moves >= 0, threshold >= 1, "
+                             f"drift_swaps >= 0 and drift_window >= 1; got lag={self.lag}, window={self.window}, "
+                             f"every={self.every}, max_moves={self.max_moves}, threshold={self.threshold}, "
+                             f"drift_swaps={self.drift_swaps}, drift_window={self.drift_window}")
 
 
 def patch_for_bursts(placement: Placement, recent_LE: np.ndarray, max_moves: int = 2,

@@ -26,9 +26,11 @@ f' + L, and the refit on drift follows them, serving from d + 1 + L. Lag 0 is th
 step.
 
 Burst patches (`patches`, off by default): between refits, every `patches.every` steps the serving placement is
-patched for the bursts of the steps seen `patches.lag` steps earlier (`placement.burst_patch`: a few replica slots
-per layer moved to the experts the recent load overloads), and the patch serves until the next one. Each patch is
-taken from the fitted placement; `patch_moves` counts the slots that changed between consecutive served
+patched for the steps seen `patches.lag` steps earlier, and the patch serves until the next one: first a few
+replica-set swaps per layer follow the mix of the last `patches.drift_window` steps (`placement.drift_swaps`), and
+stay until the next refit; then, on top of them, a few replica slots per layer go to the experts the last
+`patches.window` steps overload (`placement.burst_patch`), taken afresh each time so that a layer goes back when its
+burst has passed. `patch_moves` counts the slots that changed between consecutive served
 placements within a fit's service (the weights a live group would copy for them).
 """
 
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from placement.burst_patch import PatchConfig, patch_for_bursts
+from placement.drift_swaps import drift_swaps
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementInfeasibleError
 from placement.forecast import hedged_window
@@ -167,17 +170,20 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
                        patches: PatchConfig | None) -> list[tuple[int, int, Placement]]:
     """(first step, stop step, placement) of each stretch of steps [start, stop) that one placement serves: the
     fitted one throughout, or with `patches` the fitted one patched every `patches.every` steps from the steps
-    [t - lag - window, t - lag) (unpatched while no step before t - lag has been seen); consecutive steps that
-    the unpatched placement serves form one stretch."""
+    before t - lag (drift swaps, kept, and burst moves on top; unpatched while no step before t - lag has been
+    seen); consecutive steps that one placement serves form one stretch."""
     if patches is None:
         return [(start, stop, placement)]
     chunks = []
+    followed = placement  # the fitted placement with the drift swaps so far
     for first in range(start, stop, patches.every):
         seen = first - patches.lag
-        served = placement
+        served = followed
         if seen > 0:
+            drift_LE = counts_TLE[max(0, seen - patches.drift_window):seen].mean(axis=0)
+            followed, _ = drift_swaps(followed, drift_LE, patches.drift_swaps)
             recent_LE = counts_TLE[max(0, seen - patches.window):seen].mean(axis=0)
-            served, _ = patch_for_bursts(placement, recent_LE, patches.max_moves, patches.threshold)
+            served, _ = patch_for_bursts(followed, recent_LE, patches.max_moves, patches.threshold)
         last = min(first + patches.every, stop)
         if chunks and chunks[-1][2] is served:  # the same placement serves on: one stretch, scored at once
             chunks[-1] = (chunks[-1][0], last, served)

@@ -7,9 +7,11 @@ Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, 
 - refit (the baseline): `cpsat` with the `RebalanceConfig` defaults (1 s budget, good_enough 1.001, dynamic
   routing) on the window of steps [W, 2W), from a placement fitted the same way on [0, W), every fit moved to
   (min_gain 0), as a refit that switches;
-- patches, from that refit's placement (`PatchRequest` with the config's patch_moves and patch_threshold) on the
-  mean of the next `patch_window` steps: as the trace has them, then with one random expert per layer 4x as popular
-  in a share of the layers (a burst in 10% and in every layer).
+- patches, from that refit's placement (`PatchRequest` with the config's patch_moves, patch_threshold and
+  patch_swaps) on the mean of the next `patch_drift_window` steps (the drift swaps') and of the last `patch_window`
+  of them (the burst moves'): as the trace has them (also without drift swaps, patch_swaps 0), then with one random
+  expert per layer 4x as popular in the burst moves' steps in a share of the layers (a burst in 10% and in every
+  layer).
 
 Per job: its seconds (the solve and the weight moves' plan, on this machine's cores), the slots that change expert,
 the fills (slots, and host copies the new placement wants), the bytes moved and the rounds at the config's
@@ -81,7 +83,8 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed
     """The refit row, then the patch rows, of one cluster (see the module docstring)."""
     config = RebalanceConfig()
     window = shape["window"]
-    trace = generate_trace(SyntheticConfig(num_steps=2 * window + config.patch_window, num_layers=shape["layers"],
+    seen = max(config.patch_window, config.patch_drift_window)
+    trace = generate_trace(SyntheticConfig(num_steps=2 * window + seen, num_layers=shape["layers"],
                                            num_experts=shape["experts"], top_k=shape["top_k"],
                                            tokens_per_step=TOKENS_PER_GPU * num_gpus, seed=seed))
     counts_TLE = trace.counts_TLE
@@ -93,19 +96,23 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed
     start = fit_placement("cpsat", counts_TLE[:window], cluster, **options)
     refit, seconds = timed(lambda: solve(counts_TLE[window : 2 * window], start, "cpsat", options, None, transfer))
     rows = [job_row("refit", refit, seconds, start, step_ms)]
-    fitted = refit.placement
-    recent_LE = counts_TLE[2 * window :].mean(axis=0)
+    fitted = refit.followed  # what rank 0's patches start from: the refit in the policy's GPU order
+    drift_LE = counts_TLE[-config.patch_drift_window:].mean(axis=0)
+    recent_LE = counts_TLE[-config.patch_window:].mean(axis=0)
     rng = np.random.default_rng(seed)
-    cases = [("patch, the trace's next steps", recent_LE)]
+    cases = [("patch, the trace's next steps, no drift swaps", recent_LE, 0), ("patch, the trace's next steps",
+                                                                             recent_LE, config.patch_swaps)]
     for share in BURST_SHARES:
         layers = rng.choice(shape["layers"], max(1, round(share * shape["layers"])), replace=False)
         burst_LE = recent_LE.copy()
         burst_LE[layers, rng.integers(0, shape["experts"], len(layers))] *= BURST_FACTOR
-        cases.append((f"patch, a {BURST_FACTOR:g}x burst in {len(layers)} of {shape['layers']} layers", burst_LE))
-    for name, load_LE in cases:
-        request = PatchRequest(load_LE, fitted, config.patch_moves, config.patch_threshold)
-        answer, seconds = timed(lambda: solve(None, fitted, "cpsat", options, None, transfer, patch=request))
-        rows.append(job_row(name, answer, seconds, fitted, step_ms))
+        cases.append((f"patch, a {BURST_FACTOR:g}x burst in {len(layers)} of {shape['layers']} layers", burst_LE,
+                      config.patch_swaps))
+    for name, load_LE, swaps in cases:
+        request = PatchRequest(load_LE, fitted, config.patch_moves, config.patch_threshold,
+                               drift_LE if swaps else None, swaps)
+        answer, seconds = timed(lambda: solve(None, refit.placement, "cpsat", options, None, transfer, patch=request))
+        rows.append(job_row(name, answer, seconds, refit.placement, step_ms))
     for row in rows:
         row.update({"gpus": num_gpus, "slots_per_gpu": slots,
                     "seconds_vs_refit": round(row["seconds"] / rows[0]["seconds"], 4),

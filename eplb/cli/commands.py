@@ -243,6 +243,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     summary = {"policy": args.policy, "every": args.every, "window": args.window,
                "refit_on_drift": args.refit_on_drift, "forecast": args.forecast,
                "patch_lag": args.patch_lag if args.patch_every else None,
+               "drift_swaps": args.drift_swaps if args.patch_every else None,
                **result.summary()}
     if args.plot:
         plots.plot_imbalance_over_time(
@@ -262,10 +263,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def patches_from(args: argparse.Namespace) -> PatchConfig | None:
-    """`eplb replay`'s burst patches: None with --patch-every 0."""
+    """`eplb replay`'s patches (drift swaps and burst moves): None with --patch-every 0."""
     if args.patch_every == 0:
         return None
-    return PatchConfig(lag=args.patch_lag, every=args.patch_every)
+    return PatchConfig(lag=args.patch_lag, every=args.patch_every, drift_swaps=args.drift_swaps)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -244,6 +244,11 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                    help="between refits, patch the serving placement for bursts every STEPS steps, as the live "
                         f"rebalancer does: move a few replica slots per layer to the experts the last "
                         f"{PatchConfig().window} steps seen overload (default %(default)s; 0: no patches)")
+    p.add_argument("--drift-swaps", type=NON_NEGATIVE_INT, default=PatchConfig().drift_swaps, metavar="N",
+                   help="with patches, also up to N swaps of two experts' replica sets per layer and patch toward the "
+                        f"mix of the last {PatchConfig().drift_window} steps seen, kept until the next refit, as the "
+                        "live rebalancer's patch_swaps (ring layouts, as cpsat fits them; default %(default)s; "
+                        "0: none)")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 

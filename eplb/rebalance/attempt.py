@@ -38,7 +38,10 @@ class Attempt:
 
     Attributes:
         fit_step: the step the attempt started at (the end of its fit window).
-        patch: a burst patch (`placement.burst_patch`), which a due refit may replace while it solves.
+        patch: a patch (drift swaps and burst moves, `placement.burst_patch`), which a due refit may replace while
+            it solves.
+        followed: what the next patches start from once this attempt switches (rank 0 only; None otherwise): a
+            refit's placement in the policy's GPU order, or a patch's fitted placement with its drift swaps.
         fit_time: `time.perf_counter()` at the start, for the lag to the switch.
         fitted_imbalance: the target's fitted level on the window (None: a loaded placement), for the drift check.
         moves: (experts moved, experts a slot-by-slot remap would move); known on rank 0 only.
@@ -58,6 +61,7 @@ class Attempt:
 
     fit_step: int
     patch: bool = False
+    followed: Placement | None = None
     fit_time: float = field(default_factory=time.perf_counter)
     fitted_imbalance: float | None = None
     moves: tuple[int, int] | None = None

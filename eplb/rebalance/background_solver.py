@@ -32,6 +32,7 @@ from eplb.rebalance.cpu_pacer import Pacer, stop_process
 from eplb.rebalance.move_plan import TransferShape, encode_fills, encode_rounds, plan_rebalance
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
 from placement.burst_patch import patch_for_bursts
+from placement.drift_swaps import drift_swaps
 from placement.scoring import score_placement
 
 LOW_PRIORITY_NICE = 10  # low, yet the solve still progresses beside busy decode processes (19 starves it)
@@ -60,6 +61,9 @@ class SolveResult:
             None for a placement given); with `fit_skipped`, the most any placement could gain (serving / the
             window's lower bound - 1).
         fit_skipped: kept without fitting: the serving placement is within min_gain of the window's lower bound.
+        followed: what the patches after this answer start from once it switches, in the policy's own GPU order
+            (`placement` is relabelled to the GPUs serving, which breaks the ring order drift swaps need): a refit's
+            placement as fitted, a patch's `fitted` with its drift swaps.
     """
 
     placement: Placement
@@ -70,24 +74,30 @@ class SolveResult:
     kept: bool = False
     gain: float | None = None
     fit_skipped: bool = False
+    followed: Placement | None = None
 
 
 @dataclass(frozen=True)
 class PatchRequest:
-    """A burst patch job (`placement.burst_patch.patch_for_bursts`): `fitted` patched for the mean load of the
-    recent steps.
+    """A patch job: `fitted` with up to `max_swaps` drift swaps per layer for the mean load of the last steps
+    (`placement.drift_swaps`), then patched for their bursts (`placement.burst_patch.patch_for_bursts`).
 
     Attributes:
-        recent_LE: [L, E] mean tokens per expert over the last steps.
-        fitted: the last fitted (or loaded) placement, which every patch starts from.
-        max_moves: the most slots one layer may change.
-        threshold: layers served at or below this imbalance of `recent_LE` stay as fitted.
+        recent_LE: [L, E] mean tokens per expert over the last steps (the burst moves').
+        fitted: the last fitted (or loaded) placement with the drift swaps of the patches since, which every patch
+            starts from.
+        max_moves: the most slots one layer may change for bursts.
+        threshold: layers served at or below this imbalance of `recent_LE` get no burst moves.
+        drift_LE: [L, E] mean tokens per expert over the drift swaps' (longer) window; None: no drift swaps.
+        max_swaps: the most drift swaps per layer.
     """
 
     recent_LE: np.ndarray
     fitted: Placement
     max_moves: int
     threshold: float
+    drift_LE: np.ndarray | None = None
+    max_swaps: int = 0
 
 
 def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, options: dict, policy_fn: PolicyFn | None,
@@ -126,19 +136,23 @@ def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, option
             return _kept(current, serving, gain)
     fills, rounds = plan_rebalance(current, plan.realised, shape)
     return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), fitted,
-                       encode_fills(fills), encode_rounds(rounds), gain=gain)
+                       encode_fills(fills), encode_rounds(rounds), gain=gain, followed=target)
 
 
 def _patch(current: Placement, patch: PatchRequest, shape: TransferShape) -> SolveResult:
-    """The burst patch of `patch.fitted` relabelled against `current`, and its weight moves; `kept` when it holds
-    every slot's expert where `current` does (new static weights alone are not worth a switch)."""
-    target, _ = patch_for_bursts(patch.fitted, patch.recent_LE, patch.max_moves, patch.threshold)
+    """The patch of `patch.fitted` (drift swaps, then burst moves) relabelled against `current`, and its weight
+    moves; `kept` when it holds every slot's expert where `current` does (new static weights alone are not worth a
+    switch)."""
+    followed = patch.fitted
+    if patch.drift_LE is not None:
+        followed, _ = drift_swaps(patch.fitted, patch.drift_LE, patch.max_swaps)
+    target, _ = patch_for_bursts(followed, patch.recent_LE, patch.max_moves, patch.threshold)
     plan = plan_migration(current, target)
     if np.array_equal(plan.realised.phy2log_LP, current.phy2log_LP):
         return _kept(current, None, None)
     fills, rounds = plan_rebalance(current, plan.realised, shape)
     return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), None, encode_fills(fills),
-                       encode_rounds(rounds))
+                       encode_rounds(rounds), followed=followed)
 
 
 def _kept(current: Placement, serving: float | None, gain: float | None, fit_skipped: bool = False) -> SolveResult:

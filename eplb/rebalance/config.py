@@ -61,9 +61,17 @@ class RebalanceConfig(BaseModel):
         description="Steps between burst patches while no refit is under way (None: never patch): rank 0 checks the "
                     "last patch_window steps' load and, in layers the live router would serve above patch_threshold, "
                     "moves up to patch_moves slots to the experts that burst (`placement.burst_patch`), taken from "
-                    "the last fitted placement so that a layer goes back to its fit when the burst ends. A patch "
-                    "moves a few experts, not a model."
+                    "the last fitted placement (with its drift swaps, patch_swaps) so that a layer goes back when the "
+                    "burst ends. A patch moves a few experts, not a model."
     )
+    patch_swaps: int = Field(
+        PATCH.drift_swaps, ge=0,
+        description="Most replica-set swaps per layer and patch that follow the drifting mix of the last "
+                    "patch_drift_window steps (`placement.drift_swaps`, ring layouts only); they stay in the fitted "
+                    "placement patches start from until the next refit (0: none)."
+    )
+    patch_drift_window: int = Field(PATCH.drift_window, ge=1, description="Last steps whose mean load the drift "
+                                                                          "swaps fit (at most the recorder's window).")
     patch_window: int = Field(PATCH.window, ge=1, description="Last steps whose mean load a patch fits (at most the "
                                                     "recorder's window).")
     patch_moves: int = Field(PATCH.max_moves, ge=1, description="Most slots one layer may change in one patch.")

@@ -29,13 +29,17 @@ rank reads the same messages and takes the same decision. Over the steps (`proto
 A failure or timeout anywhere (solve, transfer, a refusal) drops the staged state on every rank at the same step,
 leaves the old placement serving, is logged once, and the next attempt comes at the next interval.
 
-Burst patches (one every `patch_every` steps while no refit is under way, when the last has ended): a patch is an
-attempt like the others, whose solve is `placement.burst_patch.patch_for_bursts` on the last `patch_window` steps'
-mean load, applied to the last fitted placement (so a layer goes back to its fit once its burst has passed); it
-comes back kept when no slot would change, else it moves a few experts and switches the same way, and only the
-layers it changes get new tables. A refit that comes due while a patch is still solving replaces it; one that comes
-due while a patch moves waits the few steps to its switch. A refit lands `lag` steps after its window, and a burst
-that begins after the window would otherwise be served by a placement that never saw it until the next refit.
+Patches (one every `patch_every` steps while no refit is under way, when the last has ended): a patch is an
+attempt like the others, whose solve first swaps up to `patch_swaps` replica sets per layer of the last fitted
+placement toward the last `patch_drift_window` steps' mean load (`placement.drift_swaps`: the mix drifts between
+refits; rank 0 keeps the swaps of each patch that switches as the fitted placement the next ones start from, in the
+policy's GPU order, where the ring layouts the swaps need are intact), then runs
+`placement.burst_patch.patch_for_bursts` on the last `patch_window` steps' mean load on top (so a layer goes back once
+its burst has passed); it comes back kept when no slot would change, else it moves a few experts and switches the
+same way, and only the layers it changes get new tables. A refit that comes due while a patch is still solving
+replaces it; one that comes due while a patch moves waits the few steps to its switch. A refit lands `lag` steps after
+its window, and a burst that begins after the window would otherwise be served by a placement that never saw it until
+the next refit.
 
 A rank that dies surfaces as a `CollectiveError`; `recover` and `mark_failed` re-form the group (`recovery`).
 """
@@ -89,7 +93,9 @@ class Rebalancer:
         _check_settings(config, comm, layers, recorder, placement)
         self.config, self.comm, self.layers, self.recorder = config, comm, layers, recorder
         self.placement = placement
-        self.fitted = placement  # the last fitted or loaded placement, which burst patches start from
+        # The last fitted or loaded placement, which patches start from; on rank 0 (which asks for patches) in the
+        # policy's own GPU order and with the drift swaps of the patches switched to since.
+        self.fitted = placement
         self.placement_members = list(comm.members)  # original rank of each GPU of the placement
         self.failures_tolerated = config.failures_tolerated_for(comm.world_size)
         self.stats = RebalanceStats()
@@ -239,17 +245,22 @@ class Rebalancer:
         self._attempt = Attempt(fit_step=step)
 
     def _start_patch(self, step: int) -> None:
-        """Start a burst patch attempt on the mean load of the last `patch_window` recorded steps."""
+        """Start a patch attempt on the mean load of the last `patch_window` recorded steps (the burst moves') and,
+        with drift swaps, of the last `patch_drift_window` (the swaps')."""
         self._steps_since_patch = 0
         self.stats.attempts += 1
-        recent_TLE = self.recorder.counts_TLE(last=self.config.patch_window)
-        recent_LE = recent_TLE.sum(0)
-        if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
-            recent_LE = self.comm.all_reduce_sum(recent_LE)
+        config = self.config
+        windows = (config.patch_window, config.patch_drift_window) if config.patch_swaps else (config.patch_window,)
+        means = []
+        for window in windows:
+            recent_TLE = self.recorder.counts_TLE(last=window)
+            recent_LE = recent_TLE.sum(0)
+            if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
+                recent_LE = self.comm.all_reduce_sum(recent_LE)
+            means.append(recent_LE.cpu().numpy() / len(recent_TLE))
         if self.comm.rank == 0:
-            config = self.config
-            request = PatchRequest(recent_LE.cpu().numpy() / len(recent_TLE), self.fitted, config.patch_moves,
-                                   config.patch_threshold)
+            request = PatchRequest(means[0], self.fitted, config.patch_moves, config.patch_threshold,
+                                   means[1] if config.patch_swaps else None, config.patch_swaps)
             self.solver.submit(None, self.placement, patch=request)
         self._attempt = Attempt(fit_step=step, patch=True)
 
@@ -288,6 +299,8 @@ class Rebalancer:
             self._fail(f"the solved placement is invalid: {exc}")
             return
         fills, rounds = decode_for_rank(fills_U8, chunks_C6, comm.rank)
+        if comm.rank == 0:
+            attempt.followed = job["result"].followed
         attempt.start_moving(self.placement, target, fitted, fills, rounds,
                              self.mover.staging_for(list(fills.values())),
                              job["result"].moves if comm.rank == 0 else None)
@@ -325,11 +338,13 @@ class Rebalancer:
         self.placement = attempt.target
         self._attempt = None
         if attempt.patch:
+            if attempt.followed is not None:  # rank 0: the next patches start from the drift swaps made
+                self.fitted = attempt.followed
             self.drift.restart(self.drift.fitted_imbalance)  # the fit's level stays the drift trigger's
             self.stats.record_patch(step, attempt.fit_step, attempt.moves)
             logger.info("switched to a burst patch at step %d (%d fills)", step, len(attempt.fills))
             return
-        self.fitted = attempt.target
+        self.fitted = attempt.target if attempt.followed is None else attempt.followed
         self.drift.restart(attempt.fitted_imbalance)
         self.stats.record_switch(step, attempt.fit_step, time.perf_counter() - attempt.fit_time, attempt.moves)
         logger.info("switched to the new placement at step %d (%d fills)", step, len(attempt.fills))

@@ -412,3 +412,16 @@ def test_esft_placement_fitted_on_law_is_worse_on_held_out_intent(run_eplb, esft
     held_out = ok_json(run_eplb("score", "--placement", out, *reading, "--task", "intent", "--json"))
     assert_scores(held_out)
     assert held_out["imbalance_mean"] > fitted["imbalance_mean"]
+
+
+def test_replay_follows_a_drifting_mix_with_drift_swaps_unless_told_not_to(run_eplb, tmp_path):
+    # Two mixes of 32 experts, one fading into the other over 120 steps; cpsat's ring layouts can trade replica sets.
+    rng = np.random.default_rng(1)
+    start, end = rng.gamma(2.0, 20.0, 32), rng.gamma(2.0, 20.0, 32)
+    mix = np.linspace(0.0, 1.0, 120)[:, None, None]
+    save_trace(RoutingTrace.from_counts(rng.poisson((1 - mix) * start + mix * end)), tmp_path / "drift.npz")
+    args = ("replay", "--trace", tmp_path / "drift.npz", *CLUSTER, "--policy", "cpsat", "--time-limit", "0.5",
+            "--every", "60", "--window", "20", "--lag", "20", "--routing", "dynamic", "--patch-lag", "2", "--json")
+    followed, fixed = ok_json(run_eplb(*args)), ok_json(run_eplb(*args, "--drift-swaps", "0"))
+    assert followed["drift_swaps"] == 4 and fixed["drift_swaps"] == 0
+    assert followed["patch_moves"] > fixed["patch_moves"]

@@ -261,3 +261,31 @@ def test_a_burst_patch_moves_a_few_slots_to_the_burst_and_back_to_the_fit_when_i
         assert calm_answer.kept and calm_answer.moves == (0, 0) and len(calm_answer.fills_U8) == 0
     finally:
         solver.close()
+
+
+@pytest.mark.parametrize("where", ["process", "thread"])
+def test_a_patch_job_with_drift_swaps_follows_the_new_mix_and_hands_back_the_followed_fit(where):
+    """A `cpsat` chain layout fitted to one mix, the mix moved on: the patch job swaps replica sets toward it (the
+    answer serves the new mix better and names the followed fit, the next patches' start), keeps the ring layout's
+    replica sets, and without drift_LE makes no swap."""
+    rng = np.random.default_rng(3)
+    cluster = ClusterSpec(num_gpus=8, slots_per_gpu=3, gpus_per_node=8)
+    old_LE, new_LE = rng.gamma(2.0, 100.0, (2, 1, 20))
+    fitted = fit_placement("cpsat", rng.poisson(old_LE, (16, 1, 20)), cluster, routing="dynamic", time_limit_s=0.5)
+    steps_TLE = rng.poisson(new_LE, (32, 1, 20))
+    solver = BackgroundSolver(where, "cpsat", {}, SHAPE)
+    try:
+        solver.submit(None, fitted, patch=PatchRequest(new_LE, fitted, 2, 10.0, new_LE, 4))  # no burst moves
+        answer = wait_for(solver)["result"]
+        assert not answer.kept and answer.followed is not None
+        assert experts_per_gpu(answer.placement) == experts_per_gpu(answer.followed)  # the swaps are the patch
+        moved = (answer.followed.phy2log_LP != fitted.phy2log_LP)
+        assert 0 < len(np.unique(fitted.phy2log_LP[moved])) <= 2 * 4
+        assert (sorted(np.bincount(answer.followed.phy2log_LP[0], minlength=20))
+                == sorted(np.bincount(fitted.phy2log_LP[0], minlength=20)))
+        assert (score_placement(answer.placement, steps_TLE, "live").imbalance_TL.mean()
+                < score_placement(fitted, steps_TLE, "live").imbalance_TL.mean())
+        solver.submit(None, fitted, patch=PatchRequest(new_LE, fitted, 2, 10.0))
+        assert wait_for(solver)["result"].kept
+    finally:
+        solver.close()

@@ -1,0 +1,154 @@
+"""Drift swaps: arcs and their loads as a brute force finds them, a swap's score as the swapped layout's, swaps that
+keep the ring layout and its replica sets and lower what the live router serves on a drifted mix, layers that are
+not ring layouts left alone, and the replay that keeps the swaps between patches."""
+
+import numpy as np
+import pytest
+
+from placement import ClusterSpec, Placement, rolling_replay
+from placement.burst_patch import PatchConfig
+from placement.drift_swaps import NOISE_MARGIN, _Ring, drift_swaps, ring_spans, swap_layer
+from placement.policies.chain_layout import chain_layout
+from placement.policies.deepseek import replicate_greedy
+from placement.scoring import score_placement
+
+GPUS, SLOTS_PER_GPU, EXPERTS = 16, 3, 40
+CLUSTER = ClusterSpec(num_gpus=GPUS, slots_per_gpu=SLOTS_PER_GPU, gpus_per_node=8)
+
+
+def _chain(load_E: np.ndarray, seed: int = 0) -> np.ndarray:
+    """A `cpsat`-style chain layout of one layer fitted to `load_E`."""
+    _, _, replicas_E = replicate_greedy(load_E[None], GPUS * SLOTS_PER_GPU)
+    return chain_layout(load_E, replicas_E[0], GPUS, SLOTS_PER_GPU, "random", seed)
+
+
+def _loads(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).gamma(2.0, 100.0, EXPERTS)
+
+
+def _brute_arc_loads(phy2log_P: np.ndarray, load_E: np.ndarray) -> np.ndarray:
+    """[G, G] load of the experts whose every GPU lies in the arc starting at s of length l + 1."""
+    gpus_of = [set((np.flatnonzero(phy2log_P == e) // SLOTS_PER_GPU).tolist()) for e in range(EXPERTS)]
+    loads = np.zeros((GPUS, GPUS))
+    for start in range(GPUS):
+        for length in range(1, GPUS + 1):
+            arc = {(start + k) % GPUS for k in range(length)}
+            loads[start, length - 1] = sum(load_E[e] for e in range(EXPERTS) if gpus_of[e] <= arc)
+    return loads
+
+
+def _objective(phy2log_P: np.ndarray, load_E: np.ndarray) -> float:
+    start_E, length_E = ring_spans(phy2log_P, EXPERTS, GPUS, SLOTS_PER_GPU)
+    ring = _Ring(start_E, length_E, load_E, GPUS)
+    return float(ring._relative(ring.loads_GO, ring.lengths_1[None]).max())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_arc_loads_are_what_a_brute_force_over_every_arc_finds(seed):
+    load_E = _loads(seed)
+    phy2log_P = _chain(load_E, seed)
+    start_E, length_E = ring_spans(phy2log_P, EXPERTS, GPUS, SLOTS_PER_GPU)
+    np.testing.assert_allclose(_Ring(start_E, length_E, load_E, GPUS).loads_GO, _brute_arc_loads(phy2log_P, load_E))
+
+
+def test_a_layout_with_an_expert_on_gpus_that_are_not_neighbours_is_not_a_ring_layout():
+    phy2log_P = _chain(_loads(0))
+    assert ring_spans(phy2log_P, EXPERTS, GPUS, SLOTS_PER_GPU) is not None
+    # Expert 0's single slot and the slot of an expert on GPU 2 trade places; expert 0 then sits on GPUs 0 and 2
+    # once another slot of it lands there.
+    broken = phy2log_P.copy()
+    lone = [e for e in range(EXPERTS) if (broken == e).sum() == 1]
+    first, second = lone[0], lone[1]
+    gpu_first = np.flatnonzero(broken == first)[0] // SLOTS_PER_GPU
+    away = next(g for g in range(GPUS) if min((g - gpu_first) % GPUS, (gpu_first - g) % GPUS) >= 2
+                and second not in broken[g * SLOTS_PER_GPU:(g + 1) * SLOTS_PER_GPU]
+                and first not in broken[g * SLOTS_PER_GPU:(g + 1) * SLOTS_PER_GPU])
+    slot = next(p for p in range(away * SLOTS_PER_GPU, (away + 1) * SLOTS_PER_GPU) if (broken == broken[p]).sum() >= 2)
+    broken[slot] = first
+    assert ring_spans(broken, EXPERTS, GPUS, SLOTS_PER_GPU) is None
+    load_E = _loads(1)
+    np.testing.assert_array_equal(swap_layer(broken, load_E, GPUS, SLOTS_PER_GPU, 4), broken)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_swap_chosen_scores_what_the_swapped_layout_scores_and_lowers_the_objective(seed):
+    stale_E, now_E = _loads(seed), _loads(seed + 100)
+    phy2log_P = _chain(stale_E, seed)
+    start_E, length_E = ring_spans(phy2log_P, EXPERTS, GPUS, SLOTS_PER_GPU)
+    ring = _Ring(start_E, length_E, now_E, GPUS)
+    pair = ring.best_swap()
+    assert pair is not None
+    a, b = pair
+    score = ring._exact_scores(np.array([a]), np.array([b]), ring._ends(np.arange(EXPERTS)))[0]
+    swapped = phy2log_P.copy()
+    swapped[phy2log_P == a], swapped[phy2log_P == b] = b, a
+    assert score == pytest.approx(_objective(swapped, now_E), rel=1e-12)
+    assert score < _objective(phy2log_P, now_E)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_swaps_keep_the_ring_layout_and_its_replica_sets_and_serve_the_new_mix_better(seed):
+    stale_E, now_E = _loads(seed), _loads(seed + 100)
+    phy2log_P = _chain(stale_E, seed)
+    placement = Placement.equal_split(phy2log_P[None], CLUSTER, EXPERTS)
+    placement = Placement(placement.phy2log_LP, placement.weights_LP, CLUSTER, EXPERTS, "cpsat", {})
+    swapped, moved = drift_swaps(placement, now_E[None], max_swaps=4)
+    after = swapped.phy2log_LP[0]
+    assert moved == int((after != phy2log_P).sum()) > 0
+    assert swapped.info["drift_swapped_slots"] == moved
+    assert len(np.unique(phy2log_P[after != phy2log_P])) <= 2 * 4  # at most 4 swaps of two experts each
+    # The same replica sets (arcs), held by other experts: the ring layout stays, and each GPU's slot count.
+    spans_before = sorted(zip(*ring_spans(phy2log_P, EXPERTS, GPUS, SLOTS_PER_GPU)))
+    spans_after = ring_spans(after, EXPERTS, GPUS, SLOTS_PER_GPU)
+    assert spans_after is not None and sorted(zip(*spans_after)) == spans_before
+    assert _objective(after, now_E) < _objective(phy2log_P, now_E)
+    # What the live router serves on steps drawn from the new mix.
+    rng = np.random.default_rng(seed)
+    steps_TE = rng.poisson(now_E, size=(32, EXPERTS))[:, None, :]
+    before_live = score_placement(placement, steps_TE, "live").imbalance_TL.mean()
+    after_live = score_placement(swapped, steps_TE, "live").imbalance_TL.mean()
+    assert after_live < before_live
+
+
+def test_nothing_to_gain_or_no_swaps_allowed_returns_the_placement_itself():
+    load_E = _loads(0)
+    placement = Placement.equal_split(_chain(load_E)[None], CLUSTER, EXPERTS)
+    assert drift_swaps(placement, load_E[None] * 0, max_swaps=4) == (placement, 0)  # no load: nothing to follow
+    assert drift_swaps(placement, _loads(7)[None], max_swaps=0) == (placement, 0)
+    once, _ = drift_swaps(placement, _loads(7)[None], max_swaps=50)
+    assert drift_swaps(once, _loads(7)[None], max_swaps=50)[1] == 0  # converged: the next call finds nothing
+
+
+def test_the_noise_margin_leaves_room_where_balancing_the_mean_alone_stops():
+    """With the margin, long arcs are cheaper than short ones at the same mean: the search keeps going where a
+    perfectly balanced mean would stop (what the steps' own variation needs)."""
+    assert NOISE_MARGIN > 0
+    ring = _Ring(*ring_spans(_chain(_loads(0)), EXPERTS, GPUS, SLOTS_PER_GPU), _loads(0), GPUS)
+    per_gpu = ring.loads_GO[:, 0]
+    values = ring._relative(per_gpu, 1.0)
+    assert (values > per_gpu / ring.mean).all()
+
+
+@pytest.mark.parametrize("bad", [np.zeros((2, EXPERTS)), -np.ones((1, EXPERTS)), np.full((1, EXPERTS), np.nan)])
+def test_bad_loads_or_swap_counts_are_refused_by_name(bad):
+    placement = Placement.equal_split(_chain(_loads(0))[None], CLUSTER, EXPERTS)
+    with pytest.raises(ValueError, match="recent_LE"):
+        drift_swaps(placement, bad)
+    with pytest.raises(ValueError, match="max_swaps"):
+        drift_swaps(placement, _loads(0)[None], max_swaps=-1)
+
+
+def test_the_replay_keeps_drift_swaps_between_patches_and_serves_a_drifting_mix_better():
+    rng = np.random.default_rng(5)
+    steps = 240
+    start_E, end_E = _loads(10), _loads(11)
+    mix_T = np.linspace(0.0, 1.0, steps)[:, None]
+    counts_TLE = rng.poisson((1 - mix_T) * start_E + mix_T * end_E)[:, None, :]
+    common = dict(every=120, window=40, routing="live", lag=40,
+                  policy_options={"routing": "dynamic", "time_limit_s": 0.5})
+    without = rolling_replay(counts_TLE, CLUSTER, "cpsat", patches=PatchConfig(lag=5, drift_swaps=0), **common)
+    with_swaps = rolling_replay(counts_TLE, CLUSTER, "cpsat", patches=PatchConfig(lag=5), **common)
+    assert with_swaps.held_out.imbalance_TL.mean() < without.held_out.imbalance_TL.mean()
+    assert with_swaps.patch_moves > without.patch_moves
+    with pytest.raises(ValueError, match="drift_swaps"):
+        PatchConfig(drift_swaps=-1)
