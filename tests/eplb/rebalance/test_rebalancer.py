@@ -4,6 +4,8 @@ Every test checks every step's output on every serving rank against the dense la
 token is lost, and that each slot holds the weights of the expert the serving placement names (the synthetic
 model's weights differ per layer and expert, so equal weights identify them)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -244,3 +246,25 @@ def test_burst_patches_switch_between_refits_and_serve_the_burst_better_with_exa
     assert 0 < sum(reports[0].stats["patch_slots"]) <= 2 * 2 * summary["patches"]  # <= patch_moves per layer
     patched = summary["burst_patches"]
     assert patched["steps"] >= 3 and patched["after"] < patched["before"] - 0.01, patched
+
+
+def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs():
+    """A `cpsat` ring layout fitted to the old mix, the mix changed after a third of the run, no refit and no burst
+    move (threshold out of reach): the patches' drift swaps alone switch, at the same steps on every rank, and serve
+    the new mix better than the start placement on the same steps."""
+    steps = 36
+    setup = setup_for(4, steps)
+    old_TLE = generate_trace(SyntheticConfig(num_steps=FIT, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
+                                             tokens_per_step=TOKENS, seed=3)).counts_TLE
+    ring = fit_placement("cpsat", old_TLE, setup.placement.cluster, routing="dynamic", time_limit_s=0.5)
+    setup = dataclasses.replace(setup, placement=ring)
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 3, "patch_window": 6,
+                                       "patch_drift_window": 6, "patch_threshold": 100.0,
+                                       "max_bytes_per_step": 1 << 20})
+    setup, reports, summary = run(4, steps, config=config, setup=setup)
+    assert_exact_and_complete(summary, steps)
+    assert summary["rebalances"] == 0 and summary["patches"] >= 1 and not summary["rebalance_failures"]
+    assert len({tuple(r.stats["patch_steps"]) for r in reports}) == 1
+    assert all(np.array_equal(r.final_phy2log_LP, reports[0].final_phy2log_LP) for r in reports)
+    patched = summary["burst_patches"]
+    assert patched["after"] < patched["before"], patched
