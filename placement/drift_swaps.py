@@ -12,8 +12,9 @@ exact chain split still applies; a handful per layer and patch (`placement.burst
 kept from patch to patch, follows the mix until the next refit.
 
 Method, per layer whose experts all lie on consecutive GPUs of the ring (`ring_spans`; `cpsat`'s chain layouts
-do, other layers are left as they are): on the mean load of the recent steps, the busiest GPU under the best split
-is the busiest arc's load over its length (`placement.policies.ring_search`). Each arc's load gets `NOISE_MARGIN`
+do, other layers are left as they are), with GPUs equally fast (as the live rebalancer's and `eplb replay`'s): on the
+mean load of the recent steps, the busiest GPU under the best split is the busiest arc's load over its length
+(`placement.policies.ring_search`). Each arc's load gets `NOISE_MARGIN`
 standard deviations of a step's sampling noise added (an arc of n tokens a step varies by about sqrt(n)), so that the
 swaps leave room for the steps' own variation rather than balancing the mean to the last token, which leaves every
 step above it. A swap of expert a, inside the tightest arc, with a colder expert b outside it moves c_a - c_b off
