@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from placement.burst_patch import PatchConfig, patch_for_bursts
-from placement.drift_swaps import drift_swaps
 from placement.cluster import ClusterSpec
+from placement.drift_swaps import drift_swaps
 from placement.errors import PlacementInfeasibleError
 from placement.forecast import hedged_window
 from placement.placement_model import Placement

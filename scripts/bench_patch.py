@@ -7,11 +7,11 @@ Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, 
 - refit (the baseline): `cpsat` with the `RebalanceConfig` defaults (1 s budget, good_enough 1.001, dynamic
   routing) on the window of steps [W, 2W), from a placement fitted the same way on [0, W), every fit moved to
   (min_gain 0), as a refit that switches;
-- patches, from that refit's placement (`PatchRequest` with the config's patch_moves, patch_threshold and
-  patch_swaps) on the mean of the next `patch_drift_window` steps (the drift swaps') and of the last `patch_window`
-  of them (the burst moves'): as the trace has them (also without drift swaps, patch_swaps 0), then with one random
-  expert per layer 4x as popular in the burst moves' steps in a share of the layers (a burst in 10% and in every
-  layer).
+- patches, from that refit's placement as the policy fitted it (what rank 0's patches start from), relabelled
+  against the one it switched to (`PatchRequest` with the config's patch_moves, patch_threshold and patch_swaps) on
+  the mean of the next `patch_drift_window` steps (the drift swaps') and of the last `patch_window` of them (the burst
+  moves'): as the trace has them (also without drift swaps, patch_swaps 0), then with one random expert per layer 4x
+  as popular in the burst moves' steps in a share of the layers (a burst in 10% and in every layer).
 
 Per job: its seconds (the solve and the weight moves' plan, on this machine's cores), the slots that change expert,
 the fills (slots, and host copies the new placement wants), the bytes moved and the rounds at the config's
