@@ -145,12 +145,13 @@ def _patched(setup: DecodeSetup, report: LoopReport, measured: dict[int, float],
     of any kind or recovery), the start placement routed on their traffic (`before`) against the imbalance measured
     (`after`). None when no patch served."""
     stats = report.stats
-    serving_from = {rec["resume_step"]: "recovery" for rec in report.recoveries}
-    serving_from.update({step: "refit" for step in stats["switch_steps"]})
-    serving_from.update({step: "patch" for step in stats["patch_steps"]})
-    serving, served = "start", []
-    for step in steps:  # in order: what serves a step is what switched last at or before it
-        serving = serving_from.get(step, serving)
+    events = sorted([(step, "patch") for step in stats["patch_steps"]] + [(step, "refit") for step in
+                    stats["switch_steps"]] + [(rec["resume_step"], "recovery") for rec in report.recoveries])
+    serving, served, next_event = "start", [], 0
+    for step in sorted(steps):  # what serves a step is what switched last at or before it (a step measured or not)
+        while next_event < len(events) and events[next_event][0] <= step:
+            serving = events[next_event][1]
+            next_event += 1
         if serving == "patch":
             served.append(step)
     if not served:

@@ -251,13 +251,11 @@ class Rebalancer:
         self.stats.attempts += 1
         config = self.config
         windows = (config.patch_window, config.patch_drift_window) if config.patch_swaps else (config.patch_window,)
-        means = []
-        for window in windows:
-            recent_TLE = self.recorder.counts_TLE(last=window)
-            recent_LE = recent_TLE.sum(0)
-            if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
-                recent_LE = self.comm.all_reduce_sum(recent_LE)
-            means.append(recent_LE.cpu().numpy() / len(recent_TLE))
+        recent_TLE = self.recorder.counts_TLE(last=max(windows))  # one read, one all-reduce for both windows
+        sums_WLE = torch.stack([recent_TLE[-window:].sum(0) for window in windows])
+        if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
+            sums_WLE = self.comm.all_reduce_sum(sums_WLE)
+        means = [total.cpu().numpy() / min(window, len(recent_TLE)) for total, window in zip(sums_WLE, windows)]
         if self.comm.rank == 0:
             request = PatchRequest(means[0], self.fitted, config.patch_moves, config.patch_threshold,
                                    means[1] if config.patch_swaps else None, config.patch_swaps)
