@@ -6,9 +6,10 @@ GPUs one expert spans, W the width of a grouped table (`index_tables.grouped`: t
 
 Movable experts that span the same GPUs are interchangeable, so they are split as one (their span class; there
 are at most M of them) and the class's split is then laid over its members in order. When every class's GPUs are
-consecutive on the ring 0, 1, ..., G-1, 0 and no two classes share a pair of neighbouring GPUs (a link), as in
-the `cpsat` policy's chain layouts and in every 2-GPU layout, the best whole-token split is computed in a fixed
-number of vector operations, with no rounds (steps 1-3 on the classes, step 4 to the experts):
+consecutive on a ring through all GPUs and no two classes share a pair of neighbouring GPUs (a link), as in the
+`cpsat` policy's chain layouts (ring 0, 1, ..., G-1, 0), in the same layouts with their GPUs relabelled by a
+migration (the ring their classes force) and in every 2-GPU layout, the best whole-token split is computed in a
+fixed number of vector operations, with no rounds (steps 1-3 on the classes, step 4 to the experts):
 1. Its busiest GPU. The optimum is max over arcs H of c(experts inside H) / |H| (`placement.policies.ring_search`
    says why); in whole tokens, its ceiling T (a flow problem with integer capacities has an integer optimum). All
    G(G-1) arcs are scored at once from prefix sums over the ring unrolled twice.
@@ -40,9 +41,10 @@ _UNBOUNDED = 1 << 40  # more tokens than any step holds: "no bound" in the integ
 @dataclass(frozen=True)
 class ChainTables:
     """One layer's chain layout of span classes (below "expert" means a class), by position q along the cut ring:
-    position q is GPU (q + rotation) % G, where the ring is cut between positions G-1 and 0; the [G] and [G, W]
-    tables are indexed by position. At most one expert lies across the cut: its tail runs from position
-    a_w to G-1, its head from 0 to b_w (a_w = b_w = G when none does).
+    position q is the GPU the ring visits at step (q + rotation) % G (the ring is GPU order 0, 1, ..., G-1 unless
+    the layout's GPUs were relabelled: `chain_tables`), cut between positions G-1 and 0; the [G] and [G, W] tables
+    are indexed by position. At most one expert lies across the cut: its tail runs from position a_w to G-1, its
+    head from 0 to b_w (a_w = b_w = G when none does).
 
     Attributes:
         fixed_GW: [G, W] int64, the one-GPU experts at each position, padded with E (a sink with no tokens).
@@ -153,10 +155,32 @@ def _class_split(counts: torch.Tensor, tokens_M: torch.Tensor, num_gpus: int, ch
 
 
 def chain_tables(graph: ReplicaGraph, num_experts: int, device) -> ChainTables | None:
-    """The chain tables of a layer, or None unless every span class is an arc of the ring and no link (GPU q,
-    GPU q + 1) lies inside two classes' arcs. A class spanning all G GPUs is an arc only when it is the only class
-    (it then starts at GPU 0)."""
-    arcs = _class_arcs(graph)
+    """The chain tables of a layer, or None unless there is a ring through all G GPUs along which every span class
+    is an arc and no link (two GPUs next to each other on it) lies inside two classes' arcs. A class spanning all
+    G GPUs is an arc only when it is the only class (it then starts at the ring's first GPU).
+
+    The ring tried first is GPU order 0, 1, ..., G-1 (as the `cpsat` policy lays its chains out); failing that, the
+    one order the classes force (`_forced_ring_order`), which finds the chain in a layout whose GPUs were
+    relabelled, as a migration's realised placement is (`placement.migration` trades GPUs inside a node).
+    """
+    num_gpus = graph.num_gpus
+    found = _chain_on_ring(graph, np.arange(num_gpus))
+    if found is None:
+        order_G = _forced_ring_order(graph)
+        if order_G is not None:
+            rank_G = np.empty(num_gpus, dtype=np.int64)
+            rank_G[order_G] = np.arange(num_gpus)
+            found = _chain_on_ring(graph, rank_G)
+    if found is None:
+        return None
+    rank_G, arcs, rotation = found
+    return _cut_ring_tables(graph, num_experts, device, arcs, rank_G, rotation)
+
+
+def _chain_on_ring(graph: ReplicaGraph, rank_G: np.ndarray) -> tuple[np.ndarray, tuple, int] | None:
+    """(rank_G, the class arcs, the rotation to cut at) when the layer is a chain on the ring that visits GPU g
+    at position rank_G[g], else None."""
+    arcs = _class_arcs(graph, rank_G)
     if arcs is None:
         return None
     gpus_MY, class_M, span_M, start_M = arcs
@@ -166,20 +190,72 @@ def chain_tables(graph: ReplicaGraph, num_experts: int, device) -> ChainTables |
     cover_G = np.bincount(((start_M[:, None] + column[None, :]) % num_gpus)[inside_MY], minlength=num_gpus)
     if cover_G.max(initial=0) > 1:
         return None
-    # Cut at a link no arc covers (the chain is then a path), else between GPUs G-1 and 0.
+    # Cut at a link no arc covers (the chain is then a path), else between the ring's last GPU and its first.
     uncovered = np.flatnonzero(cover_G == 0)
     rotation = (uncovered[0] + 1) % num_gpus if len(uncovered) else 0
-    return _cut_ring_tables(graph, num_experts, device, arcs, rotation)
+    return rank_G, arcs, int(rotation)
 
 
-def _class_arcs(graph: ReplicaGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """The span classes of a layer's movable experts if each is an arc of the ring, else None.
+def _forced_ring_order(graph: ReplicaGraph) -> np.ndarray | None:
+    """[G] int64, the GPUs in the ring order a chain layout's classes force, or None where they force none (the
+    caller checks the order it gets, so a layout that is no chain is never taken for one).
+
+    On a chain, a GPU inside a class's arc belongs to no other class, and two classes meet only at a GPU that ends
+    both arcs; so every GPU lies in at most two classes, every class shares at most two of its GPUs, and the classes
+    linked by shared GPUs form paths (or one cycle round the whole ring). Each path is walked from a class sharing
+    at most one GPU: a class's GPUs are laid from the one it shares with the class before, through those it shares
+    with none (in any order: they hold no other movable expert), to the one it shares with the class after. The
+    paths follow one another, then the GPUs no movable expert spans.
+    """
+    num_gpus = graph.num_gpus
+    classes = [row[row < num_gpus].tolist() for row in np.unique(graph.gpus_MY, axis=0)]
+    holders = [[] for _ in range(num_gpus)]
+    for c, gpus in enumerate(classes):
+        for gpu in gpus:
+            holders[gpu].append(c)
+    if any(len(held) > 2 for held in holders):
+        return None
+    shared = [[gpu for gpu in gpus if len(holders[gpu]) == 2] for gpus in classes]
+    if any(len(gpus) > 2 for gpus in shared):
+        return None
+    order, laid = [], [False] * len(classes)
+    path_ends = [c for c in range(len(classes)) if len(shared[c]) < 2]
+    cycle_starts = [c for c in range(len(classes)) if len(shared[c]) == 2]
+    for first in path_ends + cycle_starts:
+        if laid[first]:
+            continue
+        # A path starts with nothing before it; a cycle enters its first class at one of its shared GPUs.
+        entry = None if len(shared[first]) < 2 else shared[first][0]
+        if entry is not None:
+            order.append(entry)
+        c = first
+        while c is not None and not laid[c]:
+            laid[c] = True
+            exits = [gpu for gpu in shared[c] if gpu != entry]
+            order.extend(gpu for gpu in classes[c] if gpu not in shared[c])
+            order.extend(exits[:1])
+            if not exits:
+                break
+            entry = exits[0]
+            c = next((other for other in holders[entry] if other != c), None)
+    order.extend(gpu for gpu in range(num_gpus) if not holders[gpu])
+    order = list(dict.fromkeys(order))  # a cycle's last class exits at the GPU its first class entered at
+    if len(order) != num_gpus:
+        return None
+    return np.asarray(order, dtype=np.int64)
+
+
+def _class_arcs(
+    graph: ReplicaGraph, rank_G: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The span classes of a layer's movable experts if each is an arc of the ring that visits GPU g at position
+    rank_G[g], else None.
 
     Returns:
         gpus_MY: [M, Y] int64, each class's GPUs in ascending order, padded with G (M counts the classes).
         class_M: [M] int64, the class of each movable expert (M counts the movable experts).
         span_M: [M] int64, the GPUs each class spans.
-        start_M: [M] int64, the GPU each class's arc starts at.
+        start_M: [M] int64, the ring position each class's arc starts at.
     """
     num_gpus = graph.num_gpus
     gpus_MY, class_M = np.unique(graph.gpus_MY, axis=0, return_inverse=True)  # rows are sorted: padding G last
@@ -189,25 +265,29 @@ def _class_arcs(graph: ReplicaGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray
     whole_ring = span_M >= num_gpus
     if num_gpus < 2 or (whole_ring.any() and len(span_M) > 1):
         return None
-    # A class's GPUs, sorted, form an arc iff exactly one cyclic step between neighbours exceeds 1; the arc
-    # starts after that step (a class on the whole ring has none and starts at GPU 0).
+    # A class's positions, sorted, form an arc iff exactly one cyclic step between neighbours exceeds 1; the arc
+    # starts after that step (a class on the whole ring has none and starts at position 0).
+    ranked_MY = np.sort(np.where(valid_MY, rank_G[np.minimum(gpus_MY, num_gpus - 1)], num_gpus), axis=1)
     column = np.arange(gpus_MY.shape[1])
-    next_MY = np.where(column[None, :-1] + 1 < span_M[:, None], gpus_MY[:, 1:], gpus_MY[:, :1] + num_gpus)
-    next_MY = np.concatenate([next_MY, gpus_MY[:, :1] + num_gpus], axis=1)
-    gap_MY = (next_MY - gpus_MY > 1) & valid_MY
+    next_MY = np.where(column[None, :-1] + 1 < span_M[:, None], ranked_MY[:, 1:], ranked_MY[:, :1] + num_gpus)
+    next_MY = np.concatenate([next_MY, ranked_MY[:, :1] + num_gpus], axis=1)
+    gap_MY = (next_MY - ranked_MY > 1) & valid_MY
     if ((gap_MY.sum(axis=1) != 1) & ~whole_ring).any():
         return None
     start_M = np.where(whole_ring, 0, next_MY[np.arange(len(span_M)), gap_MY.argmax(axis=1)] % num_gpus)
     return gpus_MY, class_M, span_M, start_M
 
 
-def _cut_ring_tables(graph: ReplicaGraph, num_experts: int, device, arcs: tuple, rotation: int) -> ChainTables:
-    """The tables of the class arcs `arcs` (as `_class_arcs` returns them) on the ring cut before GPU `rotation`."""
+def _cut_ring_tables(
+    graph: ReplicaGraph, num_experts: int, device, arcs: tuple, rank_G: np.ndarray, rotation: int
+) -> ChainTables:
+    """The tables of the class arcs `arcs` (as `_class_arcs` returns them) on the ring that visits GPU g at
+    position rank_G[g], cut before position `rotation`."""
     gpus_MY, class_M, span_M, start_M = arcs
     num_gpus = graph.num_gpus
     valid_MY = gpus_MY < num_gpus
     rows = np.arange(len(span_M))
-    position_G = (np.arange(num_gpus) - rotation) % num_gpus
+    position_G = (rank_G - rotation) % num_gpus
     first_M = (start_M - rotation) % num_gpus
     across_M = first_M + span_M - 1 >= num_gpus
     last_M = (first_M + span_M - 1) % num_gpus

@@ -11,9 +11,10 @@ graphs can capture it. Every sum is a gather and a fixed-order reduction, never 
 the same on every run. The method is chosen once per layer, when its table is built:
 
 - Chain layouts, exact (`placement.routing.chain_split`): experts spanning the same GPUs are split as one class;
-  when every class's GPUs are consecutive on the ring 0, 1, ..., G-1, 0 and no two classes share a pair of
-  neighbouring GPUs, as in the `cpsat` policy's chain layouts and every 2-GPU layout, the split whose busiest GPU
-  carries the least possible in whole tokens, in a fixed number of vector operations, with no rounds.
+  when every class's GPUs are consecutive on a ring through all GPUs and no two classes share a pair of
+  neighbouring GPUs, as in the `cpsat` policy's chain layouts (ring 0, 1, ..., G-1, 0), the same layouts after a
+  migration relabelled their GPUs, and every 2-GPU layout, the split whose busiest GPU carries the least possible
+  in whole tokens, in a fixed number of vector operations, with no rounds.
 - Any other layout, damped water-filling: `fractional_split` runs a fixed number of Jacobi water-filling rounds
   with Nesterov momentum from the placement's static split (see `placement.routing.dynamic_split` for the method,
   the same in numpy, which the `cpsat` fits run with the same rounds, and its optimality certificate); `route_step`

@@ -5,9 +5,13 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 
 from placement import ClusterSpec, Placement, PlacementFormatError
 from placement.migration import oblivious_moves, plan_migration
+from placement.policies.chain_layout import chain_layout
+from placement.policies.deepseek import replicate_greedy
+from placement.routing.live_router import LayerRoutingTable, route_step
 
 # (num_gpus, slots_per_gpu, gpus_per_node, num_layers, num_experts)
 SHAPES = [(16, 3, 4, 3, 40), (8, 5, 8, 2, 30), (12, 2, 4, 4, 20), (4, 2, 8, 2, 5)]
@@ -243,3 +247,30 @@ def test_assignment_is_minimal_over_every_allowed_relabelling(shape, permute_nod
         current, target = random_placement(rng, shape), random_placement(rng, shape)
         best = min(moves_for_map(current, target, m) for m in node_preserving_maps(num_gpus, per_node, permute_nodes))
         assert plan_migration(current, target, permute_nodes=permute_nodes).num_moves == best, f"seed {seed}"
+
+
+def test_a_realised_chain_layout_is_still_routed_exactly():
+    # The target is a `cpsat`-style chain on GPU order 0..G-1; realising it on other GPUs (inside each node) breaks
+    # that order, and the live router must still find the chain and give the target's busiest GPU on every step.
+    rng = np.random.default_rng(5)
+    num_gpus, slots, num_experts, num_layers = 16, 5, 64, 3
+    cluster = ClusterSpec(num_gpus=num_gpus, slots_per_gpu=slots, gpus_per_node=8)
+
+    def chains(seed: int) -> Placement:
+        rows = []
+        for layer in range(num_layers):
+            load_E = np.random.default_rng(seed * 10 + layer).gamma(1.5, 100.0, num_experts)
+            _, _, replicas_E = replicate_greedy(load_E[None], num_gpus * slots)
+            rows.append(chain_layout(load_E, replicas_E[0], num_gpus, slots, "random", seed))
+        return Placement.equal_split(np.array(rows), cluster, num_experts)
+
+    current, target = chains(1), chains(2)
+    plan = plan_migration(current, target)
+    assert plan.summary()["gpus_relabelled"] > 0
+    for layer in range(num_layers):
+        tables = [LayerRoutingTable.build(p.phy2log_LP[layer], slots, num_experts) for p in (target, plan.realised)]
+        assert [table.method for table in tables] == ["chain", "chain"]
+        for counts in rng.multinomial(64 * num_gpus, rng.dirichlet(np.full(num_experts, 0.5)), size=4):
+            busiest = [route_step(torch.as_tensor(counts), table).view(num_gpus, slots).sum(1).max()
+                       for table in tables]
+            assert busiest[0] == busiest[1]

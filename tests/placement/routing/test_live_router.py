@@ -143,6 +143,31 @@ def test_router_gives_the_whole_token_optimum_on_chain_layouts(exact_lp_max_load
         _assert_chain_split_is_the_whole_token_optimum(exact_lp_max_load, phy2log, slots, steps)
 
 
+@pytest.mark.parametrize(
+    "num_gpus, slots, num_experts", [(16, 3, 32), (12, 5, 48), (10, 4, 34)], ids=["ring-16x3", "ring-12x5", "path-10x4"]
+)
+def test_router_finds_the_chain_in_a_layout_whose_gpus_were_relabelled(exact_lp_max_load, num_gpus, slots,
+                                                                       num_experts):
+    # A migration realises a target's GPU j on another physical GPU: the chain is then no longer in GPU order,
+    # but the order its experts force is found and the split is still the whole-token optimum.
+    rng = np.random.default_rng(num_gpus + slots)
+    for _ in range(3):
+        chain = _turned_chain(rng, num_gpus, slots, num_experts)
+        relabelled = chain.reshape(num_gpus, slots)[rng.permutation(num_gpus)].reshape(-1)
+        assert LayerRoutingTable.build(relabelled, slots, num_experts, exact_chains=False).method == "water-filling"
+        steps = rng.multinomial(24 * num_gpus, rng.dirichlet(np.full(num_experts, 0.3)), size=5)
+        _assert_chain_split_is_the_whole_token_optimum(exact_lp_max_load, relabelled, slots, steps)
+
+
+def test_router_finds_a_ring_of_two_experts_that_meet_at_both_ends(exact_lp_max_load):
+    # Expert 0 spans GPUs 0, 1, 2 and expert 1 GPUs 0, 1, 3: they meet at GPUs 0 and 1, so the ring is 0, 2, 1, 3
+    # (expert 0 on the arc 0-2-1, expert 1 on 1-3-0); GPU order 0, 1, 2, 3 is no chain.
+    phy2log = np.array([0, 1, 0, 1, 0, 2, 1, 3])
+    rng = np.random.default_rng(2)
+    steps = rng.multinomial(30, rng.dirichlet(np.full(4, 0.5)), size=8)
+    _assert_chain_split_is_the_whole_token_optimum(exact_lp_max_load, phy2log, 2, steps)
+
+
 def test_router_passes_a_hot_gpus_load_around_the_ring():
     # GPU g holds one-GPU expert g and the experts linking it to its neighbours: 4 + g (GPUs g, g+1) and 4 + (g-1).
     # Expert 0 (12 tokens) pins GPU 0; the links (10 tokens each) move their tokens away from it around the ring,
@@ -205,8 +230,12 @@ def test_router_splits_an_expert_on_every_gpu_exactly():
 
 @pytest.mark.parametrize(
     "phy2log",
-    [np.array([0, 1, 2, 3, 0, 4, 5, 6]), np.array([2, 3, 0, 1, 0, 1, 0, 4]), np.array([0, 1, 0, 2, 0, 3, 0, 1])],
-    ids=["expert-on-gpus-apart", "nested-arcs", "every-gpu-and-a-link"],
+    [
+        np.array([0, 2, 0, 1, 0, 3, 1, 4, 2, 5, 3, 6]),
+        np.array([2, 3, 0, 1, 0, 1, 0, 4]),
+        np.array([0, 1, 0, 2, 0, 3, 0, 1]),
+    ],
+    ids=["middle-gpu-shared", "nested-arcs", "every-gpu-and-a-link"],
 )
 def test_router_falls_back_to_water_filling_where_the_layout_is_not_a_chain(phy2log):
     num_experts = phy2log.max() + 1
