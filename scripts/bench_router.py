@@ -5,7 +5,9 @@ times, in this process, one layer's routing of one step:
 - `route_step` (the live router, whole tokens) as the layer's table chooses: the exact chain split when the layout
   is a chain, else water-filling with its default rounds; and beside it water-filling forced on the same layout
   (`exact_chains=False`), the method of layouts that are not chains;
-  each eager and compiled (`torch.compile(fullgraph=True)`, `check_values=False`: the per-step path);
+  each eager and compiled (`torch.compile(fullgraph=True)`, `check_values=False`: the per-step path); and the
+  same fit as a live refit serves it ("N relabelled": N GPUs moved), its GPUs relabelled by `plan_migration` from
+  a fit on other traffic (the placement serving before), so its layout is no longer in GPU order;
 - the static split (tokens times fixed weights, rounded), the baseline a router replaces;
 - the exact optimum by an LP (scipy HiGHS), the quality reference;
 and reports the busiest GPU of each router relative to the LP optimum, and of the static split. Times are the
@@ -31,6 +33,7 @@ import torch._inductor.config as inductor_config
 
 
 from placement import ClusterSpec, fit_placement
+from placement.migration import plan_migration
 from placement.routing.exact_split import exact_max_load
 from placement.routing.live_router import DEFAULT_ROUNDS, LayerRoutingTable, route_step
 from traces.synthetic import SyntheticConfig, generate_trace
@@ -121,11 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"router on {torch.cuda.get_device_name(device)}")
     trace = generate_trace(SyntheticConfig(num_steps=FIT_STEPS + args.steps, num_layers=1, tokens_per_step=8192))
     steps = trace.counts_TLE[FIT_STEPS:, 0]
+    earlier = SyntheticConfig(num_steps=FIT_STEPS, num_layers=1, tokens_per_step=8192, seed=1)
+    earlier_TLE = generate_trace(earlier).counts_TLE
     print("Times per call, one layer, one step: wall / CPU of this thread.")
     graph_heads = f"graph, 1 call | graph, {GRAPH_LAYERS} calls, per call | " if on_gpu else ""
-    print(f"| cluster | policy | method | rounds | eager | compiled | {graph_heads}static split | exact LP | "
+    print(f"| cluster | policy | GPUs | method | rounds | eager | compiled | {graph_heads}static split | exact LP | "
           f"router / LP | static / LP |")
-    print("|---|---|---|---|---|---|" + "---|---|" * on_gpu + "---|---|---|---|")
+    print("|---|---|---|---|---|---|---|" + "---|---|" * on_gpu + "---|---|---|---|")
     for cluster in (ClusterSpec(num_gpus=64, slots_per_gpu=5), ClusterSpec(num_gpus=128, slots_per_gpu=3)):
         options = {"time_limit_s": 1.0 if args.quick else 5.0, "routing": "dynamic"} if args.policy == "cpsat" else {}
         placement = fit_placement(args.policy, trace.counts_TLE[:FIT_STEPS], cluster, **options)
@@ -143,9 +148,20 @@ def main(argv: list[str] | None = None) -> int:
         t_static = per_call(lambda: static(counts_t), args.calls, args.repeats)
         t_lp = per_call(lambda: exact_max_load(steps[0].astype(float), phy2log, gpu_of_slot, cluster.num_gpus),
                         5, 1)[0]
-        for exact_chains in (True, False):
-            table = LayerRoutingTable.build(phy2log, cluster.slots_per_gpu, EXPERTS, device=device,
-                                            weights_P=weights, exact_chains=exact_chains)
+        # The same fit as a live refit serves it: relabelled by `plan_migration` to the GPUs that already hold most
+        # of the placement serving before (a fit on other traffic), so its layout is no longer in GPU order.
+        previous = fit_placement(args.policy, earlier_TLE, cluster, **options)
+        plan = plan_migration(previous, placement)
+        realised, moved = plan.realised, plan.summary()["gpus_relabelled"]
+        layouts = [("as fitted", phy2log, weights, True), ("as fitted", phy2log, weights, False),
+                   (f"{moved} relabelled", realised.phy2log_LP[0], realised.weights_LP[0], True)]
+        fitted_method = None
+        for gpus, layout_P, weights_P, exact_chains in layouts:
+            table = LayerRoutingTable.build(layout_P, cluster.slots_per_gpu, EXPERTS, device=device,
+                                            weights_P=weights_P, exact_chains=exact_chains)
+            fitted_method = fitted_method or table.method
+            if not exact_chains and fitted_method == "water-filling":
+                continue  # not a chain: the forced water-filling row would repeat the one above
             router_lp = busiest_over_lp(lambda c: route_step(c, table), steps, lp, cluster.num_gpus, device)
             t_eager = per_call(lambda: route_step(counts_t, table, check_values=False), args.calls, args.repeats)
             compiled = "-"
@@ -170,11 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                 graphs = f"{t_graph[0] * 1e6:.1f} us | {t_many[0] / GRAPH_LAYERS * 1e6:.1f} us | "
             method = "chain (exact)" if table.method == "chain" else "water-filling"
             rounds = "-" if table.method == "chain" else str(DEFAULT_ROUNDS)
-            print(f"| {cluster.num_gpus}x{cluster.slots_per_gpu} | {args.policy} | {method} | {rounds} | "
+            print(f"| {cluster.num_gpus}x{cluster.slots_per_gpu} | {args.policy} | {gpus} | {method} | {rounds} | "
                   f"{ms(t_eager)} | {compiled} | {graphs}{ms(t_static)} | {t_lp * 1e3:.1f} ms | "
                   f"{router_lp:.4f} | {static_lp:.4f} |", flush=True)
-            if table.method == "water-filling":
-                break  # not a chain: the forced water-filling row would repeat this one
     print(f"load average at end: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
