@@ -10,22 +10,24 @@ load'). What does absorb it is a replica of the bursting expert, and giving one 
 replicas to spare takes the bursting expert's weights, one expert per layer to copy instead of a model. So between
 refits the serving placement is patched from the steps just seen, and the patch can land within a few steps.
 
-Method, per layer, on the mean load of the recent steps: if the live router's split of that load leaves the busiest GPU
-above `threshold` times the mean, try giving each of the `CANDIDATES` experts with the most load per replica one more
-replica, taken from a slot of an expert that keeps at least one replica after it, on a GPU that does not hold the
-bursting expert yet (the `DONORS` slots of the experts with the least load per replica); keep the move that lowers the
-imbalance most (of moves equal but for rounding, the first tried), if by at least `MIN_GAIN`; repeat up to `max_moves`
-moves. Each trial is scored as the live router would split it (`placement.routing.dynamic_split`'s water-filling,
-`ROUTER_ROUNDS` rounds); a move's trials are scored together, in one batched water-filling
-(`placement.routing.trial_split`). A patched layer's static weights are refitted to the recent load; the other layers
-are untouched. A patch is taken from the fitted placement each time, not from the last patch, so when the burst is over
-the layer goes back to the fit.
+Method, per layer, on the mean load of the recent steps: if the live router's split of that load leaves the busiest
+GPU above `threshold` times the mean (on a ring layout its exact split, `placement.drift_swaps.ring_imbalance`: the
+water-filling below overstates a chain's imbalance, and a move it would call a gain breaks the ring), try giving each
+of the `CANDIDATES` experts with the most load per replica one more replica, taken from a slot of an expert that keeps
+at least one replica after it, on a GPU that does not hold the bursting expert yet (the `DONORS` slots of the experts
+with the least load per replica); keep the move that lowers the imbalance most (of moves equal but for rounding, the
+first tried), if by at least `MIN_GAIN`; repeat up to `max_moves` moves. Each trial is scored as the live router would
+split it (`placement.routing.dynamic_split`'s water-filling, `ROUTER_ROUNDS` rounds); a move's trials are scored
+together, in one batched water-filling (`placement.routing.trial_split`). A patched layer's static weights are
+refitted to the recent load; the other layers are untouched. A patch is taken from the fitted placement each time, not
+from the last patch, so when the burst is over the layer goes back to the fit.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from placement.drift_swaps import ring_imbalance
 from placement.placement_model import Placement
 from placement.routing.dynamic_split import MOMENTUM, ROUTER_ROUNDS
 from placement.routing.static_weights import fitted_weights
@@ -118,6 +120,10 @@ def _patch_layer(phy2log_P: np.ndarray, load_E: np.ndarray, placement: Placement
     current = phy2log_P.copy()
     if load_E.sum() <= 0:
         return current
+    cluster = placement.cluster
+    exact = ring_imbalance(current, load_E, cluster.num_gpus, cluster.slots_per_gpu)
+    if exact is not None and exact <= threshold:
+        return current  # a ring layout the live router splits exactly, within the threshold
     gpu_of_slot = placement.gpu_of_slot_P
     imbalance = float(_split_imbalances(current[None], load_E, placement)[0])
     for _ in range(max_moves):

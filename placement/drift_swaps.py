@@ -11,20 +11,22 @@ changes a few slots (two experts' weights per replica) and keeps the layout a ri
 exact chain split still applies; a handful per layer and patch (`placement.burst_patch.PatchConfig.drift_swaps`),
 kept from patch to patch, follows the mix until the next refit.
 
-Method, per layer whose experts all lie on consecutive GPUs of the ring (`ring_spans`; `cpsat`'s chain layouts
-do, other layers are left as they are), with GPUs equally fast (as the live rebalancer's and `eplb replay`'s): on the
-mean load of the recent steps, the busiest GPU under the best split is the busiest arc's load over its length
-(`placement.policies.ring_search`). Each arc's load gets `NOISE_MARGIN`
-standard deviations of a step's sampling noise added (an arc of n tokens a step varies by about sqrt(n)), so that the
-swaps leave room for the steps' own variation rather than balancing the mean to the last token, which leaves every
-step above it. A swap of expert a, inside the tightest arc, with a colder expert b outside it moves c_a - c_b off
-every arc that holds a but not b and onto every arc that holds b but not a. The `HOT` hottest experts inside the
-tightest arc against the `COLD` coldest outside it are screened on the arcs of length up to `SCREEN_LENGTH` and the
-`SCREEN_TOP` tightest arcs; the `VERIFIED` best of them are scored on every arc, and the best is applied if it lowers
-the objective by `MIN_GAIN`; up to `max_swaps` swaps. The screen scores each arc on its value's tangent in float32
-(the margin curves by a few tokens over a swap's load), the verification exactly. The static weights stay with the
-slots: an expert takes the other's replica set with its weights, which still sum to one per expert (the live router
-splits a ring layout exactly, without them).
+Method, per layer whose experts all lie on consecutive GPUs of the ring (`ring_spans`; `cpsat`'s chain layouts do,
+other layers are left as they are), with GPUs equally fast (as the live rebalancer's and `eplb replay`'s): on the mean
+load of the recent steps, the busiest GPU under the best split is the busiest arc's load over its length
+(`placement.policies.ring_search`). Each arc's load gets `NOISE_MARGIN` standard deviations of a step's sampling noise
+added (an arc of n tokens a step varies by about sqrt(n)), so that the swaps leave room for the steps' own variation
+rather than balancing the mean to the last token, which leaves every step above it. A swap of expert a, inside the
+tightest arc, with a colder expert b outside it moves c_a - c_b off every arc that holds a but not b and onto every
+arc that holds b but not a. It pays in two ways: a cold b takes little load into the arc, and a b that spans more GPUs
+gives a its longer arc (a hot or bursting one-GPU expert then spreads over several). So the `HOT` hottest experts
+inside the tightest arc are tried against the `COLD` coldest outside it and every expert outside it that spans two or
+more GPUs; the pairs are screened on the arcs of length up to `SCREEN_LENGTH` and the `SCREEN_TOP` tightest arcs; the
+`VERIFIED` best of them are scored on every arc, and the best is applied if it lowers the objective by `MIN_GAIN`; up
+to `max_swaps` swaps. The screen scores each arc on its value's tangent in float32 (the margin curves by a few tokens
+over a swap's load), the verification exactly. The static weights stay with the slots: an expert takes the other's
+replica set with its weights, which still sum to one per expert (the live router splits a ring layout exactly, without
+them).
 """
 
 import numpy as np
@@ -34,7 +36,7 @@ from placement.placement_model import Placement
 NOISE_MARGIN = 3.0  # standard deviations of an arc's per-step noise (sqrt of its tokens) added to its load
 MIN_GAIN = 5e-4  # a swap is applied only if it lowers the layer's objective by this much
 HOT = 16  # experts inside the tightest arc tried per swap: the hottest
-COLD = 64  # experts outside it tried per swap: the coldest
+COLD = 64  # experts outside it tried per swap: the coldest (and every one spanning two or more GPUs)
 SCREEN_LENGTH = 8  # candidate swaps are screened on every arc up to this length ...
 SCREEN_TOP = 256  # ... and on this many of the tightest arcs of any length
 VERIFIED = 32  # the best screened swaps, scored on every arc
@@ -89,6 +91,20 @@ def ring_spans(phy2log_P: np.ndarray, num_experts: int, num_gpus: int, slots_per
     if (length_E == 0).any() or ((first_EG.sum(axis=1) != 1) & ~whole_E).any():
         return None
     return np.where(whole_E, 0, first_EG.argmax(axis=1)), length_E
+
+
+def ring_imbalance(phy2log_P: np.ndarray, load_E: np.ndarray, num_gpus: int, slots_per_gpu: int) -> float | None:
+    """The busiest GPU under the best split of `load_E` [E] over the mean GPU load, when one layer's slot map
+    `phy2log_P` [P] is a ring layout (the live router's exact chain split then serves it), else None. 1.0 for no
+    load."""
+    load = np.asarray(load_E, dtype=np.float64)
+    spans = ring_spans(np.asarray(phy2log_P, dtype=np.int64), len(load), num_gpus, slots_per_gpu)
+    if spans is None:
+        return None
+    if load.sum() <= 0:
+        return 1.0
+    ring = _Ring(spans[0], spans[1], load, num_gpus)
+    return float((ring.loads_GO / ring.lengths_1[None]).max() / ring.mean)
 
 
 def swap_layer(phy2log_P: np.ndarray, load_E: np.ndarray, num_gpus: int, slots_per_gpu: int,
@@ -149,7 +165,7 @@ class _Ring:
         inside_E = ends_EG[:, tight_start] <= tight_length + 1
         hot, cold = np.flatnonzero(inside_E), np.flatnonzero(~inside_E)
         hot = hot[np.argsort(-self.load_E[hot], kind="stable")[:HOT]]
-        cold = cold[np.argsort(self.load_E[cold], kind="stable")[:COLD]]
+        cold = np.union1d(cold[np.argsort(self.load_E[cold], kind="stable")[:COLD]], cold[self.length_E[cold] >= 2])
         if not len(hot) or not len(cold):
             return None
         # Screened arcs: every arc up to SCREEN_LENGTH long and the SCREEN_TOP tightest of any length.

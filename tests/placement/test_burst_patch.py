@@ -7,8 +7,12 @@ import pytest
 
 from placement import ClusterSpec, Placement, rolling_replay
 from placement.burst_patch import CANDIDATES, DONORS, MIN_GAIN, THRESHOLD, TIE, PatchConfig, patch_for_bursts
+from placement.drift_swaps import ring_imbalance
+from placement.policies.chain_layout import chain_layout
+from placement.policies.deepseek import replicate_greedy
 from placement.routing.dynamic_split import MOMENTUM, ROUTER_ROUNDS, ReplicaGraph, optimal_split_loads
 from placement.routing.live_router import LayerRoutingTable, route_step
+from placement.routing.trial_split import trial_imbalances
 
 CLUSTER = ClusterSpec(num_gpus=4, slots_per_gpu=3, gpus_per_node=4)
 # 4 GPUs x 3 slots, 8 experts: 0-3 once each (one per GPU), 4-7 twice, on neighbouring GPUs.
@@ -48,6 +52,22 @@ def test_a_balanced_layer_is_left_as_fitted_and_moves_stay_within_their_bound():
     assert patch_for_bursts(placement, bursting, max_moves=0) == (placement, 0)
     _, moved = patch_for_bursts(placement, bursting, max_moves=1)
     assert moved == 1
+
+
+def test_a_ring_layer_is_judged_by_its_exact_split_not_the_water_filling_that_overstates_it():
+    # A chain layout fitted to its load: the exact split is perfectly even, 12 water-filling rounds from the equal
+    # split still leave the busiest GPU above the threshold. The layer is served within it and is left as fitted.
+    gpus, slots, experts = 128, 3, 256
+    cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
+    load_E = np.random.default_rng(2).gamma(2.0, 100.0, experts)
+    _, _, replicas_E = replicate_greedy(load_E[None], gpus * slots)
+    placement = Placement.equal_split(chain_layout(load_E, replicas_E[0], gpus, slots, "random", 2)[None], cluster,
+                                      experts)
+    threshold = 1.005
+    assert ring_imbalance(placement.phy2log_LP[0], load_E, gpus, slots) <= threshold
+    assert trial_imbalances(placement.phy2log_LP, placement.gpu_of_slot_P, load_E, gpus, ROUTER_ROUNDS,
+                            MOMENTUM)[0] > threshold
+    assert patch_for_bursts(placement, load_E[None], max_moves=2, threshold=threshold) == (placement, 0)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 
 from placement import ClusterSpec, Placement, rolling_replay
 from placement.burst_patch import PatchConfig
-from placement.drift_swaps import _Ring, drift_swaps, ring_spans, swap_layer
+from placement.drift_swaps import _Ring, drift_swaps, ring_imbalance, ring_spans, swap_layer
 from placement.policies.chain_layout import chain_layout
 from placement.policies.deepseek import replicate_greedy
 from placement.scoring import score_placement
@@ -139,3 +139,38 @@ def test_the_replay_keeps_drift_swaps_between_patches_and_serves_a_drifting_mix_
     assert with_swaps.patch_moves > without.patch_moves
     with pytest.raises(ValueError, match="drift_swaps"):
         PatchConfig(drift_swaps=-1)
+
+
+def test_a_bursting_one_gpu_expert_takes_the_longer_arc_of_a_colder_expert_beyond_the_coldest():
+    # 16 GPUs x 6 slots, 90 experts: the 6 spare replicas go to the hottest experts, so the coldest 64 outside any
+    # arc all live on one GPU. A one-GPU expert bursting 12x can only spread by taking a longer arc from one of the
+    # replicated experts, which are hotter than those 64: they are candidates too.
+    gpus, slots, experts = 16, 6, 90
+    load_E = np.random.default_rng(4).gamma(2.0, 100.0, experts)
+    _, _, replicas_E = replicate_greedy(load_E[None], gpus * slots)
+    phy2log_P = chain_layout(load_E, replicas_E[0], gpus, slots, "random", 0)
+    start_E, length_E = ring_spans(phy2log_P, experts, gpus, slots)
+    one_gpu = np.flatnonzero(length_E == 1)
+    burst = int(one_gpu[np.argsort(load_E[one_gpu])[len(one_gpu) // 2]])  # a one-GPU expert of middling load
+    recent_E = load_E.copy()
+    recent_E[burst] *= 12
+    assert (np.sort(load_E[length_E >= 2]) > np.sort(load_E)[63]).all()  # every spanning expert beyond the coldest 64
+    swapped = swap_layer(phy2log_P, recent_E, gpus, slots, 1)
+    assert len(np.unique(np.flatnonzero(swapped == burst) // slots)) >= 2
+    assert ring_imbalance(swapped, recent_E, gpus, slots) < ring_imbalance(phy2log_P, recent_E, gpus, slots) - 0.1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ring_imbalance_is_the_exact_split_of_the_busiest_arc(exact_lp_max_load, seed):
+    load_E = _loads(seed)
+    phy2log_P = _chain(_loads(seed + 50), seed)
+    gpu_of_slot = np.arange(len(phy2log_P)) // SLOTS_PER_GPU
+    exact = exact_lp_max_load(load_E, phy2log_P, gpu_of_slot, GPUS) / (load_E.sum() / GPUS)
+    assert ring_imbalance(phy2log_P, load_E, GPUS, SLOTS_PER_GPU) == pytest.approx(exact, rel=1e-9)
+    assert ring_imbalance(phy2log_P, np.zeros(EXPERTS), GPUS, SLOTS_PER_GPU) == 1.0
+    broken = phy2log_P.copy()
+    lone = next(e for e in range(EXPERTS) if (broken == e).sum() == 1)
+    away = (np.flatnonzero(broken == lone)[0] // SLOTS_PER_GPU + GPUS // 2) % GPUS
+    spare = [p for p in range(away * SLOTS_PER_GPU, (away + 1) * SLOTS_PER_GPU) if (broken == broken[p]).sum() >= 2]
+    broken[spare[0]] = lone
+    assert ring_imbalance(broken, load_E, GPUS, SLOTS_PER_GPU) is None  # lone's two GPUs are half the ring apart
