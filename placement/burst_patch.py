@@ -58,7 +58,7 @@ class PatchConfig:
     """
 
     lag: int = 20
-    window: int = 10
+    window: int = 5  # a burst shows in 5 steps' mean sooner than in 10's (docs/placement.md, 'Drift swaps')
     every: int = 5
     max_moves: int = 2
     threshold: float = THRESHOLD
