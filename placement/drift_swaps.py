@@ -96,7 +96,8 @@ def ring_spans(phy2log_P: np.ndarray, num_experts: int, num_gpus: int, slots_per
 def ring_imbalance(phy2log_P: np.ndarray, load_E: np.ndarray, num_gpus: int, slots_per_gpu: int) -> float | None:
     """The busiest GPU under the best split of `load_E` [E] over the mean GPU load, when one layer's slot map
     `phy2log_P` [P] is a ring layout (the live router's exact chain split then serves it), else None. 1.0 for no
-    load."""
+    load. `placement.policies.ring_search.ring_objective` gives the same over many steps from an [E, arcs]
+    containment; one load vector needs only `_Ring`'s arc loads, a bincount, as a patch's per-layer check does."""
     load = np.asarray(load_E, dtype=np.float64)
     spans = ring_spans(np.asarray(phy2log_P, dtype=np.int64), len(load), num_gpus, slots_per_gpu)
     if spans is None:
