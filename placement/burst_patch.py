@@ -55,6 +55,10 @@ class PatchConfig:
             (`placement.drift_swaps`); they stay until the next refit, and the burst moves are made on top of them.
             0: no drift swaps.
         drift_window: recent steps whose mean load the drift swaps are fitted to.
+        sequential: one patch at a time, as the live `Rebalancer` runs them: a patch starts `every` steps after the
+            last one started or when it has switched, whichever is later, so a patch that takes `lag` steps to
+            switch also spaces them `lag` apart. False: a patch starts every `every` steps whatever the lag
+            (pipelined, as the replay's refits are).
     """
 
     lag: int = 20
@@ -64,6 +68,7 @@ class PatchConfig:
     threshold: float = THRESHOLD
     drift_swaps: int = 4
     drift_window: int = 30
+    sequential: bool = False
 
     def __post_init__(self) -> None:
         if (self.lag < 0 or self.window < 1 or self.every < 1 or self.max_moves < 0 or not self.threshold >= 1

@@ -31,7 +31,9 @@ replica-set swaps per layer follow the mix of the last `patches.drift_window` st
 stay until the next refit; then, on top of them, a few replica slots per layer go to the experts the last
 `patches.window` steps overload (`placement.burst_patch`), taken afresh each time so that a layer goes back when its
 burst has passed. `patch_moves` counts the slots that changed between consecutive served
-placements within a fit's service (the weights a live group would copy for them).
+placements within a fit's service (the weights a live group would copy for them). Patches overlap as the refits do
+(one starts every `patches.every` steps whatever its lag), unless `patches.sequential`: one at a time, as the live
+`Rebalancer` runs them, each spaced from the last by its lag.
 """
 
 import math
@@ -174,6 +176,8 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
     seen); consecutive steps that one placement serves form one stretch."""
     if patches is None:
         return [(start, stop, placement)]
+    if patches.sequential:
+        return _one_patch_at_a_time(placement, counts_TLE, start, stop, patches)
     chunks = []
     followed = placement  # the fitted placement with the drift swaps so far
     for first in range(start, stop, patches.every):
@@ -189,6 +193,41 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
             chunks[-1] = (chunks[-1][0], last, served)
         else:
             chunks.append((first, last, served))
+    return chunks
+
+
+def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: int, stop: int,
+                         patches: PatchConfig) -> list[tuple[int, int, Placement]]:
+    """`_served_placements` with one patch at a time, as the live `Rebalancer` runs them: a patch started at step t
+    sees the steps before t and serves from t + `patches.lag` (its switch); the next starts at that switch or
+    `patches.every` steps after t, whichever is later. A patch that would change no slot of the placement serving
+    ends at once (the live one comes back kept), its drift swaps dropped with it."""
+    chunks: list[tuple[int, int, Placement]] = []
+    followed = served = placement
+    landing: tuple[int, Placement, Placement] | None = None  # (switch step, followed, served) of the patch in flight
+    next_start = start
+    for step in range(start, stop):
+        if landing is not None and landing[0] <= step:
+            _, followed, served = landing
+            landing = None
+        if landing is None and step >= next_start and step > 0:
+            swapped = followed
+            if patches.drift_swaps:
+                drift_LE = counts_TLE[max(0, step - patches.drift_window):step].mean(axis=0)
+                swapped, _ = drift_swaps(followed, drift_LE, patches.drift_swaps)
+            recent_LE = counts_TLE[max(0, step - patches.window):step].mean(axis=0)
+            patched, _ = patch_for_bursts(swapped, recent_LE, patches.max_moves, patches.threshold)
+            next_start = step + patches.every
+            if not np.array_equal(patched.phy2log_LP, served.phy2log_LP):
+                landing = (step + patches.lag, swapped, patched)
+                next_start = max(next_start, step + patches.lag)
+                if patches.lag == 0:  # it serves the step it started at
+                    _, followed, served = landing
+                    landing = None
+        if chunks and chunks[-1][2] is served:
+            chunks[-1] = (chunks[-1][0], step + 1, served)
+        else:
+            chunks.append((step, step + 1, served))
     return chunks
 
 

@@ -11,7 +11,8 @@ decode worker runs):
 - rolling + forecast, lag L: the same, each fit on its window moved along each expert's trend to the period it
   serves (`placement.forecast`, `eplb replay --forecast trend`);
 - with --patch-lag P, rolling + forecast + patches, lag L: the forecast rows with the serving placement patched
-  between refits for the bursts seen P steps before (`placement.burst_patch`, `eplb replay --patch-lag`);
+  between refits for the bursts seen P steps before (`placement.burst_patch`, `eplb replay --patch-lag`); one every
+  5 steps whatever P, or with --sequential-patches one at a time, as the live rebalancer runs them;
 - oracle: each served segment's placement fitted on the twin's counts of that segment;
 - oracle, bursts unknown: the same fitted on a twin without the bursts (same domain mix): what a perfect forecast of
   the mix alone can serve, the bursts still to come unforeseen.
@@ -27,7 +28,7 @@ their imbalance on the steps a burst touched and on the calm ones, against their
 (`placement.burst_exposure`: the expected imbalance while a uniformly chosen expert bursts).
 
 Usage: python scripts/bench_forecast.py [--quick] [--esft-only | --bursts] [--lags 0 100] [--seeds 0]
-       [--policies deepseek cpsat] [--patch-lag 10] [--time-limit 2] [--json PATH]
+       [--policies deepseek cpsat] [--patch-lag 10 [--sequential-patches]] [--time-limit 2] [--json PATH]
 """
 
 import argparse
@@ -95,8 +96,10 @@ def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, optio
     result = rolling_replay(counts_TLE, cluster, policy, every=every, window=window, routing="live",
                             policy_options=options, lag=lag, forecast=forecast, patches=patches)
     imbalance_TL = result.held_out.imbalance_TL[first_scored - (window + lag):]
-    name = (f"rolling{' + forecast' if forecast else ''}{' + patches' if patches else ''}, lag {lag}"
-            f"{f' (patch lag {patches.lag})' if patches else ''}")
+    patch_name = ""
+    if patches:
+        patch_name = f" (patch lag {patches.lag}{', one at a time' if patches.sequential else ''})"
+    name = f"rolling{' + forecast' if forecast else ''}{' + patches' if patches else ''}, lag {lag}{patch_name}"
     row = {"fit": name, "imbalance_mean": float(imbalance_TL.mean()),
            "fits": len(result.refit_steps), "seconds": time.perf_counter() - began}
     if patches:
@@ -292,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patch-lag", type=int, default=None, metavar="STEPS",
                         help="also the forecast rows with burst patches between refits, each serving STEPS after "
                              "the steps it saw (placement.burst_patch)")
+    parser.add_argument("--sequential-patches", action="store_true",
+                        help="with --patch-lag, one patch at a time, as the live rebalancer runs them (each spaced "
+                             "from the last by its lag; default: one every 5 steps whatever the lag)")
     parser.add_argument("--bursts", action="store_true",
                         help="only what the bursts cost the placements fitted without them (no ESFT)")
     args = parser.parse_args(argv)
@@ -311,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_text_atomically(args.json, json.dumps({"bursts": bursts}, indent=1) + "\n")
         return 0
-    patches = None if args.patch_lag is None else PatchConfig(lag=args.patch_lag)
+    if args.sequential_patches and args.patch_lag is None:
+        parser.error("--sequential-patches needs --patch-lag")
+    patches = None if args.patch_lag is None else PatchConfig(lag=args.patch_lag, sequential=args.sequential_patches)
     rows = [] if args.esft_only else measure(args.quick, args.lags, args.time_limit, tuple(args.seeds),
                                              tuple(args.policies), patches)
     if rows:

@@ -112,6 +112,39 @@ def test_the_replay_with_patches_serves_the_burst_better_and_counts_the_slots_it
     assert never.patch_moves == 0
 
 
+def _served_steps(counts: np.ndarray, patches: PatchConfig) -> list[np.ndarray]:
+    """[L, P] slot map serving each step of the single fit's service in `_served_placements` (steps 20-60)."""
+    from placement.replay import _served_placements
+
+    fitted = _placement(np.array([[0, 4, 7, 1, 4, 5, 2, 5, 6, 3, 6, 7]]))
+    return [placement.phy2log_LP for first, stop, placement in _served_placements(fitted, counts, 20, 60, patches)
+            for _ in range(first, stop)]
+
+
+def test_one_patch_at_a_time_at_lag_zero_serves_what_overlapping_patches_serve():
+    counts = _bursty_counts()
+    overlapping = _served_steps(counts, PatchConfig(lag=0, window=3, every=2, drift_swaps=0))
+    one_at_a_time = _served_steps(counts, PatchConfig(lag=0, window=3, every=2, drift_swaps=0, sequential=True))
+    assert len(overlapping) == len(one_at_a_time) == 40
+    for step, (a, b) in enumerate(zip(overlapping, one_at_a_time)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {20 + step}")
+
+
+def test_one_patch_at_a_time_switches_no_sooner_than_its_lag_after_the_last():
+    counts = _bursty_counts()
+    switches = {}
+    for sequential in (False, True):
+        served = _served_steps(counts, PatchConfig(lag=6, window=3, every=2, drift_swaps=0, sequential=sequential))
+        switches[sequential] = [20 + step for step in range(1, len(served))
+                                if not np.array_equal(served[step], served[step - 1])]
+    # Expert 0 bursts from step 30; patches start at even steps from 20, and the one started at 32 (the first to see
+    # a burst step) switches at 38 either way.
+    assert switches[True][0] == switches[False][0] == 38
+    assert all(later - earlier >= 6 for earlier, later in zip(switches[True], switches[True][1:]))
+    assert any(later - earlier < 6 for earlier, later in zip(switches[False], switches[False][1:])), \
+        "overlapping patches switch as often as every 2 steps"
+
+
 def _per_trial_patch(phy2log_P: np.ndarray, load_E: np.ndarray, placement: Placement, max_moves: int) -> np.ndarray:
     """One layer's patch with each trial scored on its own (a replica graph and a live-router split per trial): the
     moves as chosen before a move's trials were scored together. Of trials within TIE of the best (equal but for

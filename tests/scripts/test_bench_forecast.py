@@ -54,6 +54,11 @@ def test_the_bench_runs_the_seeds_policies_and_patches_asked_for(load_script, tm
     assert {(row["seed"], row["policy"]) for row in rows} == {(3, "deepseek")}
     (patched,) = [row for row in rows if row["fit"] == "rolling + forecast + patches, lag 0 (patch lag 5)"]
     assert patched["patch_moves"] >= 0 and patched["imbalance_mean"] >= 1.0
+    assert bench.main(["--quick", "--lags", "0", "--seeds", "3", "--policies", "deepseek", "--patch-lag", "5",
+                       "--sequential-patches", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["synthetic"]
+    (one_at_a_time,) = [row for row in rows if row["fit"].endswith("(patch lag 5, one at a time)")]
+    assert one_at_a_time["imbalance_mean"] >= 1.0
     assert not np.array_equal(bench.traces(32, 64, "drift", 140, 1, 3)[0], bench.traces(32, 64, "drift", 140, 1, 0)[0])
 
 

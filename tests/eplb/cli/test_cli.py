@@ -243,7 +243,10 @@ def test_replay_patches_a_burst_between_refits_and_reports_the_slots_moved(run_e
     assert patched["patch_lag"] == 2 and patched["patch_moves"] > 0
     assert patched["imbalance_mean"] < plain["imbalance_mean"]
     default = ok_json(run_eplb(*args))  # patches are on by default, as in the live rebalancer
-    assert default["patch_lag"] == 20 and default["patch_moves"] > 0
+    assert default["patch_lag"] == 20 and default["patch_moves"] > 0 and default["sequential_patches"] is False
+    one_at_a_time = ok_json(run_eplb(*args, "--patch-lag", "2", "--patch-every", "2", "--sequential-patches"))
+    assert one_at_a_time["sequential_patches"] is True and one_at_a_time["patch_moves"] > 0
+    assert one_at_a_time["imbalance_mean"] < plain["imbalance_mean"]
 
 
 def test_replay_fits_the_window_as_it_is_with_no_forecast(run_eplb, tmp_path):
