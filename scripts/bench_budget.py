@@ -1,7 +1,8 @@
 """Benchmark whether the `cpsat` time budget holds when other processes share the cores, and what holding it costs.
 
 Fits the full synthetic shape (61 layers x 256 experts, top-8, 8,192 tokens per step, one 50-step window, seed 0)
-with `cpsat` under dynamic routing and `--time-limit` seconds (default 10), on 64 GPUs x 5 slots and 128 x 3,
+with `cpsat` under dynamic routing and `--time-limit` seconds (default 10), `--workers` layers at once (default 2),
+on 64 GPUs x 5 slots and 128 x 3,
 idle and with `--busy` processes (default 2) spinning beside the fit (a `python -c` busy loop that ends with this
 script, started before the fit and killed after it), `--repeats` times each (default 3), idle and busy fits taking
 turns. Prints a markdown table per cluster and load: fit seconds (mean and max, wall clock around the whole fit),
@@ -10,7 +11,8 @@ load under the dynamic router) over all layers and as `info["fitted_chosen"]` re
 greedy's fitted objective beside, and the layers the budget degraded (`info["levels"]`). The 1-minute load
 average before each fit is shown: on a shared machine "idle" is only as idle as the other users let it be.
 
-Usage: python scripts/bench_budget.py [--time-limit 10] [--repeats 3] [--busy 2] [--json out.json] [--quick]
+Usage: python scripts/bench_budget.py [--time-limit 10] [--repeats 3] [--busy 2] [--workers 2] [--json out.json]
+       [--quick]
 """
 
 import argparse
@@ -46,8 +48,8 @@ def model_fitted(counts_TLE: np.ndarray, placement, cluster: ClusterSpec) -> flo
                           for layer in range(counts_TLE.shape[1])]))
 
 
-def timed_fit(counts_TLE: np.ndarray, cluster: ClusterSpec, time_limit: float, busy: int) -> dict:
-    """One cpsat fit, with `busy` spinning processes beside it when busy > 0."""
+def timed_fit(counts_TLE: np.ndarray, cluster: ClusterSpec, time_limit: float, busy: int, workers: int = 2) -> dict:
+    """One cpsat fit solving `workers` layers at once, with `busy` spinning processes beside it when busy > 0."""
     load_before = os.getloadavg()[0]
     parent, main = parent_of_child()
     spinners = [subprocess.Popen([sys.executable, "-c", SPINNER.format(parent=parent, main=main)])
@@ -55,7 +57,8 @@ def timed_fit(counts_TLE: np.ndarray, cluster: ClusterSpec, time_limit: float, b
     try:
         time.sleep(0.5 if busy else 0.0)  # let the spinners take their cores
         began = time.perf_counter()
-        placement = fit_placement("cpsat", counts_TLE, cluster, time_limit_s=time_limit, routing="dynamic")
+        placement = fit_placement("cpsat", counts_TLE, cluster, time_limit_s=time_limit, routing="dynamic",
+                                  workers=workers)
         seconds = time.perf_counter() - began
     finally:
         for spinner in spinners:
@@ -89,14 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=10.0, help="cpsat budget per fit, seconds (default 10)")
     parser.add_argument("--repeats", type=int, default=3, help="fits per cluster and load (default 3)")
     parser.add_argument("--busy", type=int, default=2, help="spinning processes beside the busy fits (default 2)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="layers solved at once (default 2, cpsat's; the live rebalancer's solve_threads is 1)")
     parser.add_argument("--json", default=None, help="also write every fit's figures to this JSON file")
     parser.add_argument("--quick", action="store_true", help="4 layers, 1 s, one repeat: a smoke run")
     args = parser.parse_args(argv)
     layers, time_limit, repeats = 61, args.time_limit, args.repeats
     if args.quick:
         layers, time_limit, repeats = 4, min(time_limit, 1.0), 1
-    if time_limit <= 0 or repeats < 1 or args.busy < 0:
-        print("--time-limit must be > 0, --repeats >= 1 and --busy >= 0", file=sys.stderr)
+    if time_limit <= 0 or repeats < 1 or args.busy < 0 or args.workers < 1:
+        print("--time-limit must be > 0, --repeats >= 1, --busy >= 0 and --workers >= 1", file=sys.stderr)
         return 2
     began = time.perf_counter()
     counts = generate_trace(SyntheticConfig(num_steps=WINDOW, num_layers=layers,
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_rows = [{"cluster": name, "load": load, "greedy_fitted": greedy, "fits": []} for load, _ in loads]
         for repeat in range(repeats):
             for row, (load, busy) in zip(cluster_rows, loads):
-                fit = timed_fit(counts, cluster, time_limit, busy)
+                fit = timed_fit(counts, cluster, time_limit, busy, args.workers)
                 row["fits"].append(fit)
                 print(f"{name} {load} #{repeat + 1}: {fit['seconds']:.2f} s, fitted {fit['fitted_all']:.4f}, "
                       f"levels {fit['levels']}, load avg before {fit['load_before']:.1f}", flush=True)
