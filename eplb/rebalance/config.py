@@ -21,10 +21,10 @@ class RebalanceConfig(BaseModel):
     interval: int = Field(500, ge=1, description="Steps from one rebalance attempt to the next.")
     policy: Literal["cpsat", "deepseek"] = Field("cpsat", description="Placement policy of the background solve.")
     time_limit_s: float = Field(
-        4.0, gt=0, description="The cpsat policy's budget for one fit of all layers. Below what one chain start a layer "
-                               "takes (about 2 s at 61 x 256 on 64 x 5, 3-4 s on 128 x 3, on one core), layers fall "
-                               "back to DeepSeek's greedy; at the full shape the weight moves, not the solve, set most "
-                               "of a refit's lag."
+        4.0, gt=0, description="The cpsat policy's budget for one fit of all layers. Below what one chain start a "
+                               "layer takes (about 2 s at 61 x 256 on 64 x 5, 3-4 s on 128 x 3, on one core), layers "
+                               "fall back to DeepSeek's greedy; at the full shape the weight moves, not the solve, set "
+                               "most of a refit's lag."
     )
     solve_threads: int = Field(1, ge=1, description="Threads of the cpsat solve (layers at once).")
     good_enough: float | None = Field(
