@@ -55,10 +55,11 @@ class PatchConfig:
             (`placement.drift_swaps`); they stay until the next refit, and the burst moves are made on top of them.
             0: no drift swaps.
         drift_window: recent steps whose mean load the drift swaps are fitted to.
-        sequential: one patch at a time, as the live `Rebalancer` runs them: a patch starts `every` steps after the
-            last one started or when it has switched, whichever is later, so a patch that takes `lag` steps to
-            switch also spaces them `lag` apart. False: a patch starts every `every` steps whatever the lag
-            (pipelined, as the replay's refits are).
+        sequential: one patch at a time, as the live `Rebalancer` runs them with `patch_overlap` off: a patch
+            starts `every` steps after the last one started or when it has switched, whichever is later, so a patch
+            that takes `lag` steps to switch also spaces them `lag` apart. False: a patch starts every `every` steps
+            whatever the lag (pipelined, as the replay's refits are; with `patch_overlap` the live one solves the
+            next patch while one moves, which a shorter `every` than `lag` models).
     """
 
     lag: int = 20

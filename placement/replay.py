@@ -33,7 +33,7 @@ stay until the next refit; then, on top of them, a few replica slots per layer g
 burst has passed. `patch_moves` counts the slots that changed between consecutive served
 placements within a fit's service (the weights a live group would copy for them). Patches overlap as the refits do
 (one starts every `patches.every` steps whatever its lag), unless `patches.sequential`: one at a time, as the live
-`Rebalancer` runs them, each spaced from the last by its lag.
+`Rebalancer` runs them with `patch_overlap` off, each spaced from the last by its lag.
 """
 
 import math
@@ -198,8 +198,8 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
 
 def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: int, stop: int,
                          patches: PatchConfig) -> list[tuple[int, int, Placement]]:
-    """`_served_placements` with one patch at a time, as the live `Rebalancer` runs them: a patch started at step t
-    sees the steps before t and serves from t + `patches.lag` (its switch); the next starts at that switch or
+    """`_served_placements` with one patch at a time (the live `Rebalancer` without `patch_overlap`): a patch started
+    at step t sees the steps before t and serves from t + `patches.lag` (its switch); the next starts at that switch or
     `patches.every` steps after t, whichever is later. A patch that would change no slot of the placement serving
     ends at once (the live one comes back kept), its drift swaps dropped with it."""
     chunks: list[tuple[int, int, Placement]] = []

@@ -296,8 +296,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also the forecast rows with burst patches between refits, each serving STEPS after "
                              "the steps it saw (placement.burst_patch)")
     parser.add_argument("--sequential-patches", action="store_true",
-                        help="with --patch-lag, one patch at a time, as the live rebalancer runs them (each spaced "
-                             "from the last by its lag; default: one every 5 steps whatever the lag)")
+                        help="with --patch-lag, one patch at a time, as the live rebalancer runs them without "
+                             "patch_overlap (each spaced from the last by its lag; default: one every 5 steps "
+                             "whatever the lag)")
     parser.add_argument("--bursts", action="store_true",
                         help="only what the bursts cost the placements fitted without them (no ESFT)")
     args = parser.parse_args(argv)

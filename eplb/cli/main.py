@@ -250,9 +250,10 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                         "live rebalancer's patch_swaps (ring layouts, as cpsat fits them; default %(default)s; "
                         "0: none)")
     p.add_argument("--sequential-patches", action="store_true",
-                   help="one patch at a time, as the live rebalancer runs them: the next starts when the last has "
-                        "switched (--patch-lag steps after it started) or --patch-every steps after it, whichever is "
-                        "later (default: one every --patch-every steps whatever the lag, as the refits overlap)")
+                   help="one patch at a time, as the live rebalancer runs them with patch_overlap off: the next "
+                        "starts when the last has switched (--patch-lag steps after it started) or --patch-every "
+                        "steps after it, whichever is later (default: one every --patch-every steps whatever the lag, "
+                        "as the refits overlap)")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 

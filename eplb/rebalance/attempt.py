@@ -40,6 +40,8 @@ class Attempt:
         fit_step: the step the attempt started at (the end of its fit window).
         patch: a patch (drift swaps and burst moves, `placement.burst_patch`), which a due refit may replace while
             it solves.
+        queued: a patch whose job started while the patch before it moved (`RebalanceConfig.patch_overlap`): its
+            answer may have waited for that patch's switch.
         followed: what the next patches start from once this attempt switches (rank 0 only; None otherwise): a
             refit's placement in the policy's GPU order, or a patch's fitted placement with its drift swaps.
         fit_time: `time.perf_counter()` at the start, for the lag to the switch.
@@ -61,6 +63,7 @@ class Attempt:
 
     fit_step: int
     patch: bool = False
+    queued: bool = False
     followed: Placement | None = None
     fit_time: float = field(default_factory=time.perf_counter)
     fitted_imbalance: float | None = None

@@ -85,6 +85,12 @@ class RebalanceConfig(BaseModel):
         description="Layers whose recent load the live router serves at or below this imbalance (max / mean GPU "
                     "load) are left as fitted."
     )
+    patch_overlap: bool = Field(
+        True, description="Start the next patch's job as soon as a patch's answer is broadcast, from its target, so "
+                          "it solves while that patch's weights move and its answer is often ready at the switch "
+                          "(False: the next patch starts patch_every steps after the last one started, once it "
+                          "has switched)."
+    )
     drift_steps: int = Field(8, ge=1, description="Served steps that set the level of a placement with no fitted "
                                                   "imbalance (the one at start, or one loaded from a file).")
     drift_check_every: int = Field(4, ge=1, description="Steps between a rank's drift checks (the flag travels with "

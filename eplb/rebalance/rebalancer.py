@@ -36,7 +36,10 @@ refits; rank 0 keeps the swaps of each patch that switches as the fitted placeme
 policy's GPU order, where the ring layouts the swaps need are intact), then runs
 `placement.burst_patch.patch_for_bursts` on the last `patch_window` steps' mean load on top (so a layer goes back once
 its burst has passed); it comes back kept when no slot would change, else it moves a few experts and switches the
-same way, and only the layers it changes get new tables. A refit that comes due while a patch is still solving
+same way, and only the layers it changes get new tables. With `patch_overlap` (the default) rank 0 starts the next
+patch's job from a patch's target while that patch's weights move (timed to end with its rounds if it takes as long
+as the last job did), so a slow job no longer adds to the time between patches; the next attempt begins at the switch,
+on every rank at the same step, and a failed patch drops it. A refit that comes due while a patch is still solving
 replaces it; one that comes due while a patch moves waits the few steps to its switch. A refit lands `lag` steps after
 its window, and a burst that begins after the window would otherwise be served by a placement that never saw it until
 the next refit.
@@ -106,6 +109,11 @@ class Rebalancer:
         self._attempt: Attempt | None = None  # None: idle
         self._steps_since_attempt = 0  # steps with no refit under way since the last refit attempt
         self._steps_since_patch = 0  # steps with no refit under way since the last patch attempt started
+        # With patch_overlap: the step at which the next patch's job is to start while the patch before it moves,
+        # and the step it started at (it solves from that patch's target; the attempt begins at its switch).
+        self._queue_patch_at: int | None = None
+        self._queued_patch_step: int | None = None
+        self._patch_job_steps: int | None = None  # steps the last patch job took to its answer, as every rank saw
         self._due_now = False
         shape = self.mover.transfer_shape(config.max_bytes_per_step, self.failures_tolerated)
         self.solver = Rank0Solver(config, comm, shape, policy_fn)
@@ -163,8 +171,10 @@ class Rebalancer:
             if self.phase != Phase.MOVING:  # idle, or a patch still solving, which a due refit replaces
                 drifted, started = self._maybe_start(step)
         if not started and self.phase == Phase.SOLVING:
-            self._poll_solve(received_G)
+            self._poll_solve(step, received_G)
         elif not started and self.phase == Phase.MOVING:
+            if self._queue_patch_at == step:
+                self._queue_patch(step, self._attempt)
             self._move_round(step, received_G)
         status, sizes = self.solver.status() if self.phase == Phase.SOLVING else (SolveStatus.RUNNING, (0, 0))
         transfers_ok = self._attempt is None or self._attempt.transfers_ok
@@ -249,6 +259,12 @@ class Rebalancer:
         with drift swaps, of the last `patch_drift_window` (the swaps')."""
         self._steps_since_patch = 0
         self.stats.attempts += 1
+        self._submit_patch(self.fitted, self.placement)
+        self._attempt = Attempt(fit_step=step, patch=True)
+
+    def _submit_patch(self, fitted: Placement | None, current: Placement) -> None:
+        """Read the recent load (an all-reduce on every rank when the recorder keeps this rank's tokens) and, on
+        rank 0, submit the patch job of `fitted` (rank 0's; None elsewhere) planned from `current`."""
         config = self.config
         windows = (config.patch_window, config.patch_drift_window) if config.patch_swaps else (config.patch_window,)
         recent_TLE = self.recorder.counts_TLE(last=max(windows))  # one read, one all-reduce for both windows
@@ -257,10 +273,16 @@ class Rebalancer:
             sums_WLE = self.comm.all_reduce_sum(sums_WLE)
         means = [total.cpu().numpy() / min(window, len(recent_TLE)) for total, window in zip(sums_WLE, windows)]
         if self.comm.rank == 0:
-            request = PatchRequest(means[0], self.fitted, config.patch_moves, config.patch_threshold,
+            request = PatchRequest(means[0], fitted, config.patch_moves, config.patch_threshold,
                                    means[1] if config.patch_swaps else None, config.patch_swaps)
-            self.solver.submit(None, self.placement, patch=request)
-        self._attempt = Attempt(fit_step=step, patch=True)
+            self.solver.submit(None, current, patch=request)
+
+    def _queue_patch(self, step: int, moving: Attempt) -> None:
+        """Start the next patch's job now, while patch `moving` moves its weights: it starts from that patch's
+        drift swaps and is planned from its target, and becomes an attempt at its switch (`_switch`), its answer
+        often ready by then. Every rank calls it at the same step."""
+        self._submit_patch(moving.followed, moving.target)
+        self._queue_patch_at, self._queued_patch_step = None, step
 
     def _fit_window(self, window_TLE: np.ndarray) -> np.ndarray:
         """What rank 0 fits: the recorded window, or with `forecast="trend"` the window moved to the steps its
@@ -270,9 +292,9 @@ class Rebalancer:
         lag = self.stats.lag_steps[-1] if self.stats.lag_steps else 0
         return hedged_window(window_TLE, lag, self.config.interval)
 
-    def _poll_solve(self, received_G: np.ndarray | None) -> None:
+    def _poll_solve(self, step: int, received_G: np.ndarray | None) -> None:
         """Act on rank 0's solve status once it is about this attempt: fail, keep, or broadcast the answer and
-        start moving."""
+        start moving (a patch, with patch_overlap: and start the next patch's job from its target)."""
         attempt, comm = self._attempt, self.comm
         if received_G is None or received_G[0, Field.ATTEMPT] != self.stats.attempts:
             return  # rank 0's status for this attempt arrives with the next step
@@ -302,6 +324,15 @@ class Rebalancer:
         attempt.start_moving(self.placement, target, fitted, fills, rounds,
                              self.mover.staging_for(list(fills.values())),
                              job["result"].moves if comm.rank == 0 else None)
+        if attempt.patch and self.config.patch_overlap and self.config.patch_every is not None:
+            # The next job starts so that it ends about when this patch's rounds do, if it takes as long as the
+            # last job took (every rank knows both: the same rounds and answers at the same steps; a queued job's
+            # answer may have waited for the switch, so it only lowers the estimate), on the freshest load that
+            # lets it be ready at the switch.
+            seen = step - attempt.fit_step
+            last = self._patch_job_steps
+            self._patch_job_steps = seen if not attempt.queued or last is None else min(last, seen)
+            self._queue_patch_at = step + max(0, len(rounds) - self._patch_job_steps)
 
     def _move_round(self, step: int, received_G: np.ndarray | None) -> None:
         """Switch when every rank reported all rounds moved; else prepare a few layers, complete the round posted
@@ -341,6 +372,11 @@ class Rebalancer:
             self.drift.restart(self.drift.fitted_imbalance)  # the fit's level stays the drift trigger's
             self.stats.record_patch(step, attempt.fit_step, attempt.moves)
             logger.info("switched to a burst patch at step %d (%d fills)", step, len(attempt.fills))
+            if self._queued_patch_step is not None:  # the next patch, solving since this one moved
+                self.stats.attempts += 1
+                self._attempt = Attempt(fit_step=self._queued_patch_step, patch=True, queued=True)
+                self._steps_since_patch = step - self._queued_patch_step
+            self._queue_patch_at = self._queued_patch_step = None
             return
         self.fitted = attempt.target if attempt.followed is None else attempt.followed
         self.drift.restart(attempt.fitted_imbalance)
@@ -366,6 +402,7 @@ class Rebalancer:
         """Drop the attempt: the old placement keeps serving; try again at the next interval (a patch: at the
         next patch)."""
         patch = self._attempt.patch
+        self._queue_patch_at = self._queued_patch_step = None  # planned from a target that will not serve
         self.stats.failures.append(f"burst patch: {reason}" if patch else reason)
         logger.warning("%s abandoned, the current placement keeps serving: %s", "burst patch" if patch else "rebalance",
                        reason)

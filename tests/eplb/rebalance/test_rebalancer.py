@@ -248,6 +248,44 @@ def test_burst_patches_switch_between_refits_and_serve_the_burst_better_with_exa
     assert patched["steps"] >= 3 and patched["after"] < patched["before"] - 0.01, patched
 
 
+def staggered_bursts_setup(world_size: int, steps: int) -> DecodeSetup:
+    """Calm traffic, then the three single-replica experts with the most load in the start placement's fit window
+    turn 4x as popular one after the other (from steps 4, 12 and 20 to the end), in both layers: patch after patch
+    has something to move."""
+    trace = generate_trace(SyntheticConfig(num_steps=FIT + steps, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
+                                           tokens_per_step=2 * TOKENS, seed=3))
+    counts = trace.counts_TLE.astype(float)
+    cluster = ClusterSpec(num_gpus=world_size, slots_per_gpu=EXPERTS // world_size + 2, gpus_per_node=world_size)
+    placement = fit_placement("deepseek", counts[:FIT], cluster)
+    replicas_LE = np.stack([np.bincount(row, minlength=EXPERTS) for row in placement.phy2log_LP])
+    hottest_LK = np.argsort(-np.where(replicas_LE == 1, counts[:FIT].sum(0), -1), axis=1)
+    share = counts / counts.sum(-1, keepdims=True)
+    for rank, start in enumerate((4, 12, 20)):
+        share[FIT + start:, np.arange(2), hottest_LK[:, rank]] *= 4
+    share /= share.sum(-1, keepdims=True)
+    config = MoELayerConfig(hidden_size=32, intermediate_size=48, num_experts=EXPERTS, top_k=TOP_K)
+    return DecodeSetup(config, placement, share[FIT:], 2 * TOKENS, "dynamic")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_outputs(overlap):
+    """With patch_overlap the next patch's job starts while a patch's weights move, so some patch starts before the
+    one before it has switched; without, each starts after the last switched. Either way every rank switches at the
+    same steps and serves exact outputs."""
+    steps = 40
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 3,
+                                       "max_bytes_per_step": 16 << 10, "patch_overlap": overlap})
+    setup, reports, summary = run(4, steps, config=config, setup=staggered_bursts_setup(4, steps))
+    assert_exact_and_complete(summary, steps)
+    assert summary["rebalances"] == 0 and summary["patches"] >= 3 and not summary["rebalance_failures"]
+    assert len({(tuple(r.stats["patch_steps"]), tuple(r.stats["patch_lag_steps"])) for r in reports}) == 1
+    switches, lags = reports[0].stats["patch_steps"], reports[0].stats["patch_lag_steps"]
+    starts = [switch - lag for switch, lag in zip(switches, lags)]
+    before_last_switch = [start < previous for start, previous in zip(starts[1:], switches)]
+    assert any(before_last_switch) == overlap, (switches, lags)
+    assert summary["burst_patches"]["after"] < summary["burst_patches"]["before"] - 0.05
+
+
 def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs():
     """A `cpsat` ring layout fitted to the old mix, the mix changed after a third of the run, no refit and no burst
     move (threshold out of reach): the patches' drift swaps alone switch, at the same steps on every rank, and serve
