@@ -12,7 +12,8 @@ decode worker runs):
   serves (`placement.forecast`, `eplb replay --forecast trend`);
 - with --patch-lag P, rolling + forecast + patches, lag L: the forecast rows with the serving placement patched
   between refits for the bursts seen P steps before (`placement.burst_patch`, `eplb replay --patch-lag`); one every
-  5 steps whatever P, or with --sequential-patches one at a time, as the live rebalancer runs them;
+  5 steps whatever P, or with --sequential-patches one at a time, as the live rebalancer runs them without
+  patch_overlap;
 - oracle: each served segment's placement fitted on the twin's counts of that segment;
 - oracle, bursts unknown: the same fitted on a twin without the bursts (same domain mix): what a perfect forecast of
   the mix alone can serve, the bursts still to come unforeseen.

@@ -173,7 +173,7 @@ class Rebalancer:
         if not started and self.phase == Phase.SOLVING:
             self._poll_solve(step, received_G)
         elif not started and self.phase == Phase.MOVING:
-            if self._queue_patch_at == step:
+            if self._queue_patch_at is not None and self._queue_patch_at <= step:  # due at the broadcast: now
                 self._queue_patch(step, self._attempt)
             self._move_round(step, received_G)
         status, sizes = self.solver.status() if self.phase == Phase.SOLVING else (SolveStatus.RUNNING, (0, 0))

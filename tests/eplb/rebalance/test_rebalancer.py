@@ -267,14 +267,15 @@ def staggered_bursts_setup(world_size: int, steps: int) -> DecodeSetup:
     return DecodeSetup(config, placement, share[FIT:], 2 * TOKENS, "dynamic")
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_outputs(overlap):
-    """With patch_overlap the next patch's job starts while a patch's weights move, so some patch starts before the
-    one before it has switched; without, each starts after the last switched. Either way every rank switches at the
-    same steps and serves exact outputs."""
+@pytest.mark.parametrize("overlap, max_bytes", [(True, 16 << 10), (True, 1 << 20), (False, 16 << 10)])
+def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_outputs(overlap, max_bytes):
+    """With patch_overlap the next patch's job starts while a patch's weights move (late in many rounds, or at once
+    when the job took as long as the rounds: one round of 1 MiB), so some patch starts before the one before it has
+    switched; without, each starts after the last switched. Either way every rank switches at the same steps and
+    serves exact outputs."""
     steps = 40
     config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 3,
-                                       "max_bytes_per_step": 16 << 10, "patch_overlap": overlap})
+                                       "max_bytes_per_step": max_bytes, "patch_overlap": overlap})
     setup, reports, summary = run(4, steps, config=config, setup=staggered_bursts_setup(4, steps))
     assert_exact_and_complete(summary, steps)
     assert summary["rebalances"] == 0 and summary["patches"] >= 3 and not summary["rebalance_failures"]
