@@ -55,6 +55,8 @@ class PatchConfig:
             (`placement.drift_swaps`); they stay until the next refit, and the burst moves are made on top of them.
             0: no drift swaps.
         drift_window: recent steps whose mean load the drift swaps are fitted to.
+        drift_stride: a layer gets its drift swaps in every `drift_stride`-th patch since the fit, the layers
+            taking turns (`placement.drift_swaps.layers_in_turn`); 1: every layer in every patch.
         sequential: one patch at a time, as the live `Rebalancer` runs them with `patch_overlap` off: a patch
             starts `every` steps after the last one started or when it has switched, whichever is later, so a patch
             that takes `lag` steps to switch also spaces them `lag` apart. False: a patch starts every `every` steps
@@ -69,15 +71,17 @@ class PatchConfig:
     threshold: float = THRESHOLD
     drift_swaps: int = 4
     drift_window: int = 30
+    drift_stride: int = 1
     sequential: bool = False
 
     def __post_init__(self) -> None:
         if (self.lag < 0 or self.window < 1 or self.every < 1 or self.max_moves < 0 or not self.threshold >= 1
-                or self.drift_swaps < 0 or self.drift_window < 1):
+                or self.drift_swaps < 0 or self.drift_window < 1 or self.drift_stride < 1):
             raise ValueError(f"patches need lag >= 0, window >= 1, every >= 1, max_moves >= 0, threshold >= 1, "
-                             f"drift_swaps >= 0 and drift_window >= 1; got lag={self.lag}, window={self.window}, "
-                             f"every={self.every}, max_moves={self.max_moves}, threshold={self.threshold}, "
-                             f"drift_swaps={self.drift_swaps}, drift_window={self.drift_window}")
+                             f"drift_swaps >= 0, drift_window >= 1 and drift_stride >= 1; got lag={self.lag}, "
+                             f"window={self.window}, every={self.every}, max_moves={self.max_moves}, "
+                             f"threshold={self.threshold}, drift_swaps={self.drift_swaps}, "
+                             f"drift_window={self.drift_window}, drift_stride={self.drift_stride}")
 
 
 def patch_for_bursts(placement: Placement, recent_LE: np.ndarray, max_moves: int = 2,

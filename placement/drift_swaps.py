@@ -42,19 +42,22 @@ SCREEN_TOP = 256  # ... and on this many of the tightest arcs of any length
 VERIFIED = 32  # the best screened swaps, scored on every arc
 
 
-def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4) -> tuple[Placement, int]:
+def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4,
+                layers: np.ndarray | None = None) -> tuple[Placement, int]:
     """The placement with up to `max_swaps` replica-set swaps per layer toward the recent load.
 
     Args:
         placement: the placement to start from (L layers, E experts, P slots).
         recent_LE: [L, E] non-negative mean tokens per expert over the last steps seen.
         max_swaps: >= 0, the most swaps per layer.
+        layers: the layers to swap in (indices below L; None: every layer); the others stay as they are.
 
     Returns:
         (placement, number of slots whose expert changed); the placement itself (0) when nothing changed.
 
     Raises:
-        ValueError: `recent_LE` not [L, E] of the placement, not finite or negative, or `max_swaps` below 0.
+        ValueError: `recent_LE` not [L, E] of the placement, not finite or negative, `max_swaps` below 0, or
+            `layers` not layer indices.
     """
     recent = np.asarray(recent_LE, dtype=np.float64)
     num_layers, num_experts = placement.phy2log_LP.shape[0], placement.num_experts
@@ -63,10 +66,13 @@ def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4)
                          f"non-negative loads to match the placement; got shape {recent.shape}")
     if max_swaps < 0:
         raise ValueError(f"max_swaps must be >= 0; got {max_swaps}")
+    chosen = np.arange(num_layers) if layers is None else np.asarray(layers, dtype=np.int64).reshape(-1)
+    if chosen.size and (chosen.min() < 0 or chosen.max() >= num_layers):
+        raise ValueError(f"layers must be layer indices in [0, {num_layers}); got {chosen.tolist()}")
     num_gpus, slots_per_gpu = placement.cluster.num_gpus, placement.cluster.slots_per_gpu
     phy2log_LP = placement.phy2log_LP.copy()
     moved = 0
-    for layer in range(num_layers if max_swaps else 0):
+    for layer in (chosen if max_swaps else ()):
         swapped = swap_layer(phy2log_LP[layer], recent[layer], num_gpus, slots_per_gpu, max_swaps)
         changed = int((swapped != phy2log_LP[layer]).sum())
         if changed:
@@ -77,6 +83,16 @@ def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4)
     info = {**placement.info, "drift_swapped_slots": moved}
     swapped = Placement(phy2log_LP, placement.weights_LP.copy(), placement.cluster, num_experts, placement.policy, info)
     return swapped, moved
+
+
+def layers_in_turn(num_layers: int, stride: int, turn: int) -> np.ndarray:
+    """The layers that get drift swaps in patch number `turn` when each layer gets them every `stride`-th patch:
+    layer l when (l + turn) % stride == 0, so the layers take turns and a patch swaps in about L / stride of them
+    (its job and weight moves shrink with them, so it lands sooner; figures: docs/benchmarks.md, 'One patch at a
+    time')."""
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1; got {stride}")
+    return np.flatnonzero((np.arange(num_layers) + turn) % stride == 0)
 
 
 def ring_spans(phy2log_P: np.ndarray, num_experts: int, num_gpus: int, slots_per_gpu: int

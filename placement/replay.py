@@ -45,7 +45,7 @@ import numpy as np
 
 from placement.burst_patch import PatchConfig, patch_for_bursts
 from placement.cluster import ClusterSpec
-from placement.drift_swaps import drift_swaps
+from placement.drift_swaps import drift_swaps, layers_in_turn
 from placement.errors import PlacementInfeasibleError
 from placement.forecast import hedged_window
 from placement.placement_model import Placement
@@ -180,12 +180,15 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
         return _one_patch_at_a_time(placement, counts_TLE, start, stop, patches)
     chunks = []
     followed = placement  # the fitted placement with the drift swaps so far
+    turn = 0  # patches since the fit: the layers take turns at drift swaps (`patches.drift_stride`)
     for first in range(start, stop, patches.every):
         seen = first - patches.lag
         served = followed
         if seen > 0:
             drift_LE = counts_TLE[max(0, seen - patches.drift_window):seen].mean(axis=0)
-            followed, _ = drift_swaps(followed, drift_LE, patches.drift_swaps)
+            followed, _ = drift_swaps(followed, drift_LE, patches.drift_swaps,
+                                      layers_in_turn(len(drift_LE), patches.drift_stride, turn))
+            turn += 1
             recent_LE = counts_TLE[max(0, seen - patches.window):seen].mean(axis=0)
             served, _ = patch_for_bursts(followed, recent_LE, patches.max_moves, patches.threshold)
         last = min(first + patches.every, stop)
@@ -206,6 +209,7 @@ def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: in
     followed = served = placement
     landing: tuple[int, Placement, Placement] | None = None  # (switch step, followed, served) of the patch in flight
     next_start = start
+    turn = 0  # patches started since the fit (`patches.drift_stride`)
     for step in range(start, stop):
         if landing is not None and landing[0] <= step:
             _, followed, served = landing
@@ -214,7 +218,9 @@ def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: in
             swapped = followed
             if patches.drift_swaps:
                 drift_LE = counts_TLE[max(0, step - patches.drift_window):step].mean(axis=0)
-                swapped, _ = drift_swaps(followed, drift_LE, patches.drift_swaps)
+                swapped, _ = drift_swaps(followed, drift_LE, patches.drift_swaps,
+                                         layers_in_turn(len(drift_LE), patches.drift_stride, turn))
+            turn += 1
             recent_LE = counts_TLE[max(0, step - patches.window):step].mean(axis=0)
             patched, _ = patch_for_bursts(swapped, recent_LE, patches.max_moves, patches.threshold)
             next_start = step + patches.every

@@ -29,7 +29,8 @@ their imbalance on the steps a burst touched and on the calm ones, against their
 (`placement.burst_exposure`: the expected imbalance while a uniformly chosen expert bursts).
 
 Usage: python scripts/bench_forecast.py [--quick] [--esft-only | --bursts] [--lags 0 100] [--seeds 0]
-       [--policies deepseek cpsat] [--patch-lag 10 [--sequential-patches]] [--time-limit 2] [--json PATH]
+       [--policies deepseek cpsat] [--patch-lag 10 [--patch-every 5] [--drift-stride 1] [--sequential-patches]]
+       [--time-limit 2] [--json PATH]
 """
 
 import argparse
@@ -99,7 +100,9 @@ def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, optio
     imbalance_TL = result.held_out.imbalance_TL[first_scored - (window + lag):]
     patch_name = ""
     if patches:
-        patch_name = f" (patch lag {patches.lag}{', one at a time' if patches.sequential else ''})"
+        every = f", every {patches.every}" if patches.every != PatchConfig().every else ""
+        stride = f", drift stride {patches.drift_stride}" if patches.drift_stride != 1 else ""
+        patch_name = f" (patch lag {patches.lag}{every}{stride}{', one at a time' if patches.sequential else ''})"
     name = f"rolling{' + forecast' if forecast else ''}{' + patches' if patches else ''}, lag {lag}{patch_name}"
     row = {"fit": name, "imbalance_mean": float(imbalance_TL.mean()),
            "fits": len(result.refit_steps), "seconds": time.perf_counter() - began}
@@ -296,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patch-lag", type=int, default=None, metavar="STEPS",
                         help="also the forecast rows with burst patches between refits, each serving STEPS after "
                              "the steps it saw (placement.burst_patch)")
+    parser.add_argument("--patch-every", type=int, default=PatchConfig().every, metavar="STEPS",
+                        help="with --patch-lag, steps between patch starts (default %(default)s)")
+    parser.add_argument("--drift-stride", type=int, default=PatchConfig().drift_stride, metavar="K",
+                        help="with --patch-lag, each layer's drift swaps in every K-th patch (default %(default)s)")
     parser.add_argument("--sequential-patches", action="store_true",
                         help="with --patch-lag, one patch at a time, as the live rebalancer runs them without "
                              "patch_overlap (each spaced from the last by its lag; default: one every 5 steps "
@@ -319,9 +326,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_text_atomically(args.json, json.dumps({"bursts": bursts}, indent=1) + "\n")
         return 0
+    if args.patch_every < 1 or args.drift_stride < 1:
+        parser.error("--patch-every and --drift-stride must be >= 1")
     if args.sequential_patches and args.patch_lag is None:
         parser.error("--sequential-patches needs --patch-lag")
-    patches = None if args.patch_lag is None else PatchConfig(lag=args.patch_lag, sequential=args.sequential_patches)
+    patches = None if args.patch_lag is None else PatchConfig(lag=args.patch_lag, every=args.patch_every,
+                                                              drift_stride=args.drift_stride,
+                                                              sequential=args.sequential_patches)
     rows = [] if args.esft_only else measure(args.quick, args.lags, args.time_limit, tuple(args.seeds),
                                              tuple(args.policies), patches)
     if rows:

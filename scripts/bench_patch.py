@@ -8,7 +8,8 @@ Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, 
   routing) on the window of steps [W, 2W), from a placement fitted the same way on [0, W), every fit moved to
   (min_gain 0), as a refit that switches;
 - patches, from that refit's placement as the policy fitted it (what rank 0's patches start from), relabelled
-  against the one it switched to (`PatchRequest` with the config's patch_moves, patch_threshold and patch_swaps) on
+  against the one it switched to (`PatchRequest` with the config's patch_moves, patch_threshold and patch_swaps, the
+  drift swaps in the layers whose turn it is in the first patch after a refit, patch_drift_stride) on
   the mean of the next `patch_drift_window` steps (the drift swaps') and of the last `patch_window` of them (the burst
   moves'): as the trace has them (also without drift swaps, patch_swaps 0), then with one random expert per layer 4x
   as popular in the burst moves' steps in a share of the layers (a burst in 10% and in every layer).
@@ -37,6 +38,7 @@ from eplb.rebalance.background_solver import PatchRequest, SolveResult, import_s
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.move_plan import KINDS, TransferShape
 from placement import ClusterSpec, Placement, fit_placement
+from placement.drift_swaps import layers_in_turn
 from traces.atomic_file import write_text_atomically
 from traces.synthetic import SyntheticConfig, generate_trace
 
@@ -110,7 +112,8 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed
                       config.patch_swaps))
     for name, load_LE, swaps in cases:
         request = PatchRequest(load_LE, fitted, config.patch_moves, config.patch_threshold,
-                               drift_LE if swaps else None, swaps)
+                               drift_LE if swaps else None, swaps,
+                               layers_in_turn(shape["layers"], config.patch_drift_stride, 0))
         answer, seconds = timed(lambda: solve(None, refit.placement, "cpsat", options, None, transfer, patch=request))
         rows.append(job_row(name, answer, seconds, refit.placement, step_ms))
     for row in rows:

@@ -244,6 +244,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                "refit_on_drift": args.refit_on_drift, "forecast": args.forecast,
                "patch_lag": args.patch_lag if args.patch_every else None,
                "drift_swaps": args.drift_swaps if args.patch_every else None,
+               "drift_stride": args.drift_stride if args.patch_every else None,
                "sequential_patches": args.sequential_patches if args.patch_every else None,
                **result.summary()}
     if args.plot:
@@ -268,7 +269,7 @@ def patches_from(args: argparse.Namespace) -> PatchConfig | None:
     if args.patch_every == 0:
         return None
     return PatchConfig(lag=args.patch_lag, every=args.patch_every, drift_swaps=args.drift_swaps,
-                       sequential=args.sequential_patches)
+                       drift_stride=args.drift_stride, sequential=args.sequential_patches)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

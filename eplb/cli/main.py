@@ -249,6 +249,9 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                         f"mix of the last {PatchConfig().drift_window} steps seen, kept until the next refit, as the "
                         "live rebalancer's patch_swaps (ring layouts, as cpsat fits them; default %(default)s; "
                         "0: none)")
+    p.add_argument("--drift-stride", type=POSITIVE_INT, default=PatchConfig().drift_stride, metavar="K",
+                   help="with drift swaps, each layer gets them in every K-th patch, the layers taking turns, as the "
+                        "live rebalancer's patch_drift_stride (default %(default)s)")
     p.add_argument("--sequential-patches", action="store_true",
                    help="one patch at a time, as the live rebalancer runs them with patch_overlap off: the next "
                         "starts when the last has switched (--patch-lag steps after it started) or --patch-every "

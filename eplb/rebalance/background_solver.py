@@ -90,6 +90,7 @@ class PatchRequest:
         threshold: layers served at or below this imbalance of `recent_LE` get no burst moves.
         drift_LE: [L, E] mean tokens per expert over the drift swaps' (longer) window; None: no drift swaps.
         max_swaps: the most drift swaps per layer.
+        drift_layers: the layers that get drift swaps (None: every layer).
     """
 
     recent_LE: np.ndarray
@@ -98,6 +99,7 @@ class PatchRequest:
     threshold: float
     drift_LE: np.ndarray | None = None
     max_swaps: int = 0
+    drift_layers: np.ndarray | None = None
 
 
 def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, options: dict, policy_fn: PolicyFn | None,
@@ -145,7 +147,7 @@ def _patch(current: Placement, patch: PatchRequest, shape: TransferShape) -> Sol
     switch)."""
     followed = patch.fitted
     if patch.drift_LE is not None:
-        followed, _ = drift_swaps(patch.fitted, patch.drift_LE, patch.max_swaps)
+        followed, _ = drift_swaps(patch.fitted, patch.drift_LE, patch.max_swaps, patch.drift_layers)
     target, _ = patch_for_bursts(followed, patch.recent_LE, patch.max_moves, patch.threshold)
     plan = plan_migration(current, target)
     if np.array_equal(plan.realised.phy2log_LP, current.phy2log_LP):

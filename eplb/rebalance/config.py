@@ -77,6 +77,12 @@ class RebalanceConfig(BaseModel):
     )
     patch_drift_window: int = Field(PATCH.drift_window, ge=1, description="Last steps whose mean load the drift "
                                                                           "swaps fit (at most the recorder's window).")
+    patch_drift_stride: int = Field(
+        PATCH.drift_stride, ge=1,
+        description="A layer gets its drift swaps in every patch_drift_stride-th patch since the last refit, the "
+                    "layers taking turns (`placement.drift_swaps.layers_in_turn`): a patch's job and weight moves "
+                    "shrink with it, so patches land sooner (1: every layer in every patch)."
+    )
     patch_window: int = Field(PATCH.window, ge=1, description="Last steps whose mean load a patch fits (at most the "
                                                     "recorder's window).")
     patch_moves: int = Field(PATCH.max_moves, ge=1, description="Most slots one layer may change in one patch.")

@@ -30,7 +30,8 @@ A failure or timeout anywhere (solve, transfer, a refusal) drops the staged stat
 leaves the old placement serving, is logged once, and the next attempt comes at the next interval.
 
 Patches (one every `patch_every` steps while no refit is under way, when the last has ended): a patch is an
-attempt like the others, whose solve first swaps up to `patch_swaps` replica sets per layer of the last fitted
+attempt like the others, whose solve first swaps up to `patch_swaps` replica sets per layer (in the layers whose turn it
+is, each every `patch_drift_stride`-th patch) of the last fitted
 placement toward the last `patch_drift_window` steps' mean load (`placement.drift_swaps`: the mix drifts between
 refits; rank 0 keeps the swaps of each patch that switches as the fitted placement the next ones start from, in the
 policy's GPU order, where the ring layouts the swaps need are intact), then runs
@@ -70,6 +71,7 @@ from eplb.rebalance.solving import Rank0Solver
 from eplb.rebalance.stats import RebalanceStats
 from eplb.rebalance.transfer import WeightMover, tag_base
 from placement import Placement, PlacementFormatError, load_placement
+from placement.drift_swaps import layers_in_turn
 from placement.forecast import hedged_window
 
 __all__ = ["Rebalancer", "RebalanceStats", "RecoveryReport"]
@@ -114,6 +116,7 @@ class Rebalancer:
         self._queue_patch_at: int | None = None
         self._queued_patch_step: int | None = None
         self._patch_job_steps: int | None = None  # steps the last patch job took to its answer, as every rank saw
+        self._patch_turn = 0  # rank 0: patch jobs since the last refit switched (the layers' turns at drift swaps)
         self._due_now = False
         shape = self.mover.transfer_shape(config.max_bytes_per_step, self.failures_tolerated)
         self.solver = Rank0Solver(config, comm, shape, policy_fn)
@@ -273,8 +276,10 @@ class Rebalancer:
             sums_WLE = self.comm.all_reduce_sum(sums_WLE)
         means = [total.cpu().numpy() / min(window, len(recent_TLE)) for total, window in zip(sums_WLE, windows)]
         if self.comm.rank == 0:
+            turn = layers_in_turn(len(self.layers), config.patch_drift_stride, self._patch_turn)
+            self._patch_turn += 1
             request = PatchRequest(means[0], fitted, config.patch_moves, config.patch_threshold,
-                                   means[1] if config.patch_swaps else None, config.patch_swaps)
+                                   means[1] if config.patch_swaps else None, config.patch_swaps, turn)
             self.solver.submit(None, current, patch=request)
 
     def _queue_patch(self, step: int, moving: Attempt) -> None:
@@ -379,6 +384,7 @@ class Rebalancer:
             self._queue_patch_at = self._queued_patch_step = None
             return
         self.fitted = attempt.target if attempt.followed is None else attempt.followed
+        self._patch_turn = 0
         self.drift.restart(attempt.fitted_imbalance)
         self.stats.record_switch(step, attempt.fit_step, time.perf_counter() - attempt.fit_time, attempt.moves)
         logger.info("switched to the new placement at step %d (%d fills)", step, len(attempt.fills))
@@ -444,7 +450,7 @@ class Rebalancer:
         report, target = self.recovery.regroup(survivors, step, self.placement, self.placement_members, began)
         if target is not None:
             self.placement, self.placement_members = target, list(survivors)
-            self.fitted = target
+            self.fitted, self._patch_turn = target, 0
             self.drift.restart()
             self._due_now = True
         return report

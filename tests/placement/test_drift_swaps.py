@@ -7,7 +7,7 @@ import pytest
 
 from placement import ClusterSpec, Placement, rolling_replay
 from placement.burst_patch import PatchConfig
-from placement.drift_swaps import _Ring, drift_swaps, ring_imbalance, ring_spans, swap_layer
+from placement.drift_swaps import _Ring, drift_swaps, layers_in_turn, ring_imbalance, ring_spans, swap_layer
 from placement.policies.chain_layout import chain_layout
 from placement.policies.deepseek import replicate_greedy
 from placement.scoring import score_placement
@@ -123,6 +123,26 @@ def test_bad_loads_or_swap_counts_are_refused_by_name(bad):
         drift_swaps(placement, bad)
     with pytest.raises(ValueError, match="max_swaps"):
         drift_swaps(placement, _loads(0)[None], max_swaps=-1)
+    with pytest.raises(ValueError, match="layers"):
+        drift_swaps(placement, _loads(0)[None], layers=[1])
+    with pytest.raises(ValueError, match="stride"):
+        layers_in_turn(4, 0, 0)
+
+
+def test_only_the_layers_whose_turn_it_is_get_swaps_and_every_layer_gets_its_turn():
+    phy2log_LP = np.stack([_chain(_loads(seed), seed) for seed in range(4)])
+    placement = Placement.equal_split(phy2log_LP, CLUSTER, EXPERTS)
+    now_LE = np.stack([_loads(seed + 100) for seed in range(4)])
+    everywhere, _ = drift_swaps(placement, now_LE, max_swaps=4)
+    assert all((everywhere.phy2log_LP[layer] != phy2log_LP[layer]).any() for layer in range(4))
+    turns = [layers_in_turn(4, 3, turn).tolist() for turn in range(3)]
+    assert turns == [[0, 3], [2], [1]]  # layer l when (l + turn) % 3 == 0: each layer once every 3 patches
+    for layers in turns:
+        swapped, _ = drift_swaps(placement, now_LE, max_swaps=4, layers=np.array(layers))
+        for layer in range(4):
+            expected = everywhere if layer in layers else placement
+            np.testing.assert_array_equal(swapped.phy2log_LP[layer], expected.phy2log_LP[layer])
+    assert drift_swaps(placement, now_LE, max_swaps=4, layers=np.array([], dtype=int)) == (placement, 0)
 
 
 def test_the_replay_keeps_drift_swaps_between_patches_and_serves_a_drifting_mix_better():

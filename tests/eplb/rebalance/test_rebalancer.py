@@ -287,10 +287,11 @@ def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_out
     assert summary["burst_patches"]["after"] < summary["burst_patches"]["before"] - 0.05
 
 
-def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs():
+@pytest.mark.parametrize("stride", [1, 2])
+def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs(stride):
     """A `cpsat` ring layout fitted to the old mix, the mix changed after a third of the run, no refit and no burst
     move (threshold out of reach): the patches' drift swaps alone switch, at the same steps on every rank, and serve
-    the new mix better than the start placement on the same steps."""
+    the new mix better than the start placement on the same steps; with a stride of 2 the two layers take turns."""
     steps = 36
     setup = setup_for(4, steps)
     old_TLE = generate_trace(SyntheticConfig(num_steps=FIT, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
@@ -299,7 +300,7 @@ def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs():
     setup = dataclasses.replace(setup, placement=ring)
     config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 3, "patch_window": 6,
                                        "patch_drift_window": 6, "patch_threshold": 100.0,
-                                       "max_bytes_per_step": 1 << 20})
+                                       "max_bytes_per_step": 1 << 20, "patch_drift_stride": stride})
     setup, reports, summary = run(4, steps, config=config, setup=setup)
     assert_exact_and_complete(summary, steps)
     assert summary["rebalances"] == 0 and summary["patches"] >= 1 and not summary["rebalance_failures"]
