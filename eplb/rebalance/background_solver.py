@@ -13,6 +13,8 @@ which would otherwise stall a decode step on every rank; figures: docs/rebalanci
 process ends when its parent does, however the parent ends and also in the middle of a job (`collectives.lifeline`);
 `close` ends it sooner, by closing its socket.
 """
+import dataclasses
+import math
 import os
 import pickle
 import socket
@@ -64,6 +66,8 @@ class SolveResult:
         followed: what the patches after this answer start from once it switches, in the policy's own GPU order
             (`placement` is relabelled to the GPUs serving, which breaks the ring order drift swaps need): a refit's
             placement as fitted, a patch's `fitted` with its drift swaps.
+        swap_seconds_per_layer: a patch's drift swaps, seconds per layer they ran in (None: none ran), which sets
+            how many layers the next patches swap in (`drift_stride_for`).
     """
 
     placement: Placement
@@ -75,6 +79,7 @@ class SolveResult:
     gain: float | None = None
     fit_skipped: bool = False
     followed: Placement | None = None
+    swap_seconds_per_layer: float | None = None
 
 
 @dataclass(frozen=True)
@@ -145,16 +150,29 @@ def _patch(current: Placement, patch: PatchRequest, shape: TransferShape) -> Sol
     """The patch of `patch.fitted` (drift swaps, then burst moves) relabelled against `current`, and its weight
     moves; `kept` when it holds every slot's expert where `current` does (new static weights alone are not worth a
     switch)."""
-    followed = patch.fitted
+    followed, per_layer = patch.fitted, None
     if patch.drift_LE is not None:
+        layers = patch.fitted.num_layers if patch.drift_layers is None else len(patch.drift_layers)
+        began = time.perf_counter()
         followed, _ = drift_swaps(patch.fitted, patch.drift_LE, patch.max_swaps, patch.drift_layers)
+        per_layer = (time.perf_counter() - began) / layers if layers else None
     target, _ = patch_for_bursts(followed, patch.recent_LE, patch.max_moves, patch.threshold)
     plan = plan_migration(current, target)
     if np.array_equal(plan.realised.phy2log_LP, current.phy2log_LP):
-        return _kept(current, None, None)
+        return dataclasses.replace(_kept(current, None, None), swap_seconds_per_layer=per_layer)
     fills, rounds = plan_rebalance(current, plan.realised, shape)
     return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), None, encode_fills(fills),
-                       encode_rounds(rounds), followed=followed)
+                       encode_rounds(rounds), followed=followed, swap_seconds_per_layer=per_layer)
+
+
+def drift_stride_for(seconds_per_layer: float | None, num_layers: int, budget_s: float | None, minimum: int) -> int:
+    """The layers' turns at drift swaps (`placement.drift_swaps.layers_in_turn`) that keep one patch's swaps within
+    `budget_s` at `seconds_per_layer` (the last patch's): every layer in every patch where the swaps are quick, every
+    k-th where they are not, since a patch lands only when its job is done; never below `minimum`, and as
+    `minimum` without a measurement or a budget."""
+    if seconds_per_layer is None or budget_s is None:
+        return minimum
+    return max(minimum, min(num_layers, math.ceil(seconds_per_layer * num_layers / budget_s)))
 
 
 def _kept(current: Placement, serving: float | None, gain: float | None, fit_skipped: bool = False) -> SolveResult:

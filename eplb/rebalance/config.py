@@ -81,7 +81,14 @@ class RebalanceConfig(BaseModel):
         PATCH.drift_stride, ge=1,
         description="A layer gets its drift swaps in every patch_drift_stride-th patch since the last refit, the "
                     "layers taking turns (`placement.drift_swaps.layers_in_turn`): a patch's job and weight moves "
-                    "shrink with it, so patches land sooner (1: every layer in every patch)."
+                    "shrink with it, so patches land sooner (1: every layer in every patch). The least stride: "
+                    "patch_swap_budget_s may widen it."
+    )
+    patch_swap_budget_s: float | None = Field(
+        0.25, gt=0,
+        description="Seconds a patch's drift swaps may take on rank 0: from the last patch's seconds per layer, the "
+                    "next patches swap in every k-th layer so that one patch's swaps take about this long (k at least "
+                    "patch_drift_stride), since a patch lands only when its job is done (None: the fixed stride)."
     )
     patch_window: int = Field(PATCH.window, ge=1, description="Last steps whose mean load a patch fits (at most the "
                                                     "recorder's window).")

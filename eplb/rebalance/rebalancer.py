@@ -31,7 +31,8 @@ leaves the old placement serving, is logged once, and the next attempt comes at 
 
 Patches (one every `patch_every` steps while no refit is under way, when the last has ended): a patch is an
 attempt like the others, whose solve first swaps up to `patch_swaps` replica sets per layer (in the layers whose turn it
-is, each every `patch_drift_stride`-th patch) of the last fitted
+is, each every k-th patch: k at least `patch_drift_stride`, wider where the last patch's swaps would exceed
+`patch_swap_budget_s` in every layer) of the last fitted
 placement toward the last `patch_drift_window` steps' mean load (`placement.drift_swaps`: the mix drifts between
 refits; rank 0 keeps the swaps of each patch that switches as the fitted placement the next ones start from, in the
 policy's GPU order, where the ring layouts the swaps need are intact), then runs
@@ -59,7 +60,7 @@ from collectives.membership import Heartbeat
 from eplb.live.load_recorder import LoadRecorder
 from eplb.live.moe_layer import MoEDecodeLayer, check_placement_fits
 from eplb.rebalance.attempt import Attempt
-from eplb.rebalance.background_solver import PatchRequest, PolicyFn, SolveResult
+from eplb.rebalance.background_solver import PatchRequest, PolicyFn, SolveResult, drift_stride_for
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.drift import DriftWatch
 from eplb.rebalance.host_copies import HostCopies
@@ -117,6 +118,7 @@ class Rebalancer:
         self._queued_patch_step: int | None = None
         self._patch_job_steps: int | None = None  # steps the last patch job took to its answer, as every rank saw
         self._patch_turn = 0  # rank 0: patch jobs since the last refit switched (the layers' turns at drift swaps)
+        self._drift_stride = config.patch_drift_stride  # rank 0: the turns' stride, widened to the swap budget
         self._due_now = False
         shape = self.mover.transfer_shape(config.max_bytes_per_step, self.failures_tolerated)
         self.solver = Rank0Solver(config, comm, shape, policy_fn)
@@ -276,7 +278,7 @@ class Rebalancer:
             sums_WLE = self.comm.all_reduce_sum(sums_WLE)
         means = [total.cpu().numpy() / min(window, len(recent_TLE)) for total, window in zip(sums_WLE, windows)]
         if self.comm.rank == 0:
-            turn = layers_in_turn(len(self.layers), config.patch_drift_stride, self._patch_turn)
+            turn = layers_in_turn(len(self.layers), self._drift_stride, self._patch_turn)
             self._patch_turn += 1
             request = PatchRequest(means[0], fitted, config.patch_moves, config.patch_threshold,
                                    means[1] if config.patch_swaps else None, config.patch_swaps, turn)
@@ -307,6 +309,9 @@ class Rebalancer:
         if status == SolveStatus.RUNNING:
             return
         job = self.solver.job()
+        if attempt.patch and job.get("result") is not None:  # rank 0: the swaps' cost sets the next patches' stride
+            self._drift_stride = drift_stride_for(job["result"].swap_seconds_per_layer, len(self.layers),
+                                                  self.config.patch_swap_budget_s, self.config.patch_drift_stride)
         if status == SolveStatus.FAILED:
             self._fail(f"the solve failed on rank 0: {job.get('error', 'see rank 0 log')}" if comm.rank == 0
                        else "the solve failed on rank 0")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplb.rebalance.background_solver import BackgroundSolver, PatchRequest
+from eplb.rebalance.background_solver import BackgroundSolver, PatchRequest, drift_stride_for
 from eplb.harness.rebalancing_loop import failing_policy
 from eplb.rebalance.move_plan import TransferShape, decode_fills, decode_rounds, plan_rebalance
 from placement import ClusterSpec, fit_placement, plan_migration
@@ -278,6 +278,7 @@ def test_a_patch_job_with_drift_swaps_follows_the_new_mix_and_hands_back_the_fol
         solver.submit(None, fitted, patch=PatchRequest(new_LE, fitted, 2, 10.0, new_LE, 4))  # no burst moves
         answer = wait_for(solver)["result"]
         assert not answer.kept and answer.followed is not None
+        assert answer.swap_seconds_per_layer > 0  # what the next patches' stride is set from
         assert experts_per_gpu(answer.placement) == experts_per_gpu(answer.followed)  # the swaps are the patch
         moved = (answer.followed.phy2log_LP != fitted.phy2log_LP)
         assert 0 < len(np.unique(fitted.phy2log_LP[moved])) <= 2 * 4
@@ -286,6 +287,16 @@ def test_a_patch_job_with_drift_swaps_follows_the_new_mix_and_hands_back_the_fol
         assert (score_placement(answer.placement, steps_TLE, "live").imbalance_TL.mean()
                 < score_placement(fitted, steps_TLE, "live").imbalance_TL.mean())
         solver.submit(None, fitted, patch=PatchRequest(new_LE, fitted, 2, 10.0))
-        assert wait_for(solver)["result"].kept
+        no_swaps = wait_for(solver)["result"]
+        assert no_swaps.kept and no_swaps.swap_seconds_per_layer is None
     finally:
         solver.close()
+
+
+def test_the_drift_stride_keeps_a_patch_s_swaps_within_their_budget():
+    # 61 layers at 16 ms a layer: 0.98 s in every layer, 4 turns keep 0.25 s; quick swaps take every layer.
+    assert drift_stride_for(0.016, 61, 0.25, 1) == 4
+    assert drift_stride_for(0.0015, 61, 0.25, 1) == 1
+    assert drift_stride_for(0.0015, 61, 0.25, 3) == 3  # never below the configured stride
+    assert drift_stride_for(10.0, 61, 0.25, 1) == 61  # at most one layer a patch
+    assert drift_stride_for(None, 61, 0.25, 2) == 2 and drift_stride_for(0.016, 61, None, 2) == 2

@@ -287,11 +287,12 @@ def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_out
     assert summary["burst_patches"]["after"] < summary["burst_patches"]["before"] - 0.05
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs(stride):
+@pytest.mark.parametrize("stride, budget_s", [(1, None), (2, None), (1, 1e-9)])
+def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs(stride, budget_s):
     """A `cpsat` ring layout fitted to the old mix, the mix changed after a third of the run, no refit and no burst
     move (threshold out of reach): the patches' drift swaps alone switch, at the same steps on every rank, and serve
-    the new mix better than the start placement on the same steps; with a stride of 2 the two layers take turns."""
+    the new mix better than the start placement on the same steps; with a stride of 2 the two layers take turns, as
+    they do once a swap budget no layer's swaps fit in has widened the stride."""
     steps = 36
     setup = setup_for(4, steps)
     old_TLE = generate_trace(SyntheticConfig(num_steps=FIT, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
@@ -300,7 +301,8 @@ def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs(stri
     setup = dataclasses.replace(setup, placement=ring)
     config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 3, "patch_window": 6,
                                        "patch_drift_window": 6, "patch_threshold": 100.0,
-                                       "max_bytes_per_step": 1 << 20, "patch_drift_stride": stride})
+                                       "max_bytes_per_step": 1 << 20, "patch_drift_stride": stride,
+                                       "patch_swap_budget_s": budget_s})
     setup, reports, summary = run(4, steps, config=config, setup=setup)
     assert_exact_and_complete(summary, steps)
     assert summary["rebalances"] == 0 and summary["patches"] >= 1 and not summary["rebalance_failures"]
