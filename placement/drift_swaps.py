@@ -88,8 +88,8 @@ def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4,
 def layers_in_turn(num_layers: int, stride: int, turn: int) -> np.ndarray:
     """The layers that get drift swaps in patch number `turn` when each layer gets them every `stride`-th patch:
     layer l when (l + turn) % stride == 0, so the layers take turns and a patch swaps in about L / stride of them
-    (its job and weight moves shrink with them, so it lands sooner; figures: docs/benchmarks.md, 'One patch at a
-    time')."""
+    (its job and weight moves shrink with them, so it lands sooner; figures: docs/benchmarks.md, 'Patches at a
+    live group's pace')."""
     if stride < 1:
         raise ValueError(f"stride must be >= 1; got {stride}")
     return np.flatnonzero((np.arange(num_layers) + turn) % stride == 0)
