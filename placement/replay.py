@@ -185,18 +185,27 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
         seen = first - patches.lag
         served = followed
         if seen > 0:
-            drift_LE = counts_TLE[max(0, seen - patches.drift_window):seen].mean(axis=0)
-            followed, _ = drift_swaps(followed, drift_LE, patches.drift_swaps,
-                                      layers_in_turn(len(drift_LE), patches.drift_stride, turn))
+            followed, served = _patch(followed, counts_TLE, seen, patches, turn)
             turn += 1
-            recent_LE = counts_TLE[max(0, seen - patches.window):seen].mean(axis=0)
-            served, _ = patch_for_bursts(followed, recent_LE, patches.max_moves, patches.threshold)
         last = min(first + patches.every, stop)
         if chunks and chunks[-1][2] is served:  # the same placement serves on: one stretch, scored at once
             chunks[-1] = (chunks[-1][0], last, served)
         else:
             chunks.append((first, last, served))
     return chunks
+
+
+def _patch(followed: Placement, counts_TLE: np.ndarray, seen: int, patches: PatchConfig,
+           turn: int) -> tuple[Placement, Placement]:
+    """Patch number `turn` since the fit, from the steps before `seen`: (`followed` with its drift swaps, in the
+    layers whose turn it is, toward the last `patches.drift_window` steps; that with the burst moves for the last
+    `patches.window` steps on top). Each is the placement given when it changes nothing."""
+    drift_LE = counts_TLE[max(0, seen - patches.drift_window):seen].mean(axis=0)
+    swapped, _ = drift_swaps(followed, drift_LE, patches.drift_swaps,
+                             layers_in_turn(len(drift_LE), patches.drift_stride, turn))
+    recent_LE = counts_TLE[max(0, seen - patches.window):seen].mean(axis=0)
+    patched, _ = patch_for_bursts(swapped, recent_LE, patches.max_moves, patches.threshold)
+    return swapped, patched
 
 
 def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: int, stop: int,
@@ -215,14 +224,8 @@ def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: in
             _, followed, served = landing
             landing = None
         if landing is None and step >= next_start and step > 0:
-            swapped = followed
-            if patches.drift_swaps:
-                drift_LE = counts_TLE[max(0, step - patches.drift_window):step].mean(axis=0)
-                swapped, _ = drift_swaps(followed, drift_LE, patches.drift_swaps,
-                                         layers_in_turn(len(drift_LE), patches.drift_stride, turn))
+            swapped, patched = _patch(followed, counts_TLE, step, patches, turn)
             turn += 1
-            recent_LE = counts_TLE[max(0, step - patches.window):step].mean(axis=0)
-            patched, _ = patch_for_bursts(swapped, recent_LE, patches.max_moves, patches.threshold)
             next_start = step + patches.every
             if not np.array_equal(patched.phy2log_LP, served.phy2log_LP):
                 landing = (step + patches.lag, swapped, patched)

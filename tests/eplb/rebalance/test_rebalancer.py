@@ -215,18 +215,19 @@ def test_fits_that_gain_too_little_leave_the_placement_serving_and_move_nothing(
         assert np.array_equal(report.final_phy2log_LP, setup.placement.phy2log_LP)
 
 
-def bursty_setup(world_size: int, steps: int, burst: tuple[int, int]) -> DecodeSetup:
-    """Calm traffic, then for the steps in `burst` (start, end) one expert per layer 4x as popular: the single-replica
-    expert with the most load in the start placement's fit window (so its GPU carries the burst alone)."""
+def bursty_setup(world_size: int, steps: int, bursts: list[tuple[int, int, int]]) -> DecodeSetup:
+    """Calm traffic, then for each burst (k, start, end) the k-th busiest single-replica expert of the start
+    placement's fit window 4x as popular in steps [start, end), in both layers (its GPU carries the burst alone)."""
     trace = generate_trace(SyntheticConfig(num_steps=FIT + steps, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
                                            tokens_per_step=2 * TOKENS, seed=3))
     counts = trace.counts_TLE.astype(float)
     cluster = ClusterSpec(num_gpus=world_size, slots_per_gpu=EXPERTS // world_size + 2, gpus_per_node=world_size)
     placement = fit_placement("deepseek", counts[:FIT], cluster)
     replicas_LE = np.stack([np.bincount(row, minlength=EXPERTS) for row in placement.phy2log_LP])
-    hot_L = np.where(replicas_LE == 1, counts[:FIT].sum(0), -1).argmax(1)
+    busiest_LK = np.argsort(-np.where(replicas_LE == 1, counts[:FIT].sum(0), -1), axis=1, kind="stable")
     share = counts / counts.sum(-1, keepdims=True)
-    share[FIT + burst[0] : FIT + burst[1], np.arange(2), hot_L] *= 4
+    for rank, start, end in bursts:
+        share[FIT + start : FIT + end, np.arange(2), busiest_LK[:, rank]] *= 4
     share /= share.sum(-1, keepdims=True)
     config = MoELayerConfig(hidden_size=32, intermediate_size=48, num_experts=EXPERTS, top_k=TOP_K)
     return DecodeSetup(config, placement, share[FIT:], 2 * TOKENS, "dynamic")
@@ -234,7 +235,7 @@ def bursty_setup(world_size: int, steps: int, burst: tuple[int, int]) -> DecodeS
 
 def test_burst_patches_switch_between_refits_and_serve_the_burst_better_with_exact_outputs():
     steps = 40
-    setup = bursty_setup(4, steps, (6, 22))
+    setup = bursty_setup(4, steps, [(0, 6, 22)])
     config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 3,
                                        "patch_window": 6, "max_bytes_per_step": 1 << 20})
     setup, reports, summary = run(4, steps, config=config, setup=setup)
@@ -248,25 +249,6 @@ def test_burst_patches_switch_between_refits_and_serve_the_burst_better_with_exa
     assert patched["steps"] >= 3 and patched["after"] < patched["before"] - 0.01, patched
 
 
-def staggered_bursts_setup(world_size: int, steps: int) -> DecodeSetup:
-    """Calm traffic, then the three single-replica experts with the most load in the start placement's fit window
-    turn 4x as popular one after the other (from steps 4, 12 and 20 to the end), in both layers: patch after patch
-    has something to move."""
-    trace = generate_trace(SyntheticConfig(num_steps=FIT + steps, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
-                                           tokens_per_step=2 * TOKENS, seed=3))
-    counts = trace.counts_TLE.astype(float)
-    cluster = ClusterSpec(num_gpus=world_size, slots_per_gpu=EXPERTS // world_size + 2, gpus_per_node=world_size)
-    placement = fit_placement("deepseek", counts[:FIT], cluster)
-    replicas_LE = np.stack([np.bincount(row, minlength=EXPERTS) for row in placement.phy2log_LP])
-    hottest_LK = np.argsort(-np.where(replicas_LE == 1, counts[:FIT].sum(0), -1), axis=1)
-    share = counts / counts.sum(-1, keepdims=True)
-    for rank, start in enumerate((4, 12, 20)):
-        share[FIT + start:, np.arange(2), hottest_LK[:, rank]] *= 4
-    share /= share.sum(-1, keepdims=True)
-    config = MoELayerConfig(hidden_size=32, intermediate_size=48, num_experts=EXPERTS, top_k=TOP_K)
-    return DecodeSetup(config, placement, share[FIT:], 2 * TOKENS, "dynamic")
-
-
 @pytest.mark.parametrize("overlap, max_bytes", [(True, 16 << 10), (True, 1 << 20), (False, 16 << 10)])
 def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_outputs(overlap, max_bytes):
     """With patch_overlap the next patch's job starts while a patch's weights move (late in many rounds, or at once
@@ -276,7 +258,9 @@ def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_out
     steps = 40
     config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 3,
                                        "max_bytes_per_step": max_bytes, "patch_overlap": overlap})
-    setup, reports, summary = run(4, steps, config=config, setup=staggered_bursts_setup(4, steps))
+    # The three busiest single-replica experts burst one after the other: patch after patch has something to move.
+    staggered = bursty_setup(4, steps, [(0, 4, steps), (1, 12, steps), (2, 20, steps)])
+    setup, reports, summary = run(4, steps, config=config, setup=staggered)
     assert_exact_and_complete(summary, steps)
     assert summary["rebalances"] == 0 and summary["patches"] >= 3 and not summary["rebalance_failures"]
     assert len({(tuple(r.stats["patch_steps"]), tuple(r.stats["patch_lag_steps"])) for r in reports}) == 1
