@@ -187,12 +187,17 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
         if seen > 0:
             followed, served = _patch(followed, counts_TLE, seen, patches, turn)
             turn += 1
-        last = min(first + patches.every, stop)
-        if chunks and chunks[-1][2] is served:  # the same placement serves on: one stretch, scored at once
-            chunks[-1] = (chunks[-1][0], last, served)
-        else:
-            chunks.append((first, last, served))
+        _serve(chunks, first, min(first + patches.every, stop), served)
     return chunks
+
+
+def _serve(chunks: list[tuple[int, int, Placement]], first: int, stop: int, placement: Placement) -> None:
+    """Append steps [first, stop) served by `placement` to `chunks`: to the last stretch if the same placement
+    serves on (one stretch, scored at once), else as a stretch of their own."""
+    if chunks and chunks[-1][2] is placement:
+        chunks[-1] = (chunks[-1][0], stop, placement)
+    else:
+        chunks.append((first, stop, placement))
 
 
 def _patch(followed: Placement, counts_TLE: np.ndarray, seen: int, patches: PatchConfig,
@@ -233,10 +238,7 @@ def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: in
                 if patches.lag == 0:  # it serves the step it started at
                     _, followed, served = landing
                     landing = None
-        if chunks and chunks[-1][2] is served:
-            chunks[-1] = (chunks[-1][0], step + 1, served)
-        else:
-            chunks.append((step, step + 1, served))
+        _serve(chunks, step, step + 1, served)
     return chunks
 
 
