@@ -62,6 +62,10 @@ class PatchConfig:
             that takes `lag` steps to switch also spaces them `lag` apart. False: a patch starts every `every` steps
             whatever the lag (pipelined, as the replay's refits are; with `patch_overlap` the live one solves the
             next patch while one moves, which a shorter `every` than `lag` models).
+        refit_blocks: no patch starts while a refit is in flight (from its fit step until its placement serves), as
+            the live `Rebalancer` runs them: a refit's weight moves read and keep the serving slots that a patch
+            would change. False: patches go on while the next refit solves and moves (the yardstick's schedule,
+            whose refits are always in flight).
     """
 
     lag: int = 20
@@ -73,6 +77,7 @@ class PatchConfig:
     drift_window: int = 30
     drift_stride: int = 1
     sequential: bool = False
+    refit_blocks: bool = False
 
     def __post_init__(self) -> None:
         if (self.lag < 0 or self.window < 1 or self.every < 1 or self.max_moves < 0 or not self.threshold >= 1

@@ -43,7 +43,7 @@ VERIFIED = 32  # the best screened swaps, scored on every arc
 
 
 def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4,
-                layers: np.ndarray | None = None) -> tuple[Placement, int]:
+                layers: np.ndarray | None = None, ring_order_LG: np.ndarray | None = None) -> tuple[Placement, int]:
     """The placement with up to `max_swaps` replica-set swaps per layer toward the recent load.
 
     Args:
@@ -51,13 +51,17 @@ def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4,
         recent_LE: [L, E] non-negative mean tokens per expert over the last steps seen.
         max_swaps: >= 0, the most swaps per layer.
         layers: the layers to swap in (indices below L; None: every layer); the others stay as they are.
+        ring_order_LG: [L, G] per layer, the GPUs in the order the layer is a ring layout in (a fit whose GPU j was
+            realised on GPU `gpu_map_G[j]` by `placement.migration.plan_migration` is one in the order
+            `gpu_map_G`), so that layers relabelled by different maps can all be swapped; None: 0, 1, ..., G-1 in
+            every layer.
 
     Returns:
         (placement, number of slots whose expert changed); the placement itself (0) when nothing changed.
 
     Raises:
-        ValueError: `recent_LE` not [L, E] of the placement, not finite or negative, `max_swaps` below 0, or
-            `layers` not layer indices.
+        ValueError: `recent_LE` not [L, E] of the placement, not finite or negative, `max_swaps` below 0,
+            `layers` not layer indices, or `ring_order_LG` not one permutation of the GPUs per layer.
     """
     recent = np.asarray(recent_LE, dtype=np.float64)
     num_layers, num_experts = placement.phy2log_LP.shape[0], placement.num_experts
@@ -70,10 +74,19 @@ def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4,
     if chosen.size and (chosen.min() < 0 or chosen.max() >= num_layers):
         raise ValueError(f"layers must be layer indices in [0, {num_layers}); got {chosen.tolist()}")
     num_gpus, slots_per_gpu = placement.cluster.num_gpus, placement.cluster.slots_per_gpu
+    order_LG = None if ring_order_LG is None else _check_ring_order(ring_order_LG, num_layers, num_gpus)
     phy2log_LP = placement.phy2log_LP.copy()
     moved = 0
     for layer in (chosen if max_swaps else ()):
-        swapped = swap_layer(phy2log_LP[layer], recent[layer], num_gpus, slots_per_gpu, max_swaps)
+        if order_LG is None:
+            swapped = swap_layer(phy2log_LP[layer], recent[layer], num_gpus, slots_per_gpu, max_swaps)
+        else:  # swapped in ring order: ring position j holds GPU order[j]'s slots, and goes back there
+            order = order_LG[layer]
+            in_ring = swap_layer(phy2log_LP[layer].reshape(num_gpus, slots_per_gpu)[order].ravel(), recent[layer],
+                                 num_gpus, slots_per_gpu, max_swaps)
+            swapped = np.empty((num_gpus, slots_per_gpu), dtype=in_ring.dtype)
+            swapped[order] = in_ring.reshape(num_gpus, slots_per_gpu)
+            swapped = swapped.ravel()
         changed = int((swapped != phy2log_LP[layer]).sum())
         if changed:
             moved += changed
@@ -84,6 +97,15 @@ def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4,
     swapped = Placement(phy2log_LP, placement.weights_LP.copy(), placement.cluster, num_experts, placement.policy, info)
     return swapped, moved
 
+
+
+def _check_ring_order(ring_order_LG: np.ndarray, num_layers: int, num_gpus: int) -> np.ndarray:
+    """`ring_order_LG` as [L, G] int64, or ValueError unless each row is a permutation of the G GPUs."""
+    order_LG = np.asarray(ring_order_LG)
+    if order_LG.shape != (num_layers, num_gpus) or not (np.sort(order_LG, axis=1) == np.arange(num_gpus)).all():
+        raise ValueError(f"ring_order_LG must be [layers, GPUs] = [{num_layers}, {num_gpus}], each row a permutation "
+                         f"of the GPUs 0..{num_gpus - 1}; got shape {order_LG.shape}")
+    return order_LG.astype(np.int64)
 
 def layers_in_turn(num_layers: int, stride: int, turn: int) -> np.ndarray:
     """The layers that get drift swaps in patch number `turn` when each layer gets them every `stride`-th patch:

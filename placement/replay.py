@@ -33,7 +33,10 @@ stay until the next refit; then, on top of them, a few replica slots per layer g
 burst has passed. `patch_moves` counts the slots that changed between consecutive served
 placements within a fit's service (the weights a live group would copy for them). Patches overlap as the refits do
 (one starts every `patches.every` steps whatever its lag), unless `patches.sequential`: one at a time, as the live
-`Rebalancer` runs them with `patch_overlap` off, each spaced from the last by its lag.
+`Rebalancer` runs them with `patch_overlap` off, each spaced from the last by its lag. With `patches.refit_blocks`, no
+patch starts (its job, `patches.lag` steps before it serves) while a refit is in flight, from the next fit's step
+until its placement serves, as the live `Rebalancer` runs them; the last patch then serves on until the refit lands.
+A refit on drift does not move that block: it follows the scheduled fit.
 """
 
 import math
@@ -153,7 +156,8 @@ def rolling_replay(
         parts.serve_starts.append(serve_from)
         check_drift = drift_ratio is not None and not schedule.upcoming  # else a refit on drift is in flight
         next_fit = schedule.next_fit(every)
-        chunks = _served_placements(placement, counts_TLE, serve_from, min(next_fit + lag, num_steps), patches)
+        chunks = _served_placements(placement, counts_TLE, serve_from, min(next_fit + lag, num_steps), patches,
+                                    next_fit)
         served = _score_chunks(chunks, counts_TLE, routing)
         if check_drift:
             drifted = _first_drift(served, parts.fitted[-1], drift_ratio, serve_from, num_steps)
@@ -169,22 +173,26 @@ def rolling_replay(
 
 
 def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int, stop: int,
-                       patches: PatchConfig | None) -> list[tuple[int, int, Placement]]:
+                       patches: PatchConfig | None, next_fit: int | None = None) -> list[tuple[int, int, Placement]]:
     """(first step, stop step, placement) of each stretch of steps [start, stop) that one placement serves: the
     fitted one throughout, or with `patches` the fitted one patched every `patches.every` steps from the steps
     before t - lag (drift swaps, kept, and burst moves on top; unpatched while no step before t - lag has been
-    seen); consecutive steps that one placement serves form one stretch."""
+    seen); consecutive steps that one placement serves form one stretch. With `patches.refit_blocks`, a patch
+    starts only in [start, next_fit): not while a refit is in flight."""
     if patches is None:
         return [(start, stop, placement)]
+    if not patches.refit_blocks or next_fit is None:
+        open_from, open_until = 0, stop
+    else:
+        open_from, open_until = start, next_fit
     if patches.sequential:
-        return _one_patch_at_a_time(placement, counts_TLE, start, stop, patches)
+        return _one_patch_at_a_time(placement, counts_TLE, start, stop, patches, open_from, open_until)
     chunks = []
-    followed = placement  # the fitted placement with the drift swaps so far
+    followed = served = placement  # the fitted placement with the drift swaps so far, and what serves
     turn = 0  # patches since the fit: the layers take turns at drift swaps (`patches.drift_stride`)
     for first in range(start, stop, patches.every):
-        seen = first - patches.lag
-        served = followed
-        if seen > 0:
+        seen = first - patches.lag  # the patch's job starts here
+        if seen > 0 and open_from <= seen < open_until:
             followed, served = _patch(followed, counts_TLE, seen, patches, turn)
             turn += 1
         _serve(chunks, first, min(first + patches.every, stop), served)
@@ -213,12 +221,14 @@ def _patch(followed: Placement, counts_TLE: np.ndarray, seen: int, patches: Patc
     return swapped, patched
 
 
-def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: int, stop: int,
-                         patches: PatchConfig) -> list[tuple[int, int, Placement]]:
+def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: int, stop: int, patches: PatchConfig,
+                         open_from: int = 0, open_until: int | None = None) -> list[tuple[int, int, Placement]]:
     """`_served_placements` with one patch at a time (the live `Rebalancer` without `patch_overlap`): a patch started
     at step t sees the steps before t and serves from t + `patches.lag` (its switch); the next starts at that switch or
     `patches.every` steps after t, whichever is later. A patch that would change no slot of the placement serving
-    ends at once (the live one comes back kept), its drift swaps dropped with it."""
+    ends at once (the live one comes back kept), its drift swaps dropped with it. Patches start only in
+    [open_from, open_until)."""
+    open_until = stop if open_until is None else open_until
     chunks: list[tuple[int, int, Placement]] = []
     followed = served = placement
     landing: tuple[int, Placement, Placement] | None = None  # (switch step, followed, served) of the patch in flight
@@ -228,7 +238,7 @@ def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: in
         if landing is not None and landing[0] <= step:
             _, followed, served = landing
             landing = None
-        if landing is None and step >= next_start and step > 0:
+        if landing is None and step >= next_start and step > 0 and open_from <= step < open_until:
             swapped, patched = _patch(followed, counts_TLE, step, patches, turn)
             turn += 1
             next_start = step + patches.every

@@ -28,12 +28,20 @@ With --bursts, instead of those rows, what the bursts cost the "oracle, bursts u
 their imbalance on the steps a burst touched and on the calm ones, against their burst exposure
 (`placement.burst_exposure`: the expected imbalance while a uniformly chosen expert bursts).
 
-Usage: python scripts/bench_forecast.py [--quick] [--esft-only | --bursts] [--lags 0 100] [--seeds 0]
+With --refit-block, instead of those rows, what a refit in flight costs the patches (`schedule_rows`): `cpsat` with
+the forecast and patches at each shape's live pace (`LIVE_PACES`), on longer traces, under the yardstick's schedule
+(a refit every `every` steps, back to back, patches never blocked) and under the live rebalancer's (a refit
+`interval` steps after the last one landed, `lag` steps in flight, no patch starting meanwhile:
+`PatchConfig.refit_blocks`), and with one fit and patches alone.
+
+Usage: python scripts/bench_forecast.py [--quick] [--esft-only | --bursts | --refit-block [--intervals 100 500]
+       [--schedule-steps 2000]] [--lags 0 100] [--seeds 0]
        [--policies deepseek cpsat] [--patch-lag 10 [--patch-every 5] [--drift-stride 1] [--sequential-patches]]
        [--time-limit 2] [--json PATH]
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -66,6 +74,10 @@ ESFT_TASKS = ("intent", "law", "summary", "translation")
 ESFT_CLUSTER = ClusterSpec(num_gpus=12, slots_per_gpu=6, gpus_per_node=12)  # issue 25's ESFT row: 72 slots, 64 experts
 ESFT_TOKENS_PER_STEP = 512
 IID_FRESH_STEPS = 64  # fresh draws each iid row is scored on
+# Patches at the pace a live group makes them on this machine (docs/benchmarks.md, "Patches at a live group's pace"),
+# per (GPUs, slots per GPU); the quick shape's is nominal.
+LIVE_PACES = {(64, 5): PatchConfig(lag=10, every=6), (128, 3): PatchConfig(lag=13, every=8, drift_stride=6),
+              (32, 9): PatchConfig(lag=5, every=4)}
 
 
 def trace_config(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int, seed: int
@@ -207,6 +219,54 @@ def burst_rows(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[i
     return rows
 
 
+
+def schedule_rows(quick: bool, steps: int, lag: int, intervals: list[int], time_limit_s: float,
+                  seeds: tuple[int, ...]) -> list[dict]:
+    """Per shape, traffic and seed, `cpsat` with the forecast and patches at the shape's live pace (`LIVE_PACES`) on a
+    `steps`-step trace, scored on [window + lag, steps): refits every `window` steps back to back with patches never
+    blocked (the yardstick's schedule); for each interval, a refit `interval` steps after the last one landed (every
+    interval + lag steps) with no patch starting while one is in flight (`PatchConfig.refit_blocks`, the live
+    rebalancer), and the same without patches; one fit, then patches alone."""
+    _, layers, _, window = QUICK_RUN if quick else FULL_RUN
+    first_scored = window + lag
+    options = {"time_limit_s": time_limit_s, "routing": "dynamic"}
+    rows = []
+    for gpus, slots, tokens_per_gpu in ((32, 9, 64),) if quick else SHAPES:
+        cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
+        pace = LIVE_PACES[(gpus, slots)]
+        blocked = dataclasses.replace(pace, refit_blocks=True)
+        schedules = [(f"refits every {window} back to back, patches never blocked", window, pace)]
+        for interval in intervals:
+            schedules += [(f"a refit {interval} after the last landed, patches blocked while one is in flight",
+                           interval + lag, blocked), (f"a refit {interval} after the last landed, no patches",
+                                                     interval + lag, None)]
+        schedules.append(("one fit, then patches alone", steps, pace))
+        for traffic in (("drift",) if quick else TRAFFICS):
+            for seed in seeds:
+                counts_TLE, _ = traces(gpus, tokens_per_gpu, traffic, steps, layers, seed)
+                for name, every, patches in schedules:
+                    row = rolling_row(counts_TLE, cluster, "cpsat", options, every, window, lag, first_scored, True,
+                                      patches)
+                    row.update({"fit": name, "shape": f"{gpus} x {slots}, {tokens_per_gpu} tokens/GPU",
+                                "traffic": traffic, "seed": seed, "policy": "cpsat", "lag": lag,
+                                "patch_lag": None if patches is None else patches.lag,
+                                "patch_every": None if patches is None else patches.every,
+                                "drift_stride": None if patches is None else patches.drift_stride,
+                                "scored_steps": steps - first_scored})
+                    rows.append(row)
+    return rows
+
+
+def schedule_table(rows: list[dict]) -> str:
+    header = (f"| shape | traffic | seed | schedule (lag {rows[0]['lag']}) | patches (lag, every, stride) | held-out "
+              "imbalance (live) | fits | slots moved by patches |")
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        pace = "-" if row["patch_lag"] is None else f"{row['patch_lag']}, {row['patch_every']}, {row['drift_stride']}"
+        lines.append(f"| {row['shape']} | {row['traffic']} | {row['seed']} | {row['fit']} | {pace} | "
+                     f"{row['imbalance_mean']:.4f} | {row['fits']} | {row.get('patch_moves', '-')} |")
+    return "\n".join(lines)
+
 def burst_table(rows: list[dict]) -> str:
     lines = ["| shape | traffic | seed | policy | rows with a burst (bursts on them) | imbalance there | calm rows "
              "| exposure (factor) | predicted | measured |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -309,6 +369,13 @@ def main(argv: list[str] | None = None) -> int:
                              "whatever the lag)")
     parser.add_argument("--bursts", action="store_true",
                         help="only what the bursts cost the placements fitted without them (no ESFT)")
+    parser.add_argument("--refit-block", action="store_true",
+                        help="only what a refit in flight costs the patches: the live rebalancer's schedule against "
+                             "the yardstick's, at the largest of --lags (no ESFT)")
+    parser.add_argument("--intervals", type=int, nargs="+", default=[100, 500], metavar="STEPS",
+                        help="with --refit-block, steps from a refit's landing to the next refit's start")
+    parser.add_argument("--schedule-steps", type=int, default=None, metavar="T",
+                        help="with --refit-block, steps of each trace (default 2000; 300 with --quick)")
     args = parser.parse_args(argv)
     if min(args.lags) < 0 or min(args.seeds) < 0 or (args.patch_lag is not None and args.patch_lag < 0):
         parser.error("--lags, --seeds and --patch-lag must be >= 0")
@@ -318,8 +385,17 @@ def main(argv: list[str] | None = None) -> int:
     if window + max(args.lags) >= steps:
         parser.error(f"--lags up to {max(args.lags)} leave no step to score in {'--quick' if args.quick else 'the'} "
                      f"traces' {steps} steps after a {window}-step window; give lags below {steps - window}")
-    if args.esft_only and args.bursts:
-        parser.error("--esft-only and --bursts choose different rows: give one of them")
+    if args.esft_only + args.bursts + args.refit_block > 1:
+        parser.error("--esft-only, --bursts and --refit-block choose different rows: give one of them")
+    if args.refit_block:
+        steps = args.schedule_steps or (300 if args.quick else 2000)
+        if min(args.intervals) < 1 or window + max(args.lags) >= steps:
+            parser.error("--intervals must be >= 1 and --schedule-steps above the window plus the largest of --lags")
+        rows = schedule_rows(args.quick, steps, max(args.lags), args.intervals, args.time_limit, tuple(args.seeds))
+        print(schedule_table(rows))
+        if args.json:
+            write_text_atomically(args.json, json.dumps({"schedules": rows}, indent=1) + "\n")
+        return 0
     if args.bursts:
         bursts = burst_rows(args.quick, args.lags, args.time_limit, tuple(args.seeds), tuple(args.policies))
         print(burst_table(bursts))

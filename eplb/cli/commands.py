@@ -246,6 +246,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                "drift_swaps": args.drift_swaps if args.patch_every else None,
                "drift_stride": args.drift_stride if args.patch_every else None,
                "sequential_patches": args.sequential_patches if args.patch_every else None,
+               "refit_blocks_patches": args.refit_blocks_patches if args.patch_every else None,
                **result.summary()}
     if args.plot:
         plots.plot_imbalance_over_time(
@@ -269,7 +270,8 @@ def patches_from(args: argparse.Namespace) -> PatchConfig | None:
     if args.patch_every == 0:
         return None
     return PatchConfig(lag=args.patch_lag, every=args.patch_every, drift_swaps=args.drift_swaps,
-                       drift_stride=args.drift_stride, sequential=args.sequential_patches)
+                       drift_stride=args.drift_stride, sequential=args.sequential_patches,
+                       refit_blocks=args.refit_blocks_patches)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

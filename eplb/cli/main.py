@@ -257,6 +257,10 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                         "starts when the last has switched (--patch-lag steps after it started) or --patch-every "
                         "steps after it, whichever is later (default: one every --patch-every steps whatever the lag, "
                         "as the refits overlap)")
+    p.add_argument("--refit-blocks-patches", action="store_true",
+                   help="start no patch while a refit is in flight (from its fit until it serves, --lag steps), as "
+                        "the live rebalancer runs them; the last patch serves on until the refit lands (default: "
+                        "patches go on while refits solve and move)")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 

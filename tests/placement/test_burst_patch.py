@@ -2,6 +2,7 @@
 are left alone, moves stay within their bound, a move's trials scored together pick the move per-trial scoring picks;
 the replay with patches serves a burst better and counts its moves."""
 
+import dataclasses
 import numpy as np
 import pytest
 
@@ -143,6 +144,44 @@ def test_one_patch_at_a_time_switches_no_sooner_than_its_lag_after_the_last():
     assert all(later - earlier >= 6 for earlier, later in zip(switches[True], switches[True][1:]))
     assert any(later - earlier < 6 for earlier, later in zip(switches[False], switches[False][1:])), \
         "overlapping patches switch as often as every 2 steps"
+
+
+
+def test_a_refit_in_flight_blocks_patches_and_the_last_patch_serves_on():
+    counts = _bursty_counts()
+    from placement.replay import _served_placements
+
+    fitted = _placement(np.array([[0, 4, 7, 1, 4, 5, 2, 5, 6, 3, 6, 7]]))
+    for sequential in (False, True):
+        patches = PatchConfig(lag=2, window=3, every=2, drift_swaps=0, sequential=sequential, refit_blocks=True)
+        # The fit serving [20, 60) is followed by one at step 40 that lands at 60: patch jobs start only in [20, 40).
+        chunks = _served_placements(fitted, counts, 20, 60, patches, next_fit=40)
+        free = _served_placements(fitted, counts, 20, 60, dataclasses.replace(patches, refit_blocks=False), 40)
+        switches = [first for first, _, _ in chunks[1:]]
+        assert switches and 20 + patches.lag <= switches[0] and switches[-1] < 40 + patches.lag, switches
+        assert chunks[-1][1] == 60, "the last patch serves until the refit lands"
+        assert chunks[0][2] is fitted and chunks[0][1] >= 22, "no patch before one started after the landing"
+        assert any(first >= 40 + patches.lag for first, _, _ in free[1:]), "unblocked, patches go on after step 40"
+        # Without a next fit (the last fit of a replay) nothing is blocked.
+        last = _served_placements(fitted, counts, 20, 60, patches)
+        assert [(a, b) for a, b, _ in last] == [(a, b) for a, b, _ in free]
+        for (_, _, mine), (_, _, theirs) in zip(last, free):
+            np.testing.assert_array_equal(mine.phy2log_LP, theirs.phy2log_LP)
+
+
+def test_the_replay_with_refits_blocking_patches_patches_only_between_refits():
+    counts = _bursty_counts()
+    args = dict(every=20, window=20, routing="live", lag=10)
+    free = rolling_replay(counts, CLUSTER, "deepseek", patches=PatchConfig(lag=2, window=3, every=2), **args)
+    blocked = rolling_replay(counts, CLUSTER, "deepseek",
+                             patches=PatchConfig(lag=2, window=3, every=2, refit_blocks=True), **args)
+    plain = rolling_replay(counts, CLUSTER, "deepseek", **args)
+    # Fits at 20 and 40 land at 30 and 50: patches start only in [30, 40) and [50, 60); the burst from step 30
+    # is still patched (from step 34), so blocked patches serve it better than none and no better than unblocked.
+    burst = slice(4, 10)
+    assert blocked.held_out.imbalance_TL[burst].mean() < plain.held_out.imbalance_TL[burst].mean() - 0.1
+    assert 0 < blocked.patch_moves <= free.patch_moves
+    assert blocked.held_out.imbalance_TL.mean() >= free.held_out.imbalance_TL.mean() - 1e-9
 
 
 def _per_trial_patch(phy2log_P: np.ndarray, load_E: np.ndarray, placement: Placement, max_moves: int) -> np.ndarray:

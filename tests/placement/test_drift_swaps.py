@@ -116,6 +116,32 @@ def test_nothing_to_gain_or_no_swaps_allowed_returns_the_placement_itself():
     assert drift_swaps(once, _loads(7)[None], max_swaps=50)[1] == 0  # converged: the next call finds nothing
 
 
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_relabelled_ring_swaps_in_its_ring_order_as_the_ring_does(seed):
+    stale_E, now_E = _loads(seed), _loads(seed + 100)
+    layers = [_chain(stale_E, seed), _chain(_loads(seed + 50), seed + 1)]
+    ring = Placement.equal_split(np.stack(layers), CLUSTER, EXPERTS)
+    rng = np.random.default_rng(seed)
+    # Each layer relabelled by a map of its own: ring GPU j's slots on GPU order[j] (as `plan_migration` realises a
+    # fit), so neither layer is a ring in the order 0..G-1 any more.
+    order_LG = np.stack([rng.permutation(GPUS) for _ in layers])
+    relabelled_LP = np.empty_like(ring.phy2log_LP)
+    for layer, order in enumerate(order_LG):
+        relabelled_LP[layer].reshape(GPUS, SLOTS_PER_GPU)[order] = ring.phy2log_LP[layer].reshape(GPUS, SLOTS_PER_GPU)
+    relabelled = Placement.equal_split(relabelled_LP, CLUSTER, EXPERTS)
+    assert all(ring_spans(slots, EXPERTS, GPUS, SLOTS_PER_GPU) is None for slots in relabelled_LP)
+    recent_LE = np.stack([now_E, _loads(seed + 200)])
+    assert drift_swaps(relabelled, recent_LE) == (relabelled, 0)  # not a ring in the order 0..G-1: left alone
+    swapped_ring, moved_ring = drift_swaps(ring, recent_LE)
+    swapped, moved = drift_swaps(relabelled, recent_LE, ring_order_LG=order_LG)
+    assert moved == moved_ring > 0
+    for layer, order in enumerate(order_LG):
+        np.testing.assert_array_equal(swapped.phy2log_LP[layer].reshape(GPUS, SLOTS_PER_GPU)[order],
+                                      swapped_ring.phy2log_LP[layer].reshape(GPUS, SLOTS_PER_GPU))
+    with pytest.raises(ValueError, match="ring_order_LG"):
+        drift_swaps(relabelled, recent_LE, ring_order_LG=np.zeros((2, GPUS), dtype=np.int64))
+
 @pytest.mark.parametrize("bad", [np.zeros((2, EXPERTS)), -np.ones((1, EXPERTS)), np.full((1, EXPERTS), np.nan)])
 def test_bad_loads_or_swap_counts_are_refused_by_name(bad):
     placement = Placement.equal_split(_chain(_loads(0))[None], CLUSTER, EXPERTS)

@@ -90,3 +90,22 @@ def test_the_burst_rows_split_the_ceiling_placements_score_into_burst_and_calm_r
     for argv in (["--bursts", "--esft-only"], ["--bursts", "--quick"]):  # the latter's default lag 100 scores nothing
         with pytest.raises(SystemExit):
             bench.main(argv)
+
+
+def test_the_refit_block_rows_set_the_live_schedule_beside_the_yardstick_s(load_script, tmp_path, capsys):
+    bench = load_script("bench_forecast")
+    out = tmp_path / "schedules.json"
+    assert bench.main(["--refit-block", "--quick", "--lags", "20", "--intervals", "40", "--time-limit", "0.2",
+                       "--json", str(out)]) == 0
+    rows = {row["fit"]: row for row in json.loads(out.read_text())["schedules"]}
+    assert list(rows) == ["refits every 40 back to back, patches never blocked",
+                          "a refit 40 after the last landed, patches blocked while one is in flight",
+                          "a refit 40 after the last landed, no patches", "one fit, then patches alone"]
+    yardstick, blocked, unpatched, alone = rows.values()
+    assert yardstick["fits"] > blocked["fits"] == unpatched["fits"] > alone["fits"] == 1
+    assert "patch_moves" not in unpatched and min(yardstick["patch_moves"], blocked["patch_moves"]) > 0
+    assert len({row["scored_steps"] for row in rows.values()}) == 1 and yardstick["scored_steps"] == 300 - 60
+    assert all(row["imbalance_mean"] >= 1.0 for row in rows.values())
+    assert "| one fit, then patches alone |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["--refit-block", "--bursts"])

@@ -247,6 +247,10 @@ def test_replay_patches_a_burst_between_refits_and_reports_the_slots_moved(run_e
     one_at_a_time = ok_json(run_eplb(*args, "--patch-lag", "2", "--patch-every", "2", "--sequential-patches"))
     assert one_at_a_time["sequential_patches"] is True and one_at_a_time["patch_moves"] > 0
     assert one_at_a_time["imbalance_mean"] < plain["imbalance_mean"]
+    assert default["refit_blocks_patches"] is False and plain["refit_blocks_patches"] is None
+    blocked = ok_json(run_eplb(*args, "--patch-lag", "2", "--patch-every", "2", "--refit-blocks-patches"))
+    assert blocked["refit_blocks_patches"] is True and 0 < blocked["patch_moves"] <= patched["patch_moves"]
+    assert blocked["imbalance_mean"] < plain["imbalance_mean"]
 
 
 def test_replay_fits_the_window_as_it_is_with_no_forecast(run_eplb, tmp_path):
