@@ -66,6 +66,10 @@ class PatchConfig:
             the live `Rebalancer` runs them: a refit's weight moves read and keep the serving slots that a patch
             would change. False: patches go on while the next refit solves and moves (the yardstick's schedule,
             whose refits are always in flight).
+        adopt_layers: refits adopted by the patches, as the live `Rebalancer` with `refit_adopt_layers` does: a
+            refit, once solved (`lag` steps after its window), never serves whole; each patch replaces up to this
+            many layers of the placement it follows with the refit's, the layers the refit gains most on (on its
+            window) first, and layers it does not improve stay. None: each refit serves whole from its landing.
     """
 
     lag: int = 20
@@ -78,8 +82,14 @@ class PatchConfig:
     drift_stride: int = 1
     sequential: bool = False
     refit_blocks: bool = False
+    adopt_layers: int | None = None
 
     def __post_init__(self) -> None:
+        if self.adopt_layers is not None and (self.adopt_layers < 1 or self.refit_blocks or self.sequential):
+            raise ValueError(f"adopt_layers must be >= 1 (or None), with refit_blocks and sequential False (refits the "
+                             f"patches adopt block none; one patch at a time is not modelled with them); got "
+                             f"adopt_layers={self.adopt_layers}, refit_blocks={self.refit_blocks}, "
+                             f"sequential={self.sequential}")
         if (self.lag < 0 or self.window < 1 or self.every < 1 or self.max_moves < 0 or not self.threshold >= 1
                 or self.drift_swaps < 0 or self.drift_window < 1 or self.drift_stride < 1):
             raise ValueError(f"patches need lag >= 0, window >= 1, every >= 1, max_moves >= 0, threshold >= 1, "

@@ -85,7 +85,8 @@ class MigrationPlan:
 
 
 def plan_migration(
-    current: Placement, target: Placement, bytes_per_expert: int = 1, *, permute_nodes: bool = True
+    current: Placement, target: Placement, bytes_per_expert: int = 1, *, permute_nodes: bool = True,
+    relabel_gpus: bool = True,
 ) -> MigrationPlan:
     """The cheapest way (fewest expert copies) to make `target` serve where `current` serves now.
 
@@ -94,6 +95,8 @@ def plan_migration(
         target: the placement to switch to; its per-GPU load balance is kept exactly.
         bytes_per_expert: size of one expert's weights in one layer, for `bytes_moved`.
         permute_nodes: also let whole nodes trade places (GPUs always may move inside their node).
+        relabel_gpus: False: target GPU j is realised on GPU j (`gpu_map_G` the identity; only the slots inside a GPU
+            are matched), for a target already in the serving GPUs' labels, as a burst patch of them is.
 
     Returns:
         A plan whose moves number min over allowed GPU relabellings of sum over (layer, GPU) of
@@ -114,9 +117,11 @@ def plan_migration(
     target_keys = _multiset_keys(target_LGS, target_weights_LGS, slots)
 
     # Step 1: relabel the target's GPUs so that they share the most experts with the physical GPUs.
-    shared_GG = _shared_experts(target_keys, current_keys, current.num_experts * slots)
-    cost_GG = num_layers * slots - shared_GG  # cost[j, i]: copies if target GPU j is realised on GPU i
-    gpu_map_G = _relabel_gpus(cost_GG, cluster, permute_nodes)
+    gpu_map_G = np.arange(num_gpus, dtype=np.int64)
+    if relabel_gpus:
+        shared_GG = _shared_experts(target_keys, current_keys, current.num_experts * slots)
+        cost_GG = num_layers * slots - shared_GG  # cost[j, i]: copies if target GPU j is realised on GPU i
+        gpu_map_G = _relabel_gpus(cost_GG, cluster, permute_nodes)
     target_of_gpu_G = np.argsort(gpu_map_G)  # physical GPU i realises target GPU target_of_gpu_G[i]
 
     # Step 2: inside each GPU keep what is already there; new experts go to the freed slots in slot order.

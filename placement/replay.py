@@ -36,7 +36,10 @@ placements within a fit's service (the weights a live group would copy for them)
 `Rebalancer` runs them with `patch_overlap` off, each spaced from the last by its lag. With `patches.refit_blocks`, no
 patch starts (its job, `patches.lag` steps before it serves) while a refit is in flight, from the next fit's step
 until its placement serves, as the live `Rebalancer` runs them; the last patch then serves on until the refit lands.
-A refit on drift does not move that block: it follows the scheduled fit.
+A refit on drift does not move that block: it follows the scheduled fit. With `patches.adopt_layers` k, a refit never
+serves whole: from its landing each patch adopts up to k of its layers into the placement the patches follow (which
+carries over from the last refit's service), the layers it gains most on first (its window scored under the dynamic
+split), as the live `Rebalancer` with `refit_adopt_layers` does (not with `drift_ratio`).
 """
 
 import math
@@ -145,6 +148,9 @@ def rolling_replay(
     """
     num_steps = counts_TLE.shape[0]
     first_scored = _check_replay_args(num_steps, every, window, lag, drift_ratio)
+    adoption = None if patches is None or patches.adopt_layers is None else _Adoption()
+    if adoption is not None and drift_ratio is not None:
+        raise ValueError("patches.adopt_layers is not modelled with drift_ratio: give one of them")
     schedule = _Schedule(fit_step=window)
     parts = _ReplayParts(also={name: [] for name in also_routings})
     hedge = (lag, every) if forecast else None
@@ -156,8 +162,9 @@ def rolling_replay(
         parts.serve_starts.append(serve_from)
         check_drift = drift_ratio is not None and not schedule.upcoming  # else a refit on drift is in flight
         next_fit = schedule.next_fit(every)
-        chunks = _served_placements(placement, counts_TLE, serve_from, min(next_fit + lag, num_steps), patches,
-                                    next_fit)
+        start = placement if adoption is None else adoption.begin(placement, counts_TLE[first:schedule.fit_step])
+        chunks = _served_placements(start, counts_TLE, serve_from, min(next_fit + lag, num_steps), patches,
+                                    next_fit, adoption)
         served = _score_chunks(chunks, counts_TLE, routing)
         if check_drift:
             drifted = _first_drift(served, parts.fitted[-1], drift_ratio, serve_from, num_steps)
@@ -173,12 +180,14 @@ def rolling_replay(
 
 
 def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int, stop: int,
-                       patches: PatchConfig | None, next_fit: int | None = None) -> list[tuple[int, int, Placement]]:
+                       patches: PatchConfig | None, next_fit: int | None = None,
+                       adoption: "_Adoption | None" = None) -> list[tuple[int, int, Placement]]:
     """(first step, stop step, placement) of each stretch of steps [start, stop) that one placement serves: the
     fitted one throughout, or with `patches` the fitted one patched every `patches.every` steps from the steps
     before t - lag (drift swaps, kept, and burst moves on top; unpatched while no step before t - lag has been
     seen); consecutive steps that one placement serves form one stretch. With `patches.refit_blocks`, a patch
-    starts only in [start, next_fit): not while a refit is in flight."""
+    starts only in [start, next_fit): not while a refit is in flight. With `adoption`, each patch first adopts
+    `patches.adopt_layers` more layers of the refit it holds, and the placement followed at `stop` is left there."""
     if patches is None:
         return [(start, stop, placement)]
     if not patches.refit_blocks or next_fit is None:
@@ -193,10 +202,47 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
     for first in range(start, stop, patches.every):
         seen = first - patches.lag  # the patch's job starts here
         if seen > 0 and open_from <= seen < open_until:
+            if adoption is not None:
+                followed = adoption.adopt(followed, patches.adopt_layers)
             followed, served = _patch(followed, counts_TLE, seen, patches, turn)
             turn += 1
         _serve(chunks, first, min(first + patches.every, stop), served)
+    if adoption is not None:
+        adoption.followed = followed
     return chunks
+
+
+@dataclass
+class _Adoption:
+    """With `PatchConfig.adopt_layers`: the placement the patches follow, carried from one refit's service to the
+    next, and the layers of the last refit still to adopt, the ones it gains most on first."""
+
+    followed: Placement | None = None
+    fit: Placement | None = None
+    order: list[int] = field(default_factory=list)
+
+    def begin(self, fit: Placement, window_TLE: np.ndarray) -> Placement:
+        """Refit `fit` (fitted on `window_TLE` [T, L, E]) lands: the placement its service starts from, the one
+        followed so far (the fit itself the first time), its layers to adopt in the order of their gain on the
+        window under the dynamic split (only those it improves)."""
+        if self.followed is None:
+            self.followed, self.fit, self.order = fit, None, []
+            return fit
+        serving_L = score_placement(self.followed, window_TLE, "dynamic").imbalance_TL.mean(axis=0)
+        gains_L = serving_L / score_placement(fit, window_TLE, "dynamic").imbalance_TL.mean(axis=0) - 1
+        self.fit = fit
+        self.order = [int(layer) for layer in np.argsort(-gains_L, kind="stable") if gains_L[layer] > 0]
+        return self.followed
+
+    def adopt(self, followed: Placement, count: int) -> Placement:
+        """`followed` with up to `count` more layers of the refit (itself when none are left)."""
+        if not self.order:
+            return followed
+        layers, self.order = self.order[:count], self.order[count:]
+        phy2log_LP, weights_LP = followed.phy2log_LP.copy(), followed.weights_LP.copy()
+        phy2log_LP[layers], weights_LP[layers] = self.fit.phy2log_LP[layers], self.fit.weights_LP[layers]
+        return Placement(phy2log_LP, weights_LP, followed.cluster, followed.num_experts, followed.policy,
+                         dict(followed.info))
 
 
 def _serve(chunks: list[tuple[int, int, Placement]], first: int, stop: int, placement: Placement) -> None:

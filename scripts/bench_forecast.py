@@ -32,10 +32,11 @@ With --refit-block, instead of those rows, what a refit in flight costs the patc
 the forecast and patches at each shape's live pace (`LIVE_PACES`), on longer traces, under the yardstick's schedule
 (a refit every `every` steps, back to back, patches never blocked) and under the live rebalancer's (a refit
 `interval` steps after the last one landed, `lag` steps in flight, no patch starting meanwhile:
-`PatchConfig.refit_blocks`), and with one fit and patches alone.
+`PatchConfig.refit_blocks`) or adopting each refit a few layers a patch (`PatchConfig.adopt_layers`), and with one
+fit and patches alone.
 
 Usage: python scripts/bench_forecast.py [--quick] [--esft-only | --bursts | --refit-block [--intervals 100 500]
-       [--schedule-steps 2000]] [--lags 0 100] [--seeds 0]
+       [--adopt-layers 1] [--schedule-steps 2000]] [--lags 0 100] [--seeds 0]
        [--policies deepseek cpsat] [--patch-lag 10 [--patch-every 5] [--drift-stride 1] [--sequential-patches]]
        [--time-limit 2] [--json PATH]
 """
@@ -221,12 +222,14 @@ def burst_rows(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[i
 
 
 def schedule_rows(quick: bool, steps: int, lag: int, intervals: list[int], time_limit_s: float,
-                  seeds: tuple[int, ...]) -> list[dict]:
+                  seeds: tuple[int, ...], adopt_layers: int = 1) -> list[dict]:
     """Per shape, traffic and seed, `cpsat` with the forecast and patches at the shape's live pace (`LIVE_PACES`) on a
     `steps`-step trace, scored on [window + lag, steps): refits every `window` steps back to back with patches never
     blocked (the yardstick's schedule); for each interval, a refit `interval` steps after the last one landed (every
     interval + lag steps) with no patch starting while one is in flight (`PatchConfig.refit_blocks`, the live
-    rebalancer), and the same without patches; one fit, then patches alone."""
+    rebalancer by default), the same with each refit adopted by the patches `adopt_layers` layers a patch
+    (`PatchConfig.adopt_layers`, the live rebalancer's `refit_adopt_layers`; `lag` then stands for its solve), and
+    without patches; one fit, then patches alone."""
     _, layers, _, window = QUICK_RUN if quick else FULL_RUN
     first_scored = window + lag
     options = {"time_limit_s": time_limit_s, "routing": "dynamic"}
@@ -236,10 +239,13 @@ def schedule_rows(quick: bool, steps: int, lag: int, intervals: list[int], time_
         pace = LIVE_PACES[(gpus, slots)]
         blocked = dataclasses.replace(pace, refit_blocks=True)
         schedules = [(f"refits every {window} back to back, patches never blocked", window, pace)]
+        adopting = dataclasses.replace(pace, adopt_layers=adopt_layers)
         for interval in intervals:
             schedules += [(f"a refit {interval} after the last landed, patches blocked while one is in flight",
-                           interval + lag, blocked), (f"a refit {interval} after the last landed, no patches",
-                                                     interval + lag, None)]
+                           interval + lag, blocked),
+                          (f"a refit {interval} after the last landed, adopted by the patches, {adopt_layers} "
+                           f"layer{'s' if adopt_layers > 1 else ''} each", interval + lag, adopting),
+                          (f"a refit {interval} after the last landed, no patches", interval + lag, None)]
         schedules.append(("one fit, then patches alone", steps, pace))
         for traffic in (("drift",) if quick else TRAFFICS):
             for seed in seeds:
@@ -374,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                              "the yardstick's, at the largest of --lags (no ESFT)")
     parser.add_argument("--intervals", type=int, nargs="+", default=[100, 500], metavar="STEPS",
                         help="with --refit-block, steps from a refit's landing to the next refit's start")
+    parser.add_argument("--adopt-layers", type=int, default=1, metavar="K",
+                        help="with --refit-block, layers of a refit each patch adopts in the adopted rows")
     parser.add_argument("--schedule-steps", type=int, default=None, metavar="T",
                         help="with --refit-block, steps of each trace (default 2000; 300 with --quick)")
     args = parser.parse_args(argv)
@@ -389,9 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--esft-only, --bursts and --refit-block choose different rows: give one of them")
     if args.refit_block:
         steps = args.schedule_steps or (300 if args.quick else 2000)
-        if min(args.intervals) < 1 or window + max(args.lags) >= steps:
-            parser.error("--intervals must be >= 1 and --schedule-steps above the window plus the largest of --lags")
-        rows = schedule_rows(args.quick, steps, max(args.lags), args.intervals, args.time_limit, tuple(args.seeds))
+        if min(args.intervals) < 1 or args.adopt_layers < 1 or window + max(args.lags) >= steps:
+            parser.error("--intervals and --adopt-layers must be >= 1 and --schedule-steps above the window plus the "
+                         "largest of --lags")
+        rows = schedule_rows(args.quick, steps, max(args.lags), args.intervals, args.time_limit, tuple(args.seeds),
+                             args.adopt_layers)
         print(schedule_table(rows))
         if args.json:
             write_text_atomically(args.json, json.dumps({"schedules": rows}, indent=1) + "\n")

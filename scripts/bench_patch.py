@@ -7,9 +7,9 @@ Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, 
 - refit (the baseline): `cpsat` with the `RebalanceConfig` defaults (1 s budget, good_enough 1.001, dynamic
   routing) on the window of steps [W, 2W), from a placement fitted the same way on [0, W), every fit moved to
   (min_gain 0), as a refit that switches;
-- patches, from that refit's placement as the policy fitted it (what rank 0's patches start from), relabelled
-  against the one it switched to (`PatchRequest` with the config's patch_moves, patch_threshold and patch_swaps, the
-  drift swaps in the layers whose turn it is in the first patch after a refit, patch_drift_stride) on
+- patches, from that refit's placement as it switched to it (what rank 0's patches start from, its layers rings in
+  the order of the refit's GPU map), planned against it (`PatchRequest` with the config's patch_moves,
+  patch_threshold and patch_swaps, the drift swaps in the layers whose turn it is in the first patch after a refit, patch_drift_stride) on
   the mean of the next `patch_drift_window` steps (the drift swaps') and of the last `patch_window` of them (the burst
   moves'): as the trace has them (also without drift swaps, patch_swaps 0), then with one random expert per layer 4x
   as popular in the burst moves' steps in a share of the layers (a burst in 10% and in every layer).
@@ -98,7 +98,7 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed
     start = fit_placement("cpsat", counts_TLE[:window], cluster, **options)
     refit, seconds = timed(lambda: solve(counts_TLE[window : 2 * window], start, "cpsat", options, None, transfer))
     rows = [job_row("refit", refit, seconds, start, step_ms)]
-    fitted = refit.followed  # what rank 0's patches start from: the refit in the policy's GPU order
+    fitted = refit.followed  # what rank 0's patches start from: the refit as relabelled, rings in its GPU map's order
     drift_LE = counts_TLE[-config.patch_drift_window:].mean(axis=0)
     recent_LE = counts_TLE[-config.patch_window:].mean(axis=0)
     rng = np.random.default_rng(seed)
@@ -113,7 +113,7 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed
     for name, load_LE, swaps in cases:
         request = PatchRequest(load_LE, fitted, config.patch_moves, config.patch_threshold,
                                drift_LE if swaps else None, swaps,
-                               layers_in_turn(shape["layers"], config.patch_drift_stride, 0))
+                               layers_in_turn(shape["layers"], config.patch_drift_stride, 0), refit.ring_order_LG)
         answer, seconds = timed(lambda: solve(None, refit.placement, "cpsat", options, None, transfer, patch=request))
         rows.append(job_row(name, answer, seconds, refit.placement, step_ms))
     for row in rows:

@@ -247,6 +247,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                "drift_stride": args.drift_stride if args.patch_every else None,
                "sequential_patches": args.sequential_patches if args.patch_every else None,
                "refit_blocks_patches": args.refit_blocks_patches if args.patch_every else None,
+               "adopt_layers": args.adopt_layers if args.patch_every else None,
                **result.summary()}
     if args.plot:
         plots.plot_imbalance_over_time(
@@ -268,10 +269,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def patches_from(args: argparse.Namespace) -> PatchConfig | None:
     """`eplb replay`'s patches (drift swaps and burst moves): None with --patch-every 0."""
     if args.patch_every == 0:
+        if args.adopt_layers is not None:
+            raise ValueError("--adopt-layers hands refits to the patches: give --patch-every above 0")
         return None
+    clashing = [flag for flag, on in (("--refit-on-drift", args.refit_on_drift is not None),
+                                      ("--refit-blocks-patches", args.refit_blocks_patches),
+                                      ("--sequential-patches", args.sequential_patches)) if on]
+    if args.adopt_layers is not None and clashing:
+        raise ValueError(f"--adopt-layers is not modelled with {' or '.join(clashing)}: drop one of them")
     return PatchConfig(lag=args.patch_lag, every=args.patch_every, drift_swaps=args.drift_swaps,
                        drift_stride=args.drift_stride, sequential=args.sequential_patches,
-                       refit_blocks=args.refit_blocks_patches)
+                       refit_blocks=args.refit_blocks_patches, adopt_layers=args.adopt_layers)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

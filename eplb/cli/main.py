@@ -261,6 +261,11 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                    help="start no patch while a refit is in flight (from its fit until it serves, --lag steps), as "
                         "the live rebalancer runs them; the last patch serves on until the refit lands (default: "
                         "patches go on while refits solve and move)")
+    p.add_argument("--adopt-layers", type=POSITIVE_INT, default=None, metavar="K",
+                   help="refits adopted by the patches, K layers a patch (the ones each refit gains most on first), "
+                        "never served whole, as the live rebalancer's refit_adopt_layers (default: each refit serves "
+                        "whole from its --lag; not with --refit-on-drift, --refit-blocks-patches or "
+                        "--sequential-patches)")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 

@@ -43,7 +43,9 @@ class Attempt:
         queued: a patch whose job started while the patch before it moved (`RebalanceConfig.patch_overlap`): its
             answer may have waited for that patch's switch.
         followed: what the next patches start from once this attempt switches (rank 0 only; None otherwise): a
-            refit's placement in the policy's GPU order, or a patch's fitted placement with its drift swaps.
+            refit's placement as relabelled, or a patch's fitted placement with its drift swaps.
+        ring_order_LG: [L, G] the order of the GPUs each layer of `followed` is a ring layout in (rank 0 only).
+        adopted: a patch's (refit number, layers) adopted from a refit (`refit_adoption`; rank 0 only).
         fit_time: `time.perf_counter()` at the start, for the lag to the switch.
         fitted_imbalance: the target's fitted level on the window (None: a loaded placement), for the drift check.
         moves: (experts moved, experts a slot-by-slot remap would move); known on rank 0 only.
@@ -65,6 +67,8 @@ class Attempt:
     patch: bool = False
     queued: bool = False
     followed: Placement | None = None
+    ring_order_LG: np.ndarray | None = None
+    adopted: tuple[int, np.ndarray] | None = None
     fit_time: float = field(default_factory=time.perf_counter)
     fitted_imbalance: float | None = None
     moves: tuple[int, int] | None = None

@@ -63,9 +63,14 @@ class SolveResult:
             None for a placement given); with `fit_skipped`, the most any placement could gain (serving / the
             window's lower bound - 1).
         fit_skipped: kept without fitting: the serving placement is within min_gain of the window's lower bound.
-        followed: what the patches after this answer start from once it switches, in the policy's own GPU order
-            (`placement` is relabelled to the GPUs serving, which breaks the ring order drift swaps need): a refit's
-            placement as fitted, a patch's `fitted` with its drift swaps.
+        followed: what the patches after this answer start from once it switches, in the serving GPUs' labels: a
+            refit's placement as relabelled (without burst moves, `placement` itself), a patch's `fitted` with its
+            drift swaps.
+        ring_order_LG: [L, G] the order of the GPUs each layer of `followed` is a ring layout in, which its drift
+            swaps follow (a refit relabelled by `plan_migration` is one in the order of its `gpu_map_G`).
+        layer_gains_L: a refit's gain per layer on the scored steps (serving / new - 1, under the routing the
+            layers run), the order in which patches adopt its layers (`RebalanceConfig.refit_adopt_layers`).
+        adopted: (refit number, layers) of a refit a patch adopted (`PatchRequest.adopt_layers`; None: none).
         swap_seconds_per_layer: a patch's drift swaps, seconds per layer they ran in (None: none ran), which sets
             how many layers the next patches swap in (`drift_stride_for`).
     """
@@ -80,6 +85,9 @@ class SolveResult:
     fit_skipped: bool = False
     followed: Placement | None = None
     swap_seconds_per_layer: float | None = None
+    ring_order_LG: np.ndarray | None = None
+    layer_gains_L: np.ndarray | None = None
+    adopted: tuple[int, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,11 @@ class PatchRequest:
         drift_LE: [L, E] mean tokens per expert over the drift swaps' (longer) window; None: no drift swaps.
         max_swaps: the most drift swaps per layer.
         drift_layers: the layers that get drift swaps (None: every layer).
+        ring_order_LG: [L, G] the order of the GPUs each layer of `fitted` is a ring layout in (None: 0, 1, ..., G-1);
+            `fitted` is in the serving GPUs' labels, so the patch is planned without relabelling GPUs.
+        adopt: a refit's placement as relabelled against the placement serving (`SolveResult.followed`), whose
+            layers `adopt_layers` replace `fitted`'s before the drift swaps, rings in the order `adopt_ring_order_G`;
+            `adopt_number` says which refit (the answer's `adopted` carries it back).
     """
 
     recent_LE: np.ndarray
@@ -105,6 +118,11 @@ class PatchRequest:
     drift_LE: np.ndarray | None = None
     max_swaps: int = 0
     drift_layers: np.ndarray | None = None
+    ring_order_LG: np.ndarray | None = None
+    adopt: Placement | None = None
+    adopt_layers: np.ndarray | None = None
+    adopt_ring_order_G: np.ndarray | None = None
+    adopt_number: int = 0
 
 
 def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, options: dict, policy_fn: PolicyFn | None,
@@ -136,33 +154,56 @@ def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, option
         else:
             target = fit_placement(policy, counts_TLE, current.cluster, **(options if policy == "cpsat" else {}))
     plan = plan_migration(current, target)
+    layer_gains = None
     if scored is not None:
-        fitted = float(score_placement(plan.realised, scored, routing).imbalance_TL.mean())
+        fitted_L = score_placement(plan.realised, scored, routing).imbalance_TL.mean(axis=0)
+        layer_gains = scores.imbalance_TL.mean(axis=0) / fitted_L - 1
+        fitted = float(fitted_L.mean())
         gain = serving / fitted - 1
         if min_gain > 0 and gain < min_gain:
             return _kept(current, serving, gain)
     fills, rounds = plan_rebalance(current, plan.realised, shape)
     return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), fitted,
-                       encode_fills(fills), encode_rounds(rounds), gain=gain, followed=target)
+                       encode_fills(fills), encode_rounds(rounds), gain=gain, followed=plan.realised,
+                       ring_order_LG=np.tile(plan.gpu_map_G, (target.num_layers, 1)), layer_gains_L=layer_gains)
 
 
 def _patch(current: Placement, patch: PatchRequest, shape: TransferShape) -> SolveResult:
-    """The patch of `patch.fitted` (drift swaps, then burst moves) relabelled against `current`, and its weight
-    moves; `kept` when it holds every slot's expert where `current` does (new static weights alone are not worth a
-    switch)."""
+    """The patch of `patch.fitted` (drift swaps in each layer's ring order, then burst moves), each GPU's experts
+    matched to the slots of the same GPU of `current`, and its weight moves; `kept` when it holds every slot's expert
+    where `current` does (new static weights alone are not worth a switch)."""
     followed, per_layer = patch.fitted, None
+    ring_order_LG = patch.ring_order_LG
+    if ring_order_LG is None:
+        ring_order_LG = np.tile(np.arange(followed.cluster.num_gpus), (followed.num_layers, 1))
+    adopted = None
+    if patch.adopt is not None and patch.adopt_layers is not None and len(patch.adopt_layers):
+        adopted = np.asarray(patch.adopt_layers, dtype=np.int64)
+        phy2log_LP, weights_LP = followed.phy2log_LP.copy(), followed.weights_LP.copy()
+        phy2log_LP[adopted], weights_LP[adopted] = patch.adopt.phy2log_LP[adopted], patch.adopt.weights_LP[adopted]
+        followed = Placement(phy2log_LP, weights_LP, followed.cluster, followed.num_experts, followed.policy,
+                             dict(followed.info))
+        ring_order_LG = ring_order_LG.copy()
+        ring_order_LG[adopted] = patch.adopt_ring_order_G
     if patch.drift_LE is not None:
         layers = patch.fitted.num_layers if patch.drift_layers is None else len(patch.drift_layers)
         began = time.perf_counter()
-        followed, _ = drift_swaps(patch.fitted, patch.drift_LE, patch.max_swaps, patch.drift_layers)
+        followed, _ = drift_swaps(followed, patch.drift_LE, patch.max_swaps, patch.drift_layers, ring_order_LG)
         per_layer = (time.perf_counter() - began) / layers if layers else None
     target, _ = patch_for_bursts(followed, patch.recent_LE, patch.max_moves, patch.threshold)
-    plan = plan_migration(current, target)
+    plan = plan_migration(current, target, relabel_gpus=False)
     if np.array_equal(plan.realised.phy2log_LP, current.phy2log_LP):
-        return dataclasses.replace(_kept(current, None, None), swap_seconds_per_layer=per_layer)
+        kept = dataclasses.replace(_kept(current, None, None), swap_seconds_per_layer=per_layer)
+        if adopted is None:
+            return kept
+        # The adopted layers already serve as the refit has them: adopted all the same, nothing to move.
+        return dataclasses.replace(kept, followed=followed, ring_order_LG=ring_order_LG,
+                                   adopted=(patch.adopt_number, adopted))
     fills, rounds = plan_rebalance(current, plan.realised, shape)
     return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), None, encode_fills(fills),
-                       encode_rounds(rounds), followed=followed, swap_seconds_per_layer=per_layer)
+                       encode_rounds(rounds), followed=followed, swap_seconds_per_layer=per_layer,
+                       ring_order_LG=ring_order_LG,
+                       adopted=None if adopted is None else (patch.adopt_number, adopted))
 
 
 def drift_stride_for(seconds_per_layer: float | None, num_layers: int, budget_s: float | None, minimum: int) -> int:

@@ -69,6 +69,13 @@ class RebalanceConfig(BaseModel):
                     "the last fitted placement (with its drift swaps, patch_swaps) so that a layer goes back when the "
                     "burst ends. A patch moves a few experts, not a model."
     )
+    refit_adopt_layers: int | None = Field(
+        None, ge=1,
+        description="With patches: a refit is solved in a helper of its own while patches go on, and its placement is "
+                    "not moved as one attempt but adopted by the patches, up to this many layers each, the layers it "
+                    "gains most on first (each patch planned against the placement serving, so no patch waits for a "
+                    "refit's moves). None: a refit moves as one attempt, and no patch starts while it is under way.",
+    )
     patch_swaps: int = Field(
         PATCH.drift_swaps, ge=0,
         description="Most replica-set swaps per layer and patch that follow the drifting mix of the last "
@@ -139,6 +146,9 @@ class RebalanceConfig(BaseModel):
         if self.solve_cpu_share < 1 and self.solve_in != "process":
             raise ValueError(f"solve_cpu_share={self.solve_cpu_share:g} paces a helper process: set "
                              "solve_in='process' (a thread cannot be paused)")
+        if self.refit_adopt_layers is not None and self.patch_every is None:
+            raise ValueError(f"refit_adopt_layers={self.refit_adopt_layers} hands refits to the patches: set "
+                             "patch_every, or refit_adopt_layers=None")
         if self.heartbeat_timeout_s < 3 * self.heartbeat_interval_s:
             raise ValueError(f"heartbeat_timeout_s={self.heartbeat_timeout_s:g} must be at least 3 x "
                              f"heartbeat_interval_s={self.heartbeat_interval_s:g}")

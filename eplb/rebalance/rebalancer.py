@@ -35,7 +35,7 @@ is, each every k-th patch: k at least `patch_drift_stride`, wider where the last
 `patch_swap_budget_s` in every layer) of the last fitted
 placement toward the last `patch_drift_window` steps' mean load (`placement.drift_swaps`: the mix drifts between
 refits; rank 0 keeps the swaps of each patch that switches as the fitted placement the next ones start from, in the
-policy's GPU order, where the ring layouts the swaps need are intact), then runs
+serving GPUs' labels with the order each layer is a ring layout in: a refit's GPU map), then runs
 `placement.burst_patch.patch_for_bursts` on the last `patch_window` steps' mean load on top (so a layer goes back once
 its burst has passed); it comes back kept when no slot would change, else it moves a few experts and switches the
 same way, and only the layers it changes get new tables. With `patch_overlap` (the default) rank 0 starts the next
@@ -67,6 +67,7 @@ from eplb.rebalance.host_copies import HostCopies
 from eplb.rebalance.move_plan import decode_for_rank
 from eplb.rebalance.protocol import Field, Phase, SolveStatus, message
 from eplb.rebalance.recovery import GroupRecovery, RecoveryReport, agree_and_regroup
+from eplb.rebalance.refit_adoption import RefitAdoption
 from eplb.rebalance.solve_answer import unpack_answer
 from eplb.rebalance.solving import Rank0Solver
 from eplb.rebalance.stats import RebalanceStats
@@ -99,9 +100,11 @@ class Rebalancer:
         _check_settings(config, comm, layers, recorder, placement)
         self.config, self.comm, self.layers, self.recorder = config, comm, layers, recorder
         self.placement = placement
-        # The last fitted or loaded placement, which patches start from; on rank 0 (which asks for patches) in the
-        # policy's own GPU order and with the drift swaps of the patches switched to since.
+        # The last fitted or loaded placement, which patches start from; on rank 0 (which asks for patches) with the
+        # drift swaps of the patches switched to since, in the serving GPUs' labels, and [L, G] the order of the GPUs
+        # each of its layers is a ring layout in (None: 0, 1, ..., G-1).
         self.fitted = placement
+        self.ring_order_LG: np.ndarray | None = None
         self.placement_members = list(comm.members)  # original rank of each GPU of the placement
         self.failures_tolerated = config.failures_tolerated_for(comm.world_size)
         self.stats = RebalanceStats()
@@ -122,10 +125,15 @@ class Rebalancer:
         self._due_now = False
         shape = self.mover.transfer_shape(config.max_bytes_per_step, self.failures_tolerated)
         self.solver = Rank0Solver(config, comm, shape, policy_fn)
+        # With refit_adopt_layers, rank 0's refits solve in a helper of their own and the patches adopt them.
+        self.adoption = None if config.refit_adopt_layers is None else RefitAdoption(
+            config.refit_adopt_layers, Rank0Solver(config, comm, shape, policy_fn), config.solve_timeout_s)
         if comm.rank == 0:
             # Start the helper process now and let its imports finish before decode starts (the other ranks wait
             # for this rank in the collectives below: at most half their timeout), not beside the first steps.
-            self.solver.background().wait_ready(comm.timeout_s / 2)
+            helpers = [self.solver] if self.adoption is None else [self.solver, self.adoption.solver]
+            for helper in helpers:
+                helper.background().wait_ready(comm.timeout_s / 2 / len(helpers))
         self._heartbeat = _start_heartbeat(comm, config)
         self.host_copies.build(placement, self.mover, config.max_bytes_per_step, self.stats)  # collective
         comm.barrier()  # every rank leaves here together, so no rank's first decode step waits on the start-up
@@ -170,6 +178,8 @@ class Rebalancer:
         if received_G is not None and received_G[:, Field.DRIFTED].any():
             self._due_now = True  # every rank reads the same flags: a refit at the first step that may start one
         drifted = started = False
+        if self.adoption is not None and self.comm.rank == 0:
+            self.adoption.poll(self.stats)
         if not self.refit_in_progress:
             self._steps_since_attempt += 1
             self._steps_since_patch += 1
@@ -228,6 +238,8 @@ class Rebalancer:
         _check_loadable(target, self.placement, self.layers, self.comm.world_size)
         if self.in_progress and self.phase == Phase.SOLVING and self._attempt.patch:
             self._attempt = None  # its answer, when it comes, is about an older attempt and ignored
+            if self.adoption is not None:
+                self.adoption.dropped()
         if self.in_progress:
             raise RuntimeError("a rebalance is under way; load a placement when `in_progress` is False")
         self.stats.attempts += 1
@@ -240,21 +252,29 @@ class Rebalancer:
         step's message, whether an attempt started)."""
         due = self._due_now or self._steps_since_attempt >= self.config.interval
         if due and self.recorder.steps_recorded > 0:
-            self._start_refit(step)
-            return False, True
+            if self.adoption is None:
+                self._start_refit(step)
+                return False, True
+            self._start_refit(step, adopted=True)  # no attempt: the patches go on and adopt it
         patch_due = self.config.patch_every is not None and self._steps_since_patch >= self.config.patch_every
         if patch_due and self._attempt is None and self.recorder.steps_recorded > 0:
             self._start_patch(step)
             return self.drift.check(self._steps_since_attempt), True
         return self.drift.check(self._steps_since_attempt), False
 
-    def _start_refit(self, step: int) -> None:
-        """Start a refit attempt on the recorder's window (rank 0 solves in the background)."""
+    def _start_refit(self, step: int, adopted: bool = False) -> None:
+        """Start a refit attempt on the recorder's window (rank 0 solves in the background); `adopted`: rank 0
+        solves it in the refits' own helper for the patches to adopt (`refit_adoption`), and no attempt starts."""
         self._due_now, self._steps_since_attempt = False, 0
-        self.stats.attempts += 1
         window_TLE = self.recorder.counts_TLE()
         if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
             window_TLE = self.comm.all_reduce_sum(window_TLE)
+        if adopted:
+            if self.comm.rank == 0:
+                self.adoption.start(self._fit_window(window_TLE.cpu().numpy()), self.placement, step)
+            self.drift.restart()  # the drift trigger's level is measured again on the steps served from here
+            return
+        self.stats.attempts += 1
         if self.comm.rank == 0:
             self.solver.submit(self._fit_window(window_TLE.cpu().numpy()), self.placement)
         self._attempt = Attempt(fit_step=step)
@@ -264,12 +284,13 @@ class Rebalancer:
         with drift swaps, of the last `patch_drift_window` (the swaps')."""
         self._steps_since_patch = 0
         self.stats.attempts += 1
-        self._submit_patch(self.fitted, self.placement)
+        self._submit_patch(self.fitted, self.ring_order_LG, self.placement)
         self._attempt = Attempt(fit_step=step, patch=True)
 
-    def _submit_patch(self, fitted: Placement | None, current: Placement) -> None:
+    def _submit_patch(self, fitted: Placement | None, ring_order_LG: np.ndarray | None, current: Placement) -> None:
         """Read the recent load (an all-reduce on every rank when the recorder keeps this rank's tokens) and, on
-        rank 0, submit the patch job of `fitted` (rank 0's; None elsewhere) planned from `current`."""
+        rank 0, submit the patch job of `fitted` (rank 0's, its layers rings in `ring_order_LG`; None elsewhere)
+        planned from `current`."""
         config = self.config
         windows = (config.patch_window, config.patch_drift_window) if config.patch_swaps else (config.patch_window,)
         recent_TLE = self.recorder.counts_TLE(last=max(windows))  # one read, one all-reduce for both windows
@@ -280,15 +301,18 @@ class Rebalancer:
         if self.comm.rank == 0:
             turn = layers_in_turn(len(self.layers), self._drift_stride, self._patch_turn)
             self._patch_turn += 1
+            adopt = None if self.adoption is None else self.adoption.next_layers()
             request = PatchRequest(means[0], fitted, config.patch_moves, config.patch_threshold,
-                                   means[1] if config.patch_swaps else None, config.patch_swaps, turn)
+                                   means[1] if config.patch_swaps else None, config.patch_swaps, turn, ring_order_LG,
+                                   *((adopt.placement, adopt.layers, adopt.ring_order_G, adopt.number) if adopt
+                                     else ()))
             self.solver.submit(None, current, patch=request)
 
     def _queue_patch(self, step: int, moving: Attempt) -> None:
         """Start the next patch's job now, while patch `moving` moves its weights: it starts from that patch's
         drift swaps and is planned from its target, and becomes an attempt at its switch (`_switch`), its answer
         often ready by then. Every rank calls it at the same step."""
-        self._submit_patch(moving.followed, moving.target)
+        self._submit_patch(moving.followed, moving.ring_order_LG, moving.target)
         self._queue_patch_at, self._queued_patch_step = None, step
 
     def _fit_window(self, window_TLE: np.ndarray) -> np.ndarray:
@@ -317,7 +341,7 @@ class Rebalancer:
                        else "the solve failed on rank 0")
             return
         if status == SolveStatus.KEPT:
-            self._keep(job.get("result"))
+            self._keep(job.get("result"), step)
             return
         num_fills, num_chunks = int(received_G[0, Field.NUM_FILLS]), int(received_G[0, Field.NUM_CHUNKS])
         answer = self.solver.broadcast_answer(self.placement, num_fills, num_chunks)
@@ -330,7 +354,8 @@ class Rebalancer:
             return
         fills, rounds = decode_for_rank(fills_U8, chunks_C6, comm.rank)
         if comm.rank == 0:
-            attempt.followed = job["result"].followed
+            attempt.followed, attempt.ring_order_LG = job["result"].followed, job["result"].ring_order_LG
+            attempt.adopted = job["result"].adopted
         attempt.start_moving(self.placement, target, fitted, fills, rounds,
                              self.mover.staging_for(list(fills.values())),
                              job["result"].moves if comm.rank == 0 else None)
@@ -378,7 +403,9 @@ class Rebalancer:
         self._attempt = None
         if attempt.patch:
             if attempt.followed is not None:  # rank 0: the next patches start from the drift swaps made
-                self.fitted = attempt.followed
+                self.fitted, self.ring_order_LG = attempt.followed, attempt.ring_order_LG
+            if attempt.adopted is not None:  # rank 0: layers of a refit now serve
+                self.adoption.adopted(*attempt.adopted, step, self.stats)
             self.drift.restart(self.drift.fitted_imbalance)  # the fit's level stays the drift trigger's
             self.stats.record_patch(step, attempt.fit_step, attempt.moves)
             logger.info("switched to a burst patch at step %d (%d fills)", step, len(attempt.fills))
@@ -389,17 +416,24 @@ class Rebalancer:
             self._queue_patch_at = self._queued_patch_step = None
             return
         self.fitted = attempt.target if attempt.followed is None else attempt.followed
+        self.ring_order_LG = attempt.ring_order_LG
         self._patch_turn = 0
+        if self.adoption is not None:  # a loaded placement replaces the refits solving or being adopted
+            self.adoption.clear()
         self.drift.restart(attempt.fitted_imbalance)
         self.stats.record_switch(step, attempt.fit_step, time.perf_counter() - attempt.fit_time, attempt.moves)
         logger.info("switched to the new placement at step %d (%d fills)", step, len(attempt.fills))
 
-    def _keep(self, answer: SolveResult | None) -> None:
+    def _keep(self, answer: SolveResult | None, step: int) -> None:
         """End the attempt with the placement serving unchanged (the fit gained less than min_gain, or a patch
         would change no slot; `answer` is rank 0's). After a refit, the drift trigger's level is then measured again
         on the steps served from here, so that traffic no placement serves better does not start attempt after
-        attempt."""
+        attempt. A patch whose adopted layers of a refit already serve as the refit has them adopts them all the
+        same."""
         if self._attempt.patch:
+            if answer is not None and answer.adopted is not None:  # rank 0
+                self.fitted, self.ring_order_LG = answer.followed, answer.ring_order_LG
+                self.adoption.adopted(*answer.adopted, step, self.stats)
             self._attempt = None
             return
         self.stats.kept += 1
@@ -414,6 +448,8 @@ class Rebalancer:
         next patch)."""
         patch = self._attempt.patch
         self._queue_patch_at = self._queued_patch_step = None  # planned from a target that will not serve
+        if self.adoption is not None:  # refit layers handed to the patches dropped here go to the next ones
+            self.adoption.dropped()
         self.stats.failures.append(f"burst patch: {reason}" if patch else reason)
         logger.warning("%s abandoned, the current placement keeps serving: %s", "burst patch" if patch else "rebalance",
                        reason)
@@ -455,7 +491,9 @@ class Rebalancer:
         report, target = self.recovery.regroup(survivors, step, self.placement, self.placement_members, began)
         if target is not None:
             self.placement, self.placement_members = target, list(survivors)
-            self.fitted, self._patch_turn = target, 0
+            self.fitted, self.ring_order_LG, self._patch_turn = target, None, 0
+            if self.adoption is not None:
+                self.adoption.clear()
             self.drift.restart()
             self._due_now = True
         return report
@@ -465,6 +503,8 @@ class Rebalancer:
         if self._heartbeat is not None:
             self._heartbeat.stop()
         self.solver.close()
+        if self.adoption is not None:
+            self.adoption.close()
 
 
 def _check_settings(config: RebalanceConfig, comm: Communicator, layers: list[MoEDecodeLayer],

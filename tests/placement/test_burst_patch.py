@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from placement import ClusterSpec, Placement, rolling_replay
+from placement import ClusterSpec, Placement, fit_placement, rolling_replay
 from placement.burst_patch import CANDIDATES, DONORS, MIN_GAIN, THRESHOLD, TIE, PatchConfig, patch_for_bursts
 from placement.drift_swaps import ring_imbalance
 from placement.policies.chain_layout import chain_layout
@@ -14,6 +14,7 @@ from placement.policies.deepseek import replicate_greedy
 from placement.routing.dynamic_split import MOMENTUM, ROUTER_ROUNDS, ReplicaGraph, optimal_split_loads
 from placement.routing.live_router import LayerRoutingTable, route_step
 from placement.routing.trial_split import trial_imbalances
+from placement.scoring import score_placement
 
 CLUSTER = ClusterSpec(num_gpus=4, slots_per_gpu=3, gpus_per_node=4)
 # 4 GPUs x 3 slots, 8 experts: 0-3 once each (one per GPU), 4-7 twice, on neighbouring GPUs.
@@ -183,6 +184,45 @@ def test_the_replay_with_refits_blocking_patches_patches_only_between_refits():
     assert 0 < blocked.patch_moves <= free.patch_moves
     assert blocked.held_out.imbalance_TL.mean() >= free.held_out.imbalance_TL.mean() - 1e-9
 
+
+
+def test_patches_adopt_a_refit_a_layer_at_a_time_the_layers_it_gains_most_on_first():
+    from placement.replay import _Adoption
+
+    rng = np.random.default_rng(2)
+    rate_LE = np.array([[60.0, 60, 60, 60, 120, 120, 120, 120], [120.0, 60, 60, 120, 60, 120, 60, 120]])
+    window_TLE = rng.poisson(rate_LE, size=(12, 2, 8))
+    fitted = _placement(np.stack([SLOTS[0], SLOTS[0]]))
+    refit = fit_placement("deepseek", window_TLE, CLUSTER)
+    adoption = _Adoption()
+    assert adoption.begin(fitted, window_TLE) is fitted and adoption.order == []  # the first fit serves whole
+    assert adoption.begin(refit, window_TLE) is fitted  # a later one starts from the placement followed
+    gains = [score_placement(fitted, window_TLE, "dynamic").imbalance_TL.mean(axis=0)[layer]
+             / score_placement(refit, window_TLE, "dynamic").imbalance_TL.mean(axis=0)[layer] - 1 for layer in (0, 1)]
+    assert adoption.order == sorted((layer for layer in (0, 1) if gains[layer] > 0), key=lambda l: -gains[l])
+    order = list(adoption.order)
+    once = adoption.adopt(fitted, 1)
+    assert np.array_equal(once.phy2log_LP[order[0]], refit.phy2log_LP[order[0]])
+    for layer in {0, 1} - {order[0]}:
+        np.testing.assert_array_equal(once.phy2log_LP[layer], fitted.phy2log_LP[layer])
+    done = adoption.adopt(adoption.adopt(once, 1), 1)
+    assert adoption.order == [] and adoption.adopt(done, 1) is done
+
+
+def test_the_replay_with_refits_adopted_by_the_patches_runs_and_refuses_what_it_does_not_model():
+    counts = _bursty_counts()
+    args = dict(every=20, window=20, routing="live", lag=10)
+    adopted = rolling_replay(counts, CLUSTER, "deepseek", patches=PatchConfig(lag=2, window=3, every=2,
+                                                                              adopt_layers=1), **args)
+    plain = rolling_replay(counts, CLUSTER, "deepseek", **args)
+    assert adopted.patch_moves > 0
+    assert adopted.held_out.imbalance_TL[4:10].mean() < plain.held_out.imbalance_TL[4:10].mean() - 0.1
+    with pytest.raises(ValueError, match="drift_ratio"):
+        rolling_replay(counts, CLUSTER, "deepseek", patches=PatchConfig(adopt_layers=1), drift_ratio=1.4, **args)
+    for bad in ({"adopt_layers": 0}, {"adopt_layers": 1, "refit_blocks": True}, {"adopt_layers": 1,
+                                                                                 "sequential": True}):
+        with pytest.raises(ValueError, match="adopt_layers"):
+            PatchConfig(**bad)
 
 def _per_trial_patch(phy2log_P: np.ndarray, load_E: np.ndarray, placement: Placement, max_moves: int) -> np.ndarray:
     """One layer's patch with each trial scored on its own (a replica graph and a live-router split per trial): the

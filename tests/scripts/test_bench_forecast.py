@@ -100,10 +100,12 @@ def test_the_refit_block_rows_set_the_live_schedule_beside_the_yardstick_s(load_
     rows = {row["fit"]: row for row in json.loads(out.read_text())["schedules"]}
     assert list(rows) == ["refits every 40 back to back, patches never blocked",
                           "a refit 40 after the last landed, patches blocked while one is in flight",
+                          "a refit 40 after the last landed, adopted by the patches, 1 layer each",
                           "a refit 40 after the last landed, no patches", "one fit, then patches alone"]
-    yardstick, blocked, unpatched, alone = rows.values()
-    assert yardstick["fits"] > blocked["fits"] == unpatched["fits"] > alone["fits"] == 1
-    assert "patch_moves" not in unpatched and min(yardstick["patch_moves"], blocked["patch_moves"]) > 0
+    yardstick, blocked, adopted, unpatched, alone = rows.values()
+    assert yardstick["fits"] > blocked["fits"] == adopted["fits"] == unpatched["fits"] > alone["fits"] == 1
+    assert "patch_moves" not in unpatched
+    assert min(yardstick["patch_moves"], blocked["patch_moves"], adopted["patch_moves"]) > 0
     assert len({row["scored_steps"] for row in rows.values()}) == 1 and yardstick["scored_steps"] == 300 - 60
     assert all(row["imbalance_mean"] >= 1.0 for row in rows.values())
     assert "| one fit, then patches alone |" in capsys.readouterr().out

@@ -251,6 +251,11 @@ def test_replay_patches_a_burst_between_refits_and_reports_the_slots_moved(run_e
     blocked = ok_json(run_eplb(*args, "--patch-lag", "2", "--patch-every", "2", "--refit-blocks-patches"))
     assert blocked["refit_blocks_patches"] is True and 0 < blocked["patch_moves"] <= patched["patch_moves"]
     assert blocked["imbalance_mean"] < plain["imbalance_mean"]
+    adopted = ok_json(run_eplb(*args, "--patch-lag", "2", "--patch-every", "2", "--adopt-layers", "1"))
+    assert adopted["adopt_layers"] == 1 and adopted["patch_moves"] > 0 and default["adopt_layers"] is None
+    assert adopted["imbalance_mean"] < plain["imbalance_mean"]
+    clash = run_eplb(*args, "--adopt-layers", "1", "--sequential-patches")
+    assert clash.returncode == 2 and "--adopt-layers is not modelled with --sequential-patches" in clash.stderr
 
 
 def test_replay_fits_the_window_as_it_is_with_no_forecast(run_eplb, tmp_path):

@@ -300,3 +300,51 @@ def test_the_drift_stride_keeps_a_patch_s_swaps_within_their_budget():
     assert drift_stride_for(0.0015, 61, 0.25, 3) == 3  # never below the configured stride
     assert drift_stride_for(10.0, 61, 0.25, 1) == 61  # at most one layer a patch
     assert drift_stride_for(None, 61, 0.25, 2) == 2 and drift_stride_for(0.016, 61, None, 2) == 2
+
+
+def test_a_refit_is_followed_as_relabelled_its_rings_in_its_gpu_map_s_order_with_its_gain_per_layer(window):
+    counts, current = window
+    solver = BackgroundSolver("thread", "deepseek", {}, SHAPE)
+    try:
+        solver.submit(counts, current)
+        answer = wait_for(solver)["result"]
+    finally:
+        solver.close()
+    plan = plan_migration(current, fit_placement("deepseek", counts, current.cluster))
+    assert np.array_equal(answer.followed.phy2log_LP, answer.placement.phy2log_LP)  # the serving GPUs' labels
+    assert (answer.ring_order_LG == plan.gpu_map_G).all() and answer.ring_order_LG.shape == (2, 4)
+    serving_L = score_placement(current, counts[-32:], "dynamic").imbalance_TL.mean(axis=0)
+    fitted_L = score_placement(answer.placement, counts[-32:], "dynamic").imbalance_TL.mean(axis=0)
+    np.testing.assert_allclose(answer.layer_gains_L, serving_L / fitted_L - 1)
+
+
+def test_a_patch_adopts_the_refit_layers_it_is_handed_in_the_serving_gpus_labels():
+    """Layer 0 of a refit (relabelled against the placement serving by a GPU map of its own) replaces the fitted
+    placement's layer 0 in the patch, its ring order the map; layer 1 stays; the patch is planned without relabelling
+    GPUs, and comes back kept, adopting all the same, when the adopted layer already serves."""
+    rng = np.random.default_rng(5)
+    cluster = ClusterSpec(num_gpus=8, slots_per_gpu=3, gpus_per_node=8)
+    old_LE, new_LE = rng.gamma(2.0, 100.0, (2, 2, 20))
+    fitted = fit_placement("cpsat", rng.poisson(old_LE, (16, 2, 20)), cluster, routing="dynamic", time_limit_s=0.5)
+    refit = plan_migration(fitted, fit_placement("cpsat", rng.poisson(new_LE, (16, 2, 20)), cluster,
+                                                 routing="dynamic", time_limit_s=0.5))
+    solver = BackgroundSolver("thread", "cpsat", {}, SHAPE)
+    try:
+        solver.submit(None, fitted, patch=PatchRequest(new_LE, fitted, 2, 100.0, None, 0, None, None, refit.realised,
+                                                       np.array([0]), refit.gpu_map_G, 7))
+        answer = wait_for(solver)["result"]
+        number, layers = answer.adopted
+        assert number == 7 and layers.tolist() == [0] and not answer.kept
+        assert np.array_equal(answer.followed.phy2log_LP[0], refit.realised.phy2log_LP[0])
+        assert np.array_equal(answer.followed.phy2log_LP[1], fitted.phy2log_LP[1])
+        assert (answer.ring_order_LG[0] == refit.gpu_map_G).all() and (answer.ring_order_LG[1] == np.arange(8)).all()
+        by_gpu = [np.sort(p.phy2log_LP.reshape(2, 8, 3), axis=-1) for p in (answer.placement, answer.followed)]
+        assert np.array_equal(*by_gpu)  # each GPU holds what the followed placement's same GPU does: no relabelling
+        solver.submit(None, answer.placement, patch=PatchRequest(new_LE, answer.followed, 2, 100.0, None, 0, None,
+                                                                 answer.ring_order_LG, refit.realised, np.array([0]),
+                                                                 refit.gpu_map_G, 8))
+        again = wait_for(solver)["result"]
+        assert again.kept and again.moves == (0, 0) and again.adopted[0] == 8
+        assert np.array_equal(again.followed.phy2log_LP, answer.followed.phy2log_LP)
+    finally:
+        solver.close()

@@ -294,3 +294,36 @@ def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs(stri
     assert all(np.array_equal(r.final_phy2log_LP, reports[0].final_phy2log_LP) for r in reports)
     patched = summary["burst_patches"]
     assert patched["after"] < patched["before"], patched
+
+
+def test_refits_adopted_by_the_patches_never_stop_them_with_exact_outputs():
+    """With refit_adopt_layers, rank 0 solves each refit in a helper of its own and the patches adopt its layers one
+    a patch: the patches go on while it solves and while it is adopted (no refit attempt on any rank), a refit
+    counts as switched on rank 0 when its last layer serves, every rank switches at the same steps to the same
+    placement, and the outputs stay exact."""
+    steps = 48  # the mix changes at step 16; the first refit starts at step 20, on a window mostly of the new mix
+    setup = setup_for(4, steps)
+    old_TLE = generate_trace(SyntheticConfig(num_steps=FIT, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
+                                             tokens_per_step=TOKENS, seed=3)).counts_TLE
+    ring = fit_placement("cpsat", old_TLE, setup.placement.cluster, routing="dynamic", time_limit_s=0.5)
+    setup = dataclasses.replace(setup, placement=ring)
+    config = CONFIG.model_copy(update={"policy": "cpsat", "time_limit_s": 0.3, "interval": 20, "refit_on_drift": None,
+                                       "patch_every": 3, "patch_window": 6, "patch_drift_window": 6,
+                                       "max_bytes_per_step": 1 << 20, "refit_adopt_layers": 1})
+    setup, reports, summary = run(4, steps, config=config, setup=setup)
+    assert_exact_and_complete(summary, steps)
+    assert not summary["rebalance_failures"] and summary["patches"] >= 2
+    rank0 = reports[0].stats
+    assert rank0["rebalances"] >= 1, rank0  # a refit adopted to its last layer
+    assert all(r.stats["rebalances"] == 0 for r in reports[1:])  # the others only ever saw patches
+    assert len({tuple(r.stats["patch_steps"]) for r in reports}) == 1
+    assert all(np.array_equal(r.final_phy2log_LP, reports[0].final_phy2log_LP) for r in reports)
+    adopted_at, started_at = rank0["switch_steps"][0], rank0["switch_steps"][0] - rank0["lag_steps"][0]
+    # The patches that adopted it switched while it was in flight, one layer each, and patches went on after.
+    assert any(started_at < step <= adopted_at for step in rank0["patch_steps"]), rank0
+
+
+def test_refits_for_the_patches_to_adopt_need_patches():
+    with pytest.raises(ValueError, match="refit_adopt_layers"):
+        RebalanceConfig(refit_adopt_layers=2, patch_every=None)
+    assert RebalanceConfig(refit_adopt_layers=2).refit_adopt_layers == 2
