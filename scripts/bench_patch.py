@@ -12,7 +12,9 @@ Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, 
   patch_threshold and patch_swaps, the drift swaps in the layers whose turn it is in the first patch after a refit, patch_drift_stride) on
   the mean of the next `patch_drift_window` steps (the drift swaps') and of the last `patch_window` of them (the burst
   moves'): as the trace has them (also without drift swaps, patch_swaps 0), then with one random expert per layer 4x
-  as popular in the burst moves' steps in a share of the layers (a burst in 10% and in every layer).
+  as popular in the burst moves' steps in a share of the layers (a burst in 10% and in every layer);
+- patches adopting the refit (`RebalanceConfig.refit_adopt_layers`): from the placement serving before it, a patch
+  that takes 1 and 4 of its layers, the ones it gains most on, with its drift swaps and burst moves.
 
 Per job: its seconds (the solve and the weight moves' plan, on this machine's cores), the slots that change expert,
 the fills (slots, and host copies the new placement wants), the bytes moved and the rounds at the config's
@@ -48,6 +50,7 @@ EXPERT = {"hidden_size": 7168, "intermediate_size": 2048, "element_size": 1}  # 
 TOKENS_PER_GPU = 128
 BURST_FACTOR = 4.0
 BURST_SHARES = (0.1, 1.0)  # shares of the layers a burst is added to
+ADOPTED = (1, 4)  # layers of the refit a patch adopts, in the rows of refits the patches adopt
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,6 +119,15 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed
                                layers_in_turn(shape["layers"], config.patch_drift_stride, 0), refit.ring_order_LG)
         answer, seconds = timed(lambda: solve(None, refit.placement, "cpsat", options, None, transfer, patch=request))
         rows.append(job_row(name, answer, seconds, refit.placement, step_ms))
+    # Refits the patches adopt (`refit_adopt_layers`): from the placement serving before the refit, a patch that
+    # adopts the refit's `count` layers it gains most on (with its drift swaps and burst moves, as any patch).
+    order = np.argsort(-refit.layer_gains_L, kind="stable")
+    for count in ADOPTED:
+        request = PatchRequest(recent_LE, start, config.patch_moves, config.patch_threshold, drift_LE,
+                               config.patch_swaps, layers_in_turn(shape["layers"], config.patch_drift_stride, 0),
+                               None, refit.followed, order[:count], refit.ring_order_LG[0], 1)
+        answer, seconds = timed(lambda: solve(None, start, "cpsat", options, None, transfer, patch=request))
+        rows.append(job_row(f"patch adopting {count} of the refit's layers", answer, seconds, start, step_ms))
     for row in rows:
         row.update({"gpus": num_gpus, "slots_per_gpu": slots,
                     "seconds_vs_refit": round(row["seconds"] / rows[0]["seconds"], 4),

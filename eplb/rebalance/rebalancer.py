@@ -44,7 +44,9 @@ as the last job did), so a slow job no longer adds to the time between patches; 
 on every rank at the same step, and a failed patch drops it. A refit that comes due while a patch is still solving
 replaces it; one that comes due while a patch moves waits the few steps to its switch. A refit lands `lag` steps after
 its window, and a burst that begins after the window would otherwise be served by a placement that never saw it until
-the next refit.
+the next refit. No patch starts while a refit is under way (its moves read and keep serving slots a patch would
+change), unless `refit_adopt_layers` is set: then no refit is an attempt; rank 0 solves it in a helper of its own and
+the patches adopt its layers a few at a time (`refit_adoption`), each planned against the placement serving.
 
 A rank that dies surfaces as a `CollectiveError`; `recover` and `mark_failed` re-form the group (`recovery`).
 """

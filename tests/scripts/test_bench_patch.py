@@ -21,7 +21,9 @@ def rows(load_script, tmp_path_factory):
 
 
 def test_each_cluster_has_a_refit_and_its_patches(rows):
-    assert [row["job"].split(",")[0] for row in rows] == ["refit", "patch", "patch", "patch", "patch"]
+    assert [row["job"].split(",")[0] for row in rows] == ["refit", "patch", "patch", "patch", "patch",
+                                                         "patch adopting 1 of the refit's layers",
+                                                         "patch adopting 4 of the refit's layers"]
     assert rows[1]["job"].endswith("no drift swaps")
     refit = rows[0]
     assert not refit["kept"] and refit["bytes"] > 0 and refit["slots_moved"] > 0
@@ -30,9 +32,9 @@ def test_each_cluster_has_a_refit_and_its_patches(rows):
 
 def test_a_patch_moves_a_few_slots_and_the_host_copies_that_follow_them(rows):
     config, layers = RebalanceConfig(), 4
-    everywhere = rows[-1]  # a burst in every layer: the fit serves it above the threshold
+    everywhere = rows[4]  # a burst in every layer: the fit serves it above the threshold
     assert not everywhere["kept"] and everywhere["slots_moved"] >= 1
-    for row in rows[1:]:
+    for row in rows[1:5]:
         # burst moves, and but in the first row drift swaps: two replica sets each, a set at most one slot a GPU
         swaps = 0 if row["job"].endswith("no drift swaps") else 2 * 8 * config.patch_swaps
         assert row["slots_moved"] <= (config.patch_moves + swaps) * layers
@@ -50,3 +52,9 @@ def test_the_steps_to_a_switch_are_the_job_the_broadcast_the_moves_and_the_switc
             per_step = layers_per_step(row["changed_layers"], row["rounds"])
             moving = max(row["rounds"], math.ceil(row["changed_layers"] / per_step))
             assert abs(row["steps_to_switch"] - (job_steps + 1 + moving + 1)) <= 1  # seconds are rounded in the row
+
+
+def test_a_patch_adopting_a_refit_s_layers_moves_about_their_share_of_the_refit(rows):
+    refit, one, four = rows[0], rows[5], rows[6]
+    assert not one["kept"] and one["changed_layers"] >= 1 and four["changed_layers"] == 4
+    assert 0 < one["bytes"] < four["bytes"] <= 1.2 * refit["bytes"]  # all four layers, with swaps and burst moves
