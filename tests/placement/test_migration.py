@@ -105,6 +105,24 @@ def test_relabelled_target_moves_nothing(shape, relabel):
     np.testing.assert_array_equal(plan.realised.weights_LP, current.weights_LP)
 
 
+
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=SHAPE_IDS[:3])
+def test_without_relabelling_gpus_each_gpu_keeps_its_label_and_only_its_slots_are_matched(shape):
+    rng = np.random.default_rng(4)
+    current = random_placement(rng, shape, equal_split=False)
+    cluster = current.cluster
+    gpu_order = within_node_order(rng, cluster)
+    target = reshuffled(rng, current, gpu_order, shuffle_slots=True)
+    plan = plan_migration(current, target, relabel_gpus=False)
+    np.testing.assert_array_equal(plan.gpu_map_G, np.arange(cluster.num_gpus))
+    by_gpu = [np.sort(p.phy2log_LP.reshape(p.num_layers, cluster.num_gpus, -1), axis=-1) for p in (plan.realised,
+                                                                                                     target)]
+    np.testing.assert_array_equal(*by_gpu)  # GPU j holds target GPU j's experts
+    # Slots only reshuffled inside each GPU move nothing; GPUs relabelled do, where relabelling would move none.
+    assert plan.num_moves >= plan_migration(current, target).num_moves == 0
+    same_gpus = reshuffled(rng, current, np.arange(cluster.num_gpus), shuffle_slots=True)
+    assert plan_migration(current, same_gpus, relabel_gpus=False).num_moves == 0
+
 def test_whole_node_swap_needs_moves_when_node_permutation_is_off():
     rng = np.random.default_rng(2)
     current = random_placement(rng, SHAPES[0])
