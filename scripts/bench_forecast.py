@@ -220,7 +220,6 @@ def burst_rows(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[i
     return rows
 
 
-
 def schedule_rows(quick: bool, steps: int, lag: int, intervals: list[int], time_limit_s: float,
                   seeds: tuple[int, ...], adopt_layers: int = 1) -> list[dict]:
     """Per shape, traffic and seed, `cpsat` with the forecast and patches at the shape's live pace (`LIVE_PACES`) on a
@@ -272,6 +271,7 @@ def schedule_table(rows: list[dict]) -> str:
         lines.append(f"| {row['shape']} | {row['traffic']} | {row['seed']} | {row['fit']} | {pace} | "
                      f"{row['imbalance_mean']:.4f} | {row['fits']} | {row.get('patch_moves', '-')} |")
     return "\n".join(lines)
+
 
 def burst_table(rows: list[dict]) -> str:
     lines = ["| shape | traffic | seed | policy | rows with a burst (bursts on them) | imbalance there | calm rows "
