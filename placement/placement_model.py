@@ -79,6 +79,13 @@ class Placement:
         """[P] int64: the GPU each slot lives on."""
         return np.arange(self.cluster.num_slots) // self.cluster.slots_per_gpu
 
+    def with_layers_of(self, source: "Placement", layers) -> "Placement":
+        """This placement with `layers` (indices) taken, slots and weights, from `source` (same shape): a refit's
+        layers adopted by a patch."""
+        phy2log_LP, weights_LP = self.phy2log_LP.copy(), self.weights_LP.copy()
+        phy2log_LP[layers], weights_LP[layers] = source.phy2log_LP[layers], source.weights_LP[layers]
+        return Placement(phy2log_LP, weights_LP, self.cluster, self.num_experts, self.policy, dict(self.info))
+
     def is_equal_split(self) -> bool:
         """True when every replica takes 1 / (its expert's replica count) of the tokens."""
         expected = 1.0 / np.take_along_axis(self.logcnt_LE, self.phy2log_LP, axis=1)

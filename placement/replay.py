@@ -239,10 +239,7 @@ class _Adoption:
         if not self.order:
             return followed
         layers, self.order = self.order[:count], self.order[count:]
-        phy2log_LP, weights_LP = followed.phy2log_LP.copy(), followed.weights_LP.copy()
-        phy2log_LP[layers], weights_LP[layers] = self.fit.phy2log_LP[layers], self.fit.weights_LP[layers]
-        return Placement(phy2log_LP, weights_LP, followed.cluster, followed.num_experts, followed.policy,
-                         dict(followed.info))
+        return followed.with_layers_of(self.fit, layers)
 
 
 def _serve(chunks: list[tuple[int, int, Placement]], first: int, stop: int, placement: Placement) -> None:

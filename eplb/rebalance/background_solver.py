@@ -179,10 +179,7 @@ def _patch(current: Placement, patch: PatchRequest, shape: TransferShape) -> Sol
     adopted = None
     if patch.adopt is not None and patch.adopt_layers is not None and len(patch.adopt_layers):
         adopted = np.asarray(patch.adopt_layers, dtype=np.int64)
-        phy2log_LP, weights_LP = followed.phy2log_LP.copy(), followed.weights_LP.copy()
-        phy2log_LP[adopted], weights_LP[adopted] = patch.adopt.phy2log_LP[adopted], patch.adopt.weights_LP[adopted]
-        followed = Placement(phy2log_LP, weights_LP, followed.cluster, followed.num_experts, followed.policy,
-                             dict(followed.info))
+        followed = followed.with_layers_of(patch.adopt, adopted)
         ring_order_LG = ring_order_LG.copy()
         ring_order_LG[adopted] = patch.adopt_ring_order_G
     if patch.drift_LE is not None:
