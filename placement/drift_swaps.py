@@ -1,7 +1,7 @@
 """Follow a drifting expert mix between refits: a few experts of a ring layout trade replica sets.
 
 Legend: L layers, E logical experts, G GPUs, S slots per GPU, P = G * S slots, O arcs of the ring (G starts x
-lengths 1..G), A screened arcs, B candidate swaps.
+lengths 1..G), H hot and C cold candidates, K tight arcs, N arcs around an expert's, A arcs scored, B pairs scored.
 
 Why: a refit lands `lag` steps after its window and then serves for an interval, so the placement serving a step was
 fitted on traffic 100-200 steps older. Bursts aside, what it costs is the mix that moved meanwhile: an arc of GPUs
@@ -21,12 +21,21 @@ tightest arc, with a colder expert b outside it moves c_a - c_b off every arc th
 arc that holds b but not a. It pays in two ways: a cold b takes little load into the arc, and a b that spans more GPUs
 gives a its longer arc (a hot or bursting one-GPU expert then spreads over several). So the `HOT` hottest experts
 inside the tightest arc are tried against the `COLD` coldest outside it and every expert outside it that spans two or
-more GPUs; the pairs are screened on the arcs of length up to `SCREEN_LENGTH` and the `SCREEN_TOP` tightest arcs; the
-`VERIFIED` best of them are scored on every arc, and the best is applied if it lowers the objective by `MIN_GAIN`; up
-to `max_swaps` swaps. The screen scores each arc on its value's tangent in float32 (the margin curves by a few tokens
-over a swap's load), the verification exactly. The static weights stay with the slots: an expert takes the other's
-replica set with its weights, which still sum to one per expert (the live router splits a ring layout exactly, without
-them).
+more GPUs, and the pair whose swap lowers the objective most, scored exactly on every arc, is applied if it lowers it
+by `MIN_GAIN`; up to `max_swaps` swaps.
+
+Scoring every pair on every arc costs H x C x G^2 (about 40 million arc values a swap at 128 GPUs), so most pairs are
+never scored: each gets a lower bound on its objective after the swap from arcs whose new loads are cheap to find, the
+max of (1) the arcs that do not hold a (their loads stay or grow, so their values now bound the new max; per start GPU
+they are a prefix of the lengths, read from prefix maxima), (2) the `TIGHT_ARCS` tightest arcs and (3) the arcs around
+a's own arc and around b's (starting up to `AROUND` GPUs before it, ending up to `AROUND` after), (2) and (3) scored
+exactly. Pairs whose bound does not clear `MIN_GAIN` are dropped; the rest are scored exactly in the order of their
+bounds, `BATCH` at a time, until the next bound is no lower than the best score found, which is then the best of every
+pair. An exact score needs only the arcs whose value could reach the batch's lowest bound: the margin is concave in
+the load, so an arc's value grows by at most the gain times its slope (`_Ring._reach`), and an arc below the bound by
+more stays below it. The result is the pair an exhaustive scoring picks, at a small share of its cost (figures:
+docs/placement.md, 'Drift swaps'). The static weights stay with the slots: an expert takes the other's replica set
+with its weights, which still sum to one per expert (the live router splits a ring layout exactly, without them).
 """
 
 import numpy as np
@@ -37,9 +46,9 @@ NOISE_MARGIN = 3.0  # standard deviations of an arc's per-step noise (sqrt of it
 MIN_GAIN = 5e-4  # a swap is applied only if it lowers the layer's objective by this much
 HOT = 16  # experts inside the tightest arc tried per swap: the hottest
 COLD = 64  # experts outside it tried per swap: the coldest (and every one spanning two or more GPUs)
-SCREEN_LENGTH = 8  # candidate swaps are screened on every arc up to this length ...
-SCREEN_TOP = 256  # ... and on this many of the tightest arcs of any length
-VERIFIED = 32  # the best screened swaps, scored on every arc
+TIGHT_ARCS = 32  # the tightest arcs each candidate pair's bound scores exactly
+AROUND = 3  # ... and the arcs around each expert's own arc, starting up to this many GPUs before it, ending as many after
+BATCH = 8  # pairs scored exactly at a time, in the order of their bounds
 
 
 def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4,
@@ -173,6 +182,7 @@ class _Ring:
         self.start_E, self.length_E, self.load_E, self.num_gpus = start_E.copy(), length_E.copy(), load_E, num_gpus
         self.lengths_1 = np.arange(1, num_gpus + 1, dtype=np.float64)
         self.mean = load_E.sum() / num_gpus
+        self.ends_EG = self._ends(np.arange(len(load_E)))
         self.loads_GO = self._arc_loads()
 
     def _ends(self, experts: np.ndarray) -> np.ndarray:
@@ -184,8 +194,7 @@ class _Ring:
     def _arc_loads(self) -> np.ndarray:
         """[G, G] load inside the arc starting at GPU s of length l + 1."""
         num_gpus = self.num_gpus
-        ends_EG = self._ends(np.arange(len(self.load_E)))
-        flat = (np.arange(num_gpus)[None] * (num_gpus + 1) + ends_EG).ravel()
+        flat = (np.arange(num_gpus)[None] * (num_gpus + 1) + self.ends_EG).ravel()
         inside = np.bincount(flat, np.repeat(self.load_E, num_gpus), minlength=num_gpus * (num_gpus + 1))
         return np.cumsum(inside.reshape(num_gpus, num_gpus + 1), axis=1)[:, 1:]
 
@@ -194,60 +203,112 @@ class _Ring:
         loads = np.maximum(loads, 0.0)
         return (loads + NOISE_MARGIN * np.sqrt(loads)) / lengths / self.mean
 
-    def best_swap(self) -> tuple[int, int] | None:
-        """The swap (a, b) lowering the layer's objective most, if by at least `MIN_GAIN`; else None."""
-        num_gpus = self.num_gpus
-        value_GO = self._relative(self.loads_GO, self.lengths_1[None])
-        objective = float(value_GO.max())
+    def values(self) -> np.ndarray:
+        """[G, G] each arc's value (`_relative`); the layer's objective is their max."""
+        return self._relative(self.loads_GO, self.lengths_1[None])
+
+    def candidates(self, value_GO: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(hot_H, cold_C): the experts a swap may take from the tightest arc (its `HOT` hottest) and those it may
+        give it (the `COLD` coldest outside it and every one outside it spanning two or more GPUs)."""
         tight_start, tight_length = np.unravel_index(int(value_GO.argmax()), value_GO.shape)
-        ends_EG = self._ends(np.arange(len(self.load_E)))
-        inside_E = ends_EG[:, tight_start] <= tight_length + 1
+        inside_E = self.ends_EG[:, tight_start] <= tight_length + 1
         hot, cold = np.flatnonzero(inside_E), np.flatnonzero(~inside_E)
         hot = hot[np.argsort(-self.load_E[hot], kind="stable")[:HOT]]
-        cold = np.union1d(cold[np.argsort(self.load_E[cold], kind="stable")[:COLD]], cold[self.length_E[cold] >= 2])
+        coldest = np.zeros(len(self.load_E), dtype=bool)
+        coldest[cold[np.argsort(self.load_E[cold], kind="stable")[:COLD]]] = True
+        return hot, np.flatnonzero(coldest | (~inside_E & (self.length_E >= 2)))
+
+    def best_swap(self) -> tuple[int, int] | None:
+        """The swap (a, b) lowering the layer's objective most, if by at least `MIN_GAIN`; else None. Of the pairs
+        `candidates` offers, the best by the exact score (`_exact_scores`); see the module docstring for the
+        bounds that leave most pairs unscored."""
+        value_GO = self.values()
+        objective = float(value_GO.max())
+        hot, cold = self.candidates(value_GO)
         if not len(hot) or not len(cold):
             return None
-        # Screened arcs: every arc up to SCREEN_LENGTH long and the SCREEN_TOP tightest of any length.
-        short = np.ravel_multi_index(np.nonzero(np.ones((num_gpus, min(SCREEN_LENGTH, num_gpus)), dtype=bool)),
-                                     (num_gpus, num_gpus))
-        arcs = np.union1d(short, np.argsort(-value_GO.ravel(), kind="stable")[:SCREEN_TOP])
-        start_A, column_A = np.unravel_index(arcs, (num_gpus, num_gpus))
-        in_hot, in_cold = ((ends_EG[experts][:, start_A] <= column_A[None] + 1).astype(np.float32)
-                           for experts in (hot, cold))
-        gain_HC = self.load_E[hot][:, None] - self.load_E[cold][None]
-        # Screened in float32 on the arc values' tangent, f(L + d) ~ f(L) + f'(L) d: [H, C, A] each arc's value once
-        # hot h and cold c trade arcs (the arcs holding h lose the gain, those holding c win it).
-        loads_A = np.maximum(self.loads_GO[start_A, column_A], 0.0)
-        lengths_A = self.lengths_1[column_A]
-        slope_A = ((1.0 + NOISE_MARGIN / (2.0 * np.sqrt(np.maximum(loads_A, 1.0)))) / lengths_A / self.mean)
-        value_A = self._relative(loads_A, lengths_A).astype(np.float32)
-        lose_HA, win_CA = in_hot * slope_A.astype(np.float32), in_cold * slope_A.astype(np.float32)
-        screened_HC = (value_A - gain_HC[..., None].astype(np.float32) * (lose_HA[:, None] - win_CA[None])).max(axis=-1)
-        screened_HC = screened_HC.astype(np.float64)
-        screened_HC[gain_HC <= 0] = np.inf  # b must be colder than a
-        order = np.argsort(screened_HC.ravel(), kind="stable")[:VERIFIED]
-        order = order[np.isfinite(screened_HC.ravel()[order])]
-        if not len(order):
-            return None
-        a_B, b_B = hot[order // len(cold)], cold[order % len(cold)]
-        exact_B = self._exact_scores(a_B, b_B, ends_EG)
-        pick = int(np.argmin(exact_B))
-        if exact_B[pick] > objective - MIN_GAIN:
-            return None
-        return int(a_B[pick]), int(b_B[pick])
+        bound_HC = self._bounds(hot, cold, value_GO)
+        bound_HC[self.load_E[hot][:, None] <= self.load_E[cold][None]] = np.inf  # b must be colder than a
+        flat = bound_HC.ravel()
+        order = np.flatnonzero(flat <= objective - MIN_GAIN)
+        order = order[np.argsort(flat[order], kind="stable")]
+        reach_GO = self._reach()
+        best, pair = objective - MIN_GAIN, None
+        for first in range(0, len(order), BATCH):
+            batch = order[first:first + BATCH]
+            if flat[batch[0]] > best or (pair is not None and flat[batch[0]] >= best):
+                break  # no pair left can beat the best found
+            a_B, b_B = hot[batch // len(cold)], cold[batch % len(cold)]
+            scores_B = self._exact_scores(a_B, b_B, value_GO, reach_GO, floor=flat[batch[0]])
+            pick = int(np.argmin(scores_B))
+            if scores_B[pick] < best or (pair is None and scores_B[pick] <= best):
+                best, pair = float(scores_B[pick]), (int(a_B[pick]), int(b_B[pick]))
+        return pair
 
-    def _exact_scores(self, a_B: np.ndarray, b_B: np.ndarray, ends_EG: np.ndarray) -> np.ndarray:
-        """[B] the layer's objective, every arc scored, once a_B[i] and b_B[i] trade arcs: each arc holding a but
-        not b loses c_a - c_b, each holding b but not a gains it."""
-        lengths = np.arange(1, self.num_gpus + 1)
-        in_a = ends_EG[a_B][:, :, None] <= lengths  # [B, G starts, G lengths]
-        in_b = ends_EG[b_B][:, :, None] <= lengths
+    def _bounds(self, hot: np.ndarray, cold: np.ndarray, value_GO: np.ndarray) -> np.ndarray:
+        """[H, C] a lower bound on the objective once hot h and cold c trade arcs: the max of the arcs that do not
+        hold h (their loads stay or grow), and of the exact new values of the `TIGHT_ARCS` tightest arcs and of
+        the arcs around h's and c's own (starting up to `AROUND` GPUs before, ending up to `AROUND` after)."""
+        num_gpus = self.num_gpus
+        ends_hot, ends_cold = self.ends_EG[hot], self.ends_EG[cold]
+        gain_HC1 = (self.load_E[hot][:, None] - self.load_E[cold][None])[..., None]
+        # Arcs without h: those starting at s shorter than h's end from s, a prefix of each row.
+        prefix_GO = np.concatenate([np.full((num_gpus, 1), -np.inf), np.maximum.accumulate(value_GO, axis=1)], axis=1)
+        without_h_H = prefix_GO[np.arange(num_gpus)[None], ends_hot - 1].max(axis=1)
+        # The tightest arcs: [H, C, K].
+        tight = np.argpartition(-value_GO.ravel(), TIGHT_ARCS - 1)[:TIGHT_ARCS] if value_GO.size > TIGHT_ARCS \
+            else np.arange(value_GO.size)
+        start_K, column_K = np.unravel_index(tight, value_GO.shape)
+        hot_in_HK = (ends_hot[:, start_K] <= column_K + 1).astype(np.float64)
+        cold_in_CK = (ends_cold[:, start_K] <= column_K + 1).astype(np.float64)
+        tight_HC = self._relative(self.loads_GO[start_K, column_K] - gain_HC1 * (hot_in_HK[:, None] - cold_in_CK[None]),
+                                  column_K + 1.0).max(axis=2)
+        # Around h's own arc (each holds h; c loses it unless it holds c too): [H, C, N].
+        start_HN, column_HN = self._around(hot)
+        cold_in_CHN = ends_cold[:, start_HN] <= column_HN[None] + 1
+        around_h_HC = self._relative(self.loads_GO[start_HN, column_HN][:, None]
+                                     - gain_HC1 * ~cold_in_CHN.transpose(1, 0, 2), column_HN[:, None] + 1.0).max(axis=2)
+        # Around c's own arc (each holds c; it gains unless it holds h too): [H, C, N].
+        start_CN, column_CN = self._around(cold)
+        hot_in_HCN = ends_hot[:, start_CN] <= column_CN[None] + 1
+        around_c_HC = self._relative(self.loads_GO[start_CN, column_CN][None] + gain_HC1 * ~hot_in_HCN,
+                                     column_CN[None] + 1.0).max(axis=2)
+        return np.maximum(np.maximum(without_h_H[:, None], tight_HC), np.maximum(around_h_HC, around_c_HC))
+
+    def _around(self, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([X, N], [X, N]) start and column (length - 1) of the arcs holding each expert's own arc that start up to
+        `AROUND` GPUs before it and end up to `AROUND` after, N = (AROUND + 1)^2 (capped at the whole ring)."""
+        before = np.repeat(np.arange(AROUND + 1), AROUND + 1)
+        after = np.tile(np.arange(AROUND + 1), AROUND + 1)
+        start = (self.start_E[experts][:, None] - before[None]) % self.num_gpus
+        return start, np.minimum(self.length_E[experts][:, None] + before + after, self.num_gpus) - 1
+
+    def _reach(self) -> np.ndarray:
+        """[G, G] how much each arc's value can grow per token a swap adds to it, at most: f'(L) / (l * mean) for the
+        margin's f(L) = L + NOISE_MARGIN * sqrt(L), concave, so f(L + g) <= f(L) + g f'(L); inf below one token."""
+        loads_GO = self.loads_GO
+        slope_GO = 1.0 + 0.5 * NOISE_MARGIN / np.sqrt(np.maximum(loads_GO, 1.0))
+        return np.where(loads_GO >= 1.0, slope_GO / self.lengths_1[None] / self.mean, np.inf)
+
+    def _exact_scores(self, a_B: np.ndarray, b_B: np.ndarray, value_GO: np.ndarray | None = None,
+                      reach_GO: np.ndarray | None = None, floor: float = -np.inf) -> np.ndarray:
+        """[B] the layer's objective once a_B[i] and b_B[i] trade arcs: each arc holding a but not b loses
+        c_a - c_b, each holding b but not a gains it. Scored on the arcs whose value could reach `floor` (a lower
+        bound on every pair's score; -inf: every arc): the others stay below it, so the max is the same."""
         gain_B = self.load_E[a_B] - self.load_E[b_B]
-        loads_BGO = self.loads_GO[None] - gain_B[:, None, None] * (in_a.astype(np.float64) - in_b)
-        return self._relative(loads_BGO, self.lengths_1).reshape(len(a_B), -1).max(axis=1)
+        if np.isfinite(floor):
+            arcs = np.flatnonzero((value_GO + max(float(gain_B.max()), 0.0) * reach_GO >= floor).ravel())
+        else:
+            arcs = np.arange(self.num_gpus * self.num_gpus)
+        start_A, column_A = np.unravel_index(arcs, (self.num_gpus, self.num_gpus))
+        in_a = self.ends_EG[a_B][:, start_A] <= column_A + 1  # [B, A]
+        in_b = self.ends_EG[b_B][:, start_A] <= column_A + 1
+        loads_BA = self.loads_GO.ravel()[arcs][None] - gain_B[:, None] * (in_a.astype(np.float64) - in_b)
+        return self._relative(loads_BA, column_A + 1.0).max(axis=1)
 
     def swap(self, a: int, b: int) -> None:
         """a and b trade arcs; the arc loads follow."""
         self.start_E[[a, b]] = self.start_E[[b, a]]
         self.length_E[[a, b]] = self.length_E[[b, a]]
+        self.ends_EG[[a, b]] = self.ends_EG[[b, a]]
         self.loads_GO = self._arc_loads()

@@ -14,7 +14,14 @@ Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, 
   moves'): as the trace has them (also without drift swaps, patch_swaps 0), then with one random expert per layer 4x
   as popular in the burst moves' steps in a share of the layers (a burst in 10% and in every layer);
 - patches adopting the refit (`RebalanceConfig.refit_adopt_layers`): from the placement serving before it, a patch
-  that takes 1 and 4 of its layers, the ones it gains most on, with its drift swaps and burst moves.
+  that takes 1 and 4 of its layers, the ones it gains most on, with its drift swaps and burst moves;
+- steady patches: from the first patch with drift swaps as it switched, `STEADY` more, `patch_every` steps apart on
+  the trace, each from the last one's placement and drift swaps (as rank 0 keeps them), its layers' turns at drift
+  swaps set by the last one's swap seconds and `patch_swap_budget_s` (`drift_stride_for`), as the `Rebalancer` runs
+  them; then their medians, and the pace overlapping patches keep at them (`patch_overlap`: a patch every
+  max(rounds + 2, job steps + 1) steps, landing job steps + rounds + 2 after the load it saw; docs/benchmarks.md,
+  "Patches at a live group's pace"), the `PatchConfig(lag, every)` that models it in `eplb replay` and
+  `scripts/bench_forecast.py`.
 
 Per job: its seconds (the solve and the weight moves' plan, on this machine's cores), the slots that change expert,
 the fills (slots, and host copies the new placement wants), the bytes moved and the rounds at the config's
@@ -27,6 +34,7 @@ Usage: python scripts/bench_patch.py [--gpus 64 128] [--slots-per-gpu 5 3] [--qu
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -36,7 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from eplb.rebalance.attempt import changed_layers, layers_per_step
-from eplb.rebalance.background_solver import PatchRequest, SolveResult, import_solving_modules, solve
+from eplb.rebalance.background_solver import (PatchRequest, SolveResult, drift_stride_for,
+                                              import_solving_modules, solve)
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.move_plan import KINDS, TransferShape
 from placement import ClusterSpec, Placement, fit_placement
@@ -51,6 +60,7 @@ TOKENS_PER_GPU = 128
 BURST_FACTOR = 4.0
 BURST_SHARES = (0.1, 1.0)  # shares of the layers a burst is added to
 ADOPTED = (1, 4)  # layers of the refit a patch adopts, in the rows of refits the patches adopt
+STEADY = 6  # steady patches after the first, each from the last
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +99,8 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed
     config = RebalanceConfig()
     window = shape["window"]
     seen = max(config.patch_window, config.patch_drift_window)
-    trace = generate_trace(SyntheticConfig(num_steps=2 * window + seen, num_layers=shape["layers"],
+    end = 2 * window + seen  # the first patches see the steps up to here; the steady ones the steps after
+    trace = generate_trace(SyntheticConfig(num_steps=end + STEADY * config.patch_every, num_layers=shape["layers"],
                                            num_experts=shape["experts"], top_k=shape["top_k"],
                                            tokens_per_step=TOKENS_PER_GPU * num_gpus, seed=seed))
     counts_TLE = trace.counts_TLE
@@ -102,8 +113,8 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed
     refit, seconds = timed(lambda: solve(counts_TLE[window : 2 * window], start, "cpsat", options, None, transfer))
     rows = [job_row("refit", refit, seconds, start, step_ms)]
     fitted = refit.followed  # what rank 0's patches start from: the refit as relabelled, rings in its GPU map's order
-    drift_LE = counts_TLE[-config.patch_drift_window:].mean(axis=0)
-    recent_LE = counts_TLE[-config.patch_window:].mean(axis=0)
+    drift_LE = counts_TLE[end - config.patch_drift_window:end].mean(axis=0)
+    recent_LE = counts_TLE[end - config.patch_window:end].mean(axis=0)
     rng = np.random.default_rng(seed)
     cases = [("patch, the trace's next steps, no drift swaps", recent_LE, 0), ("patch, the trace's next steps",
                                                                              recent_LE, config.patch_swaps)]
@@ -119,6 +130,8 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed
                                layers_in_turn(shape["layers"], config.patch_drift_stride, 0), refit.ring_order_LG)
         answer, seconds = timed(lambda: solve(None, refit.placement, "cpsat", options, None, transfer, patch=request))
         rows.append(job_row(name, answer, seconds, refit.placement, step_ms))
+        if name == "patch, the trace's next steps":
+            first_patch = answer
     # Refits the patches adopt (`refit_adopt_layers`): from the placement serving before the refit, a patch that
     # adopts the refit's `count` layers it gains most on (with its drift swaps and burst moves, as any patch).
     order = np.argsort(-refit.layer_gains_L, kind="stable")
@@ -128,11 +141,51 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed
                                None, refit.followed, order[:count], refit.ring_order_LG[0], 1)
         answer, seconds = timed(lambda: solve(None, start, "cpsat", options, None, transfer, patch=request))
         rows.append(job_row(f"patch adopting {count} of the refit's layers", answer, seconds, start, step_ms))
+    if first_patch.kept:  # nothing to swap or move: the steady patches start from the refit
+        first_patch = dataclasses.replace(first_patch, placement=refit.placement, followed=refit.followed,
+                                          ring_order_LG=refit.ring_order_LG)
+    rows += steady_rows(counts_TLE, end, first_patch, config, options, transfer, step_ms)
     for row in rows:
         row.update({"gpus": num_gpus, "slots_per_gpu": slots,
                     "seconds_vs_refit": round(row["seconds"] / rows[0]["seconds"], 4),
                     "bytes_vs_refit": round(row["bytes"] / max(rows[0]["bytes"], 1), 4)})
     return rows
+
+
+def steady_rows(counts_TLE: np.ndarray, end: int, first: SolveResult, config: RebalanceConfig, options: dict,
+                transfer: TransferShape, step_ms: float) -> list[dict]:
+    """The steady patches after `first` (see the module docstring), each row with the layers' stride and the swaps'
+    seconds per layer, then a row of their medians with the pace of overlapping patches at them."""
+    num_layers = counts_TLE.shape[1]
+    serving, followed, ring_order_LG, last = first.placement, first.followed, first.ring_order_LG, first
+    rows = []
+    for turn in range(1, STEADY + 1):
+        seen = end + turn * config.patch_every
+        stride = drift_stride_for(last.swap_seconds_per_layer, num_layers, config.patch_swap_budget_s,
+                                  config.patch_drift_stride)
+        request = PatchRequest(counts_TLE[seen - config.patch_window:seen].mean(axis=0), followed,
+                               config.patch_moves, config.patch_threshold,
+                               counts_TLE[seen - config.patch_drift_window:seen].mean(axis=0), config.patch_swaps,
+                               layers_in_turn(num_layers, stride, turn), ring_order_LG)
+        answer, seconds = timed(lambda: solve(None, serving, "cpsat", options, None, transfer, patch=request))
+        row = job_row(f"steady patch {turn}", answer, seconds, serving, step_ms)
+        row.update({"drift_stride": stride, "swap_ms_per_layer": None if answer.swap_seconds_per_layer is None
+                    else round(answer.swap_seconds_per_layer * 1000, 2)})
+        rows.append(row)
+        if answer.swap_seconds_per_layer is not None:
+            last = answer
+        if not answer.kept:
+            serving, followed, ring_order_LG = answer.placement, answer.followed, answer.ring_order_LG
+    median = {key: float(np.median([row[key] for row in rows])) for key in
+              ("seconds", "slots_moved", "slot_fills", "host_copy_fills", "bytes", "rounds", "changed_layers",
+               "steps_to_switch", "drift_stride")}
+    for key in ("slots_moved", "slot_fills", "host_copy_fills", "bytes", "rounds", "changed_layers", "steps_to_switch"):
+        median[key] = math.ceil(median[key])  # a median between two jobs, rounded up
+    job_steps = math.ceil(median["seconds"] * 1000 / step_ms)
+    median.update({"job": f"steady patches (median of {STEADY})", "kept": False, "seconds": round(median["seconds"], 3),
+                   "pace_every": max(median["rounds"] + 2, job_steps + 1),
+                   "pace_lag": job_steps + median["rounds"] + 2})
+    return rows + [median]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['seconds']:.2f} | {row['seconds_vs_refit']:.3f} | {row['slots_moved']} | {row['slot_fills']} / "
               f"{row['host_copy_fills']} | {row['bytes'] / 1e9:.2f} | {row['bytes_vs_refit']:.3f} | {row['rounds']} | "
               f"{row['changed_layers']} | {row['steps_to_switch']} |")
+    for row in rows:
+        if "pace_every" in row:
+            print(f"{row['gpus']} x {row['slots_per_gpu']}: steady patches, drift stride {row['drift_stride']:g}, "
+                  f"overlapping: a patch every {row['pace_every']} steps, each {row['pace_lag']} after its load "
+                  f"(PatchConfig(lag={row['pace_lag']}, every={row['pace_every']}, "
+                  f"drift_stride={round(row['drift_stride'])}))")
     if args.json is not None:
         write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
     return 0

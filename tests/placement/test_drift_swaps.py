@@ -7,7 +7,7 @@ import pytest
 
 from placement import ClusterSpec, Placement, rolling_replay
 from placement.burst_patch import PatchConfig
-from placement.drift_swaps import _Ring, drift_swaps, layers_in_turn, ring_imbalance, ring_spans, swap_layer
+from placement.drift_swaps import MIN_GAIN, _Ring, drift_swaps, layers_in_turn, ring_imbalance, ring_spans, swap_layer
 from placement.policies.chain_layout import chain_layout
 from placement.policies.deepseek import replicate_greedy
 from placement.scoring import score_placement
@@ -76,7 +76,7 @@ def test_the_swap_chosen_scores_what_the_swapped_layout_scores_and_lowers_the_ob
     pair = ring.best_swap()
     assert pair is not None
     a, b = pair
-    score = ring._exact_scores(np.array([a]), np.array([b]), ring._ends(np.arange(EXPERTS)))[0]
+    score = ring._exact_scores(np.array([a]), np.array([b]))[0]
     swapped = phy2log_P.copy()
     swapped[phy2log_P == a], swapped[phy2log_P == b] = b, a
     assert score == pytest.approx(_objective(swapped, now_E), rel=1e-12)
@@ -220,3 +220,51 @@ def test_ring_imbalance_is_the_exact_split_of_the_busiest_arc(exact_lp_max_load,
     spare = [p for p in range(away * SLOTS_PER_GPU, (away + 1) * SLOTS_PER_GPU) if (broken == broken[p]).sum() >= 2]
     broken[spare[0]] = lone
     assert ring_imbalance(broken, load_E, GPUS, SLOTS_PER_GPU) is None  # lone's two GPUs are half the ring apart
+
+
+@pytest.mark.parametrize("gpus, slots, experts, seed", [(16, 3, 40, 0), (16, 3, 40, 1), (32, 3, 64, 2), (32, 5, 96, 3)])
+def test_the_bounded_search_picks_the_pair_that_scoring_every_candidate_on_every_arc_picks(gpus, slots, experts, seed):
+    rng = np.random.default_rng(seed)
+    stale_E, now_E = rng.gamma(2.0, 100.0, experts), rng.gamma(2.0, 100.0, experts)
+    _, _, replicas_E = replicate_greedy(stale_E[None], gpus * slots)
+    start_E, length_E = ring_spans(chain_layout(stale_E, replicas_E[0], gpus, slots, "random", seed), experts,
+                                   gpus, slots)
+    ring = _Ring(start_E, length_E, now_E, gpus)
+    for _ in range(4):  # along a few swaps, each from the last
+        objective = float(ring.values().max())
+        hot, cold = ring.candidates(ring.values())
+        a_B, b_B = np.repeat(hot, len(cold)), np.tile(cold, len(hot))
+        colder = now_E[a_B] > now_E[b_B]
+        scores_B = ring._exact_scores(a_B[colder], b_B[colder])  # every pair, every arc
+        pair = ring.best_swap()
+        if scores_B.min() > objective - MIN_GAIN:
+            assert pair is None
+            break
+        assert pair is not None
+        best = int(np.argmin(scores_B))
+        assert ring._exact_scores(np.array([pair[0]]), np.array([pair[1]]))[0] == pytest.approx(scores_B[best],
+                                                                                                 abs=1e-12)
+        ring.swap(*pair)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_each_pair_s_bound_is_below_its_exact_score_which_the_arcs_that_could_reach_the_bound_give(seed):
+    rng = np.random.default_rng(seed)
+    gpus, slots, experts = 32, 3, 64
+    stale_E, now_E = rng.gamma(2.0, 100.0, experts), rng.gamma(2.0, 100.0, experts)
+    _, _, replicas_E = replicate_greedy(stale_E[None], gpus * slots)
+    start_E, length_E = ring_spans(chain_layout(stale_E, replicas_E[0], gpus, slots, "random", seed), experts,
+                                   gpus, slots)
+    ring = _Ring(start_E, length_E, now_E, gpus)
+    value_GO = ring.values()
+    hot, cold = ring.candidates(value_GO)
+    bound_HC = ring._bounds(hot, cold, value_GO)
+    a_B, b_B = np.repeat(hot, len(cold)), np.tile(cold, len(hot))
+    colder = now_E[a_B] > now_E[b_B]
+    a_B, b_B, bound_B = a_B[colder], b_B[colder], bound_HC.ravel()[colder]
+    exact_B = ring._exact_scores(a_B, b_B)
+    assert (bound_B <= exact_B + 1e-12).all()
+    reach_GO = ring._reach()
+    on_fewer_arcs = [ring._exact_scores(a_B[i:i + 1], b_B[i:i + 1], value_GO, reach_GO, floor=bound_B[i])[0]
+                     for i in range(len(a_B))]
+    np.testing.assert_allclose(on_fewer_arcs, exact_B, rtol=0, atol=1e-12)

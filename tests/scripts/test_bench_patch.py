@@ -5,6 +5,7 @@ the module docstring counts them. No figure of a run is pinned."""
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -21,9 +22,10 @@ def rows(load_script, tmp_path_factory):
 
 
 def test_each_cluster_has_a_refit_and_its_patches(rows):
+    steady = [f"steady patch {turn}" for turn in range(1, 7)] + ["steady patches (median of 6)"]
     assert [row["job"].split(",")[0] for row in rows] == ["refit", "patch", "patch", "patch", "patch",
                                                          "patch adopting 1 of the refit's layers",
-                                                         "patch adopting 4 of the refit's layers"]
+                                                         "patch adopting 4 of the refit's layers"] + steady
     assert rows[1]["job"].endswith("no drift swaps")
     refit = rows[0]
     assert not refit["kept"] and refit["bytes"] > 0 and refit["slots_moved"] > 0
@@ -47,7 +49,7 @@ def test_a_patch_moves_a_few_slots_and_the_host_copies_that_follow_them(rows):
 
 def test_the_steps_to_a_switch_are_the_job_the_broadcast_the_moves_and_the_switch(rows):
     for row in rows:
-        if not row["kept"]:
+        if not row["kept"] and "pace_every" not in row:  # the medians' row is no job
             job_steps = math.ceil(row["seconds"] * 1000 / 50.0)
             per_step = layers_per_step(row["changed_layers"], row["rounds"])
             moving = max(row["rounds"], math.ceil(row["changed_layers"] / per_step))
@@ -58,3 +60,15 @@ def test_a_patch_adopting_a_refit_s_layers_moves_about_their_share_of_the_refit(
     refit, one, four = rows[0], rows[5], rows[6]
     assert not one["kept"] and one["changed_layers"] >= 1 and four["changed_layers"] == 4
     assert 0 < one["bytes"] < four["bytes"] <= 1.2 * refit["bytes"]  # all four layers, with swaps and burst moves
+
+
+def test_steady_patches_take_turns_by_the_swaps_budget_and_their_medians_give_the_pace(rows):
+    config = RebalanceConfig()
+    steady, median = rows[7:13], rows[13]
+    for row in steady:
+        assert row["drift_stride"] >= config.patch_drift_stride
+        assert row["swap_ms_per_layer"] is None or row["swap_ms_per_layer"] >= 0
+    job_steps = math.ceil(median["seconds"] * 1000 / 50.0)
+    assert median["pace_every"] == max(median["rounds"] + 2, job_steps + 1)
+    assert median["pace_lag"] == job_steps + median["rounds"] + 2
+    assert median["rounds"] == math.ceil(statistics.median(row["rounds"] for row in steady))  # rounded up
