@@ -75,9 +75,9 @@ ESFT_TASKS = ("intent", "law", "summary", "translation")
 ESFT_CLUSTER = ClusterSpec(num_gpus=12, slots_per_gpu=6, gpus_per_node=12)  # issue 25's ESFT row: 72 slots, 64 experts
 ESFT_TOKENS_PER_STEP = 512
 IID_FRESH_STEPS = 64  # fresh draws each iid row is scored on
-# Patches at the pace a live group makes them on this machine (docs/benchmarks.md, "Patches at a live group's pace"),
-# per (GPUs, slots per GPU); the quick shape's is nominal.
-LIVE_PACES = {(64, 5): PatchConfig(lag=10, every=6), (128, 3): PatchConfig(lag=13, every=8, drift_stride=6),
+# Patches at the pace a live group makes them on this machine (docs/benchmarks.md, "Patches at a live group's pace":
+# `scripts/bench_patch.py`'s steady rows), per (GPUs, slots per GPU); the quick shape's is nominal.
+LIVE_PACES = {(64, 5): PatchConfig(lag=9, every=6), (128, 3): PatchConfig(lag=15, every=9, drift_stride=3),
               (32, 9): PatchConfig(lag=5, every=4)}
 
 

@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slots-per-gpu", type=int, nargs="+", default=[5, 3], help="slots per GPU of each cluster")
     parser.add_argument("--step-ms", type=float, default=50.0, help="decode step time for the steps to a switch")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--patch-drift-stride", type=int, default=RebalanceConfig().patch_drift_stride, metavar="K",
+                        help="RebalanceConfig.patch_drift_stride, the least stride of the layers' turns at drift swaps "
+                             "(default %(default)s)")
+    parser.add_argument("--patch-swap-budget", type=float, default=RebalanceConfig().patch_swap_budget_s,
+                        metavar="SECONDS", help="RebalanceConfig.patch_swap_budget_s (default %(default)s; 0: none, the "
+                                                "stride stays --patch-drift-stride)")
     parser.add_argument("--quick", action="store_true", help="a small shape (4 layers x 32 experts), for tests")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     return parser
@@ -94,9 +100,11 @@ def timed(job) -> tuple[SolveResult, float]:
     return answer, time.perf_counter() - began
 
 
-def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed: int) -> list[dict]:
-    """The refit row, then the patch rows, of one cluster (see the module docstring)."""
-    config = RebalanceConfig()
+def measure_cluster(num_gpus: int, slots: int, shape: dict, step_ms: float, seed: int,
+                    config: RebalanceConfig | None = None) -> list[dict]:
+    """The refit row, then the patch rows, of one cluster (see the module docstring), at `config` (default: the
+    `RebalanceConfig` defaults)."""
+    config = RebalanceConfig() if config is None else config
     window = shape["window"]
     seen = max(config.patch_window, config.patch_drift_window)
     end = 2 * window + seen  # the first patches see the steps up to here; the steady ones the steps after
@@ -195,10 +203,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import_solving_modules("cpsat", None)  # as the helper does at start: no import inside a timed job
     shape = QUICK if args.quick else FULL
+    if args.patch_drift_stride < 1 or args.patch_swap_budget < 0:
+        print("bench_patch: --patch-drift-stride must be >= 1 and --patch-swap-budget >= 0", file=sys.stderr)
+        return 2
+    config = RebalanceConfig(patch_drift_stride=args.patch_drift_stride,
+                             patch_swap_budget_s=args.patch_swap_budget or None)
     rows = [row for gpus, slots in zip(args.gpus, args.slots_per_gpu)
-            for row in measure_cluster(gpus, slots, shape, args.step_ms, args.seed)]
+            for row in measure_cluster(gpus, slots, shape, args.step_ms, args.seed, config)]
     print(f"{shape['layers']} layers x {shape['experts']} experts, top-{shape['top_k']}, {TOKENS_PER_GPU} tokens per "
-          f"GPU a step; steps to switch at {args.step_ms:g} ms a step")
+          f"GPU a step; steps to switch at {args.step_ms:g} ms a step; drift stride at least "
+          f"{config.patch_drift_stride}, swaps' budget {config.patch_swap_budget_s} s")
     print("| GPUs x slots | job | seconds | vs refit | slots moved | slot / host-copy fills | GB moved | vs refit "
           "| rounds | changed layers | steps to switch |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
