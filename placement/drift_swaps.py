@@ -47,7 +47,7 @@ MIN_GAIN = 5e-4  # a swap is applied only if it lowers the layer's objective by 
 HOT = 16  # experts inside the tightest arc tried per swap: the hottest
 COLD = 64  # experts outside it tried per swap: the coldest (and every one spanning two or more GPUs)
 TIGHT_ARCS = 32  # the tightest arcs each candidate pair's bound scores exactly
-AROUND = 3  # ... and the arcs around each expert's own arc, starting up to this many GPUs before it, ending as many after
+AROUND = 3  # ... and the arcs around each expert's own arc, up to this many GPUs longer at either end
 BATCH = 8  # pairs scored exactly at a time, in the order of their bounds
 
 

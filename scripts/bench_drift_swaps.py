@@ -13,8 +13,8 @@ window, as a patch that long after the fit sees them:
   arc (`_Ring._exact_scores` without a floor) and taking the best that clears `MIN_GAIN`.
 
 Reported per cluster: seconds per layer of each (the median of `--repeats` runs), their ratio, the experts whose
-arcs the swaps changed, the layers on which the two chose other slot maps (0 unless two pairs score the same to the last bit), and the mean
-objective (the busiest arc with its noise margin, `_Ring.values`) before and after.
+arcs the swaps changed, the layers on which the two chose other slot maps (0 unless two pairs score the same to the
+last bit), and the mean objective (the busiest arc with its noise margin, `_Ring.values`) before and after.
 
 Usage: python scripts/bench_drift_swaps.py [--gpus 64 128] [--slots-per-gpu 5 3] [--later 100] [--repeats 3]
        [--quick] [--json FILE]
@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             for gpus, slots in zip(args.gpus, args.slots_per_gpu)]
     print(f"{shape['layers']} layers x {shape['experts']} experts, top-{shape['top_k']}, {TOKENS_PER_GPU} tokens per "
           f"GPU a step; swaps toward the steps ending {args.later} after the fit window")
-    print("| GPUs x slots | ring layers | bounded ms / layer | exhaustive ms / layer | speedup | experts moved | layers chosen "
-          "otherwise | objective before | after |")
+    print("| GPUs x slots | ring layers | bounded ms / layer | exhaustive ms / layer | speedup | experts moved "
+          "| layers chosen otherwise | objective before | after |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['gpus']} x {row['slots_per_gpu']} | {row['layers']} | {row['bounded_ms_per_layer']:.2f} | "

@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="RebalanceConfig.patch_drift_stride, the least stride of the layers' turns at drift swaps "
                              "(default %(default)s)")
     parser.add_argument("--patch-swap-budget", type=float, default=RebalanceConfig().patch_swap_budget_s,
-                        metavar="SECONDS", help="RebalanceConfig.patch_swap_budget_s (default %(default)s; 0: none, the "
-                                                "stride stays --patch-drift-stride)")
+                        metavar="SECONDS",
+                        help="RebalanceConfig.patch_swap_budget_s (default %(default)s; 0: none, the stride stays "
+                             "--patch-drift-stride)")
     parser.add_argument("--quick", action="store_true", help="a small shape (4 layers x 32 experts), for tests")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     return parser
