@@ -38,6 +38,8 @@ docs/placement.md, 'Drift swaps'). The static weights stay with the slots: an ex
 with its weights, which still sum to one per expert (the live router splits a ring layout exactly, without them).
 """
 
+from collections.abc import Callable
+
 import numpy as np
 
 from placement.placement_model import Placement
@@ -156,8 +158,9 @@ def ring_imbalance(phy2log_P: np.ndarray, load_E: np.ndarray, num_gpus: int, slo
 
 
 def swap_layer(phy2log_P: np.ndarray, load_E: np.ndarray, num_gpus: int, slots_per_gpu: int,
-               max_swaps: int) -> np.ndarray:
-    """One layer's slot map after the swaps that pay (see the module docstring); unchanged if not a ring layout."""
+               max_swaps: int, choose: Callable[["_Ring"], tuple[int, int] | None] | None = None) -> np.ndarray:
+    """One layer's slot map after the swaps that pay (see the module docstring); unchanged if not a ring layout.
+    `choose` picks each swap from the ring (None: `_Ring.best_swap`; a benchmark's baseline may pass another)."""
     current = np.array(phy2log_P, dtype=np.int64)
     load = np.asarray(load_E, dtype=np.float64)
     spans = ring_spans(current, len(load), num_gpus, slots_per_gpu)
@@ -165,7 +168,7 @@ def swap_layer(phy2log_P: np.ndarray, load_E: np.ndarray, num_gpus: int, slots_p
         return current
     ring = _Ring(spans[0], spans[1], load, num_gpus)
     for _ in range(max_swaps):
-        pair = ring.best_swap()
+        pair = ring.best_swap() if choose is None else choose(ring)
         if pair is None:
             break
         a, b = pair

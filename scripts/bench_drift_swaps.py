@@ -52,31 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exhaustive_best_swap(ring: _Ring) -> tuple[int, int] | None:
+    """The swap `_Ring.best_swap` finds, found by scoring every candidate pair on every arc (the baseline)."""
+    value_GO = ring.values()
+    hot, cold = ring.candidates(value_GO)
+    a_B, b_B = np.repeat(hot, len(cold)), np.tile(cold, len(hot))
+    colder = ring.load_E[a_B] > ring.load_E[b_B]
+    a_B, b_B = a_B[colder], b_B[colder]
+    if not len(a_B):
+        return None
+    scores_B = np.concatenate([ring._exact_scores(a_B[i:i + 32], b_B[i:i + 32]) for i in range(0, len(a_B), 32)])
+    best = int(np.argmin(scores_B))
+    if scores_B[best] > float(value_GO.max()) - MIN_GAIN:
+        return None
+    return int(a_B[best]), int(b_B[best])
+
+
 def exhaustive_swap_layer(phy2log_P: np.ndarray, load_E: np.ndarray, num_gpus: int, slots_per_gpu: int,
                           max_swaps: int) -> np.ndarray:
-    """`swap_layer` with each swap chosen by scoring every candidate pair on every arc (the baseline)."""
-    current = np.array(phy2log_P, dtype=np.int64)
-    spans = ring_spans(current, len(load_E), num_gpus, slots_per_gpu)
-    if spans is None or load_E.sum() <= 0 or max_swaps == 0:
-        return current
-    ring = _Ring(spans[0], spans[1], load_E, num_gpus)
-    for _ in range(max_swaps):
-        value_GO = ring.values()
-        hot, cold = ring.candidates(value_GO)
-        a_B, b_B = np.repeat(hot, len(cold)), np.tile(cold, len(hot))
-        colder = load_E[a_B] > load_E[b_B]
-        a_B, b_B = a_B[colder], b_B[colder]
-        if not len(a_B):
-            break
-        scores_B = np.concatenate([ring._exact_scores(a_B[i:i + 32], b_B[i:i + 32]) for i in range(0, len(a_B), 32)])
-        best = int(np.argmin(scores_B))
-        if scores_B[best] > float(value_GO.max()) - MIN_GAIN:
-            break
-        a, b = int(a_B[best]), int(b_B[best])
-        is_a, is_b = current == a, current == b
-        current[is_a], current[is_b] = b, a
-        ring.swap(a, b)
-    return current
+    """`swap_layer` with each swap chosen by `exhaustive_best_swap`."""
+    return swap_layer(phy2log_P, load_E, num_gpus, slots_per_gpu, max_swaps, choose=exhaustive_best_swap)
 
 
 def objective(phy2log_P: np.ndarray, load_E: np.ndarray, num_gpus: int, slots_per_gpu: int) -> float:

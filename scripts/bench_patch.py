@@ -188,7 +188,8 @@ def steady_rows(counts_TLE: np.ndarray, end: int, first: SolveResult, config: Re
     median = {key: float(np.median([row[key] for row in rows])) for key in
               ("seconds", "slots_moved", "slot_fills", "host_copy_fills", "bytes", "rounds", "changed_layers",
                "steps_to_switch", "drift_stride")}
-    for key in ("slots_moved", "slot_fills", "host_copy_fills", "bytes", "rounds", "changed_layers", "steps_to_switch"):
+    for key in ("slots_moved", "slot_fills", "host_copy_fills", "bytes", "rounds", "changed_layers", "steps_to_switch",
+                "drift_stride"):
         median[key] = math.ceil(median[key])  # a median between two jobs, rounded up
     job_steps = math.ceil(median["seconds"] * 1000 / step_ms)
     median.update({"job": f"steady patches (median of {STEADY})", "kept": False, "seconds": round(median["seconds"], 3),
@@ -224,10 +225,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['changed_layers']} | {row['steps_to_switch']} |")
     for row in rows:
         if "pace_every" in row:
-            print(f"{row['gpus']} x {row['slots_per_gpu']}: steady patches, drift stride {row['drift_stride']:g}, "
+            print(f"{row['gpus']} x {row['slots_per_gpu']}: steady patches, drift stride {row['drift_stride']}, "
                   f"overlapping: a patch every {row['pace_every']} steps, each {row['pace_lag']} after its load "
-                  f"(PatchConfig(lag={row['pace_lag']}, every={row['pace_every']}, "
-                  f"drift_stride={round(row['drift_stride'])}))")
+                  f"(PatchConfig(lag={row['pace_lag']}, every={row['pace_every']}, drift_stride={row['drift_stride']}))")
     if args.json is not None:
         write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
     return 0
