@@ -234,6 +234,8 @@ class _Ring:
         bound_HC[self.load_E[hot][:, None] <= self.load_E[cold][None]] = np.inf  # b must be colder than a
         flat = bound_HC.ravel()
         order = np.flatnonzero(flat <= objective - MIN_GAIN)
+        if not len(order):
+            return None  # no pair can clear MIN_GAIN: most calls end here, before the arcs' reach is needed
         order = order[np.argsort(flat[order], kind="stable")]
         reach_GO = self._reach()
         best, pair = objective - MIN_GAIN, None
