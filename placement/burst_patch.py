@@ -11,8 +11,9 @@ replicas to spare takes the bursting expert's weights, one expert per layer to c
 refits the serving placement is patched from the steps just seen, and the patch can land within a few steps.
 
 Method, per layer, on the mean load of the recent steps: if the live router's split of that load leaves the busiest
-GPU above `threshold` times the mean (on a ring layout its exact split, `placement.drift_swaps.ring_imbalance`: the
-water-filling below overstates a chain's imbalance, and a move it would call a gain breaks the ring), try giving each
+GPU above `threshold` times the mean (on a ring layout its exact split, `placement.drift_swaps.ring_imbalance`, in
+the layer's ring order, which a refit's GPU map sets: the water-filling below overstates a chain's imbalance, and a
+move it would call a gain breaks the ring), try giving each
 of the `CANDIDATES` experts with the most load per replica one more replica, taken from a slot of an expert that keeps
 at least one replica after it, on a GPU that does not hold the bursting expert yet (the `DONORS` slots of the experts
 with the least load per replica); keep the move that lowers the imbalance most (of moves equal but for rounding, the
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placement.drift_swaps import ring_imbalance
+from placement.drift_swaps import check_ring_order, ring_imbalance
 from placement.placement_model import Placement
 from placement.routing.dynamic_split import MOMENTUM, ROUTER_ROUNDS
 from placement.routing.static_weights import fitted_weights
@@ -100,7 +101,7 @@ class PatchConfig:
 
 
 def patch_for_bursts(placement: Placement, recent_LE: np.ndarray, max_moves: int = 2,
-                     threshold: float = THRESHOLD) -> tuple[Placement, int]:
+                     threshold: float = THRESHOLD, ring_order_LG: np.ndarray | None = None) -> tuple[Placement, int]:
     """The placement with up to `max_moves` slots per layer moved to the experts the recent load overloads.
 
     Args:
@@ -108,12 +109,16 @@ def patch_for_bursts(placement: Placement, recent_LE: np.ndarray, max_moves: int
         recent_LE: [L, E] non-negative mean tokens per expert over the last steps seen.
         max_moves: >= 0, the most slots one layer may change.
         threshold: >= 1, layers served at or below this imbalance of `recent_LE` are left as they are.
+        ring_order_LG: [L, G] per layer, the GPUs in the order the layer may be a ring layout in
+            (`placement.drift_swaps.drift_swaps` takes the same), so that a ring whose GPUs were relabelled is
+            still checked by its exact split; None: 0, 1, ..., G-1 in every layer.
 
     Returns:
         (patched placement, number of slots that changed expert); the placement itself (0) when nothing moved.
 
     Raises:
-        ValueError: `recent_LE` not [L, E] of the placement or negative, `max_moves` below 0, `threshold` below 1.
+        ValueError: `recent_LE` not [L, E] of the placement or negative, `max_moves` below 0, `threshold` below 1,
+            or `ring_order_LG` not one permutation of the GPUs per layer.
     """
     recent = np.asarray(recent_LE, dtype=np.float64)
     num_layers, num_experts = placement.phy2log_LP.shape[0], placement.num_experts
@@ -123,10 +128,13 @@ def patch_for_bursts(placement: Placement, recent_LE: np.ndarray, max_moves: int
     if max_moves < 0 or not threshold >= 1:
         raise ValueError(f"max_moves must be >= 0 and threshold >= 1; got max_moves={max_moves}, "
                          f"threshold={threshold}")
+    num_gpus = placement.cluster.num_gpus
+    order_LG = (np.tile(np.arange(num_gpus), (num_layers, 1)) if ring_order_LG is None
+                else check_ring_order(ring_order_LG, num_layers, num_gpus))
     phy2log_LP, weights_LP = placement.phy2log_LP.copy(), placement.weights_LP.copy()
     moved = 0
     for layer in range(num_layers):
-        patched = _patch_layer(phy2log_LP[layer], recent[layer], placement, max_moves, threshold)
+        patched = _patch_layer(phy2log_LP[layer], recent[layer], placement, max_moves, threshold, order_LG[layer])
         changed = int((patched != phy2log_LP[layer]).sum())
         if changed:
             moved += changed
@@ -140,13 +148,15 @@ def patch_for_bursts(placement: Placement, recent_LE: np.ndarray, max_moves: int
 
 
 def _patch_layer(phy2log_P: np.ndarray, load_E: np.ndarray, placement: Placement, max_moves: int,
-                 threshold: float) -> np.ndarray:
-    """One layer's slot map after the moves that pay (see the module docstring)."""
+                 threshold: float, ring_order_G: np.ndarray) -> np.ndarray:
+    """One layer's slot map after the moves that pay (see the module docstring); `ring_order_G` [G] the order of
+    the GPUs it may be a ring layout in."""
     current = phy2log_P.copy()
     if load_E.sum() <= 0:
         return current
     cluster = placement.cluster
-    exact = ring_imbalance(current, load_E, cluster.num_gpus, cluster.slots_per_gpu)
+    in_ring = current.reshape(cluster.num_gpus, cluster.slots_per_gpu)[ring_order_G].ravel()
+    exact = ring_imbalance(in_ring, load_E, cluster.num_gpus, cluster.slots_per_gpu)
     if exact is not None and exact <= threshold:
         return current  # a ring layout the live router splits exactly, within the threshold
     gpu_of_slot = placement.gpu_of_slot_P

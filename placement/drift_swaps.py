@@ -85,7 +85,7 @@ def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4,
     if chosen.size and (chosen.min() < 0 or chosen.max() >= num_layers):
         raise ValueError(f"layers must be layer indices in [0, {num_layers}); got {chosen.tolist()}")
     num_gpus, slots_per_gpu = placement.cluster.num_gpus, placement.cluster.slots_per_gpu
-    order_LG = None if ring_order_LG is None else _check_ring_order(ring_order_LG, num_layers, num_gpus)
+    order_LG = None if ring_order_LG is None else check_ring_order(ring_order_LG, num_layers, num_gpus)
     phy2log_LP = placement.phy2log_LP.copy()
     moved = 0
     for layer in (chosen if max_swaps else ()):
@@ -110,7 +110,7 @@ def drift_swaps(placement: Placement, recent_LE: np.ndarray, max_swaps: int = 4,
 
 
 
-def _check_ring_order(ring_order_LG: np.ndarray, num_layers: int, num_gpus: int) -> np.ndarray:
+def check_ring_order(ring_order_LG: np.ndarray, num_layers: int, num_gpus: int) -> np.ndarray:
     """`ring_order_LG` as [L, G] int64, or ValueError unless each row is a permutation of the G GPUs."""
     order_LG = np.asarray(ring_order_LG)
     if order_LG.shape != (num_layers, num_gpus) or not (np.sort(order_LG, axis=1) == np.arange(num_gpus)).all():
@@ -230,7 +230,7 @@ class _Ring:
         hot, cold = self.candidates(value_GO)
         if not len(hot) or not len(cold):
             return None
-        bound_HC = self._bounds(hot, cold, value_GO)
+        bound_HC = self._bounds(hot, cold, value_GO, ceiling=objective - MIN_GAIN)
         bound_HC[self.load_E[hot][:, None] <= self.load_E[cold][None]] = np.inf  # b must be colder than a
         flat = bound_HC.ravel()
         order = np.flatnonzero(flat <= objective - MIN_GAIN)
@@ -250,35 +250,50 @@ class _Ring:
                 best, pair = float(scores_B[pick]), (int(a_B[pick]), int(b_B[pick]))
         return pair
 
-    def _bounds(self, hot: np.ndarray, cold: np.ndarray, value_GO: np.ndarray) -> np.ndarray:
+    def _bounds(self, hot: np.ndarray, cold: np.ndarray, value_GO: np.ndarray, ceiling: float = np.inf
+                ) -> np.ndarray:
         """[H, C] a lower bound on the objective once hot h and cold c trade arcs: the max of the arcs that do not
         hold h (their loads stay or grow), and of the exact new values of the `TIGHT_ARCS` tightest arcs and of
-        the arcs around h's and c's own (starting up to `AROUND` GPUs before, ending up to `AROUND` after)."""
+        the arcs around h's and c's own (starting up to `AROUND` GPUs before, ending up to `AROUND` after).
+        Computed in that order, cheapest first: a pair whose bound already exceeds `ceiling` (a pair no better
+        than that is of no use), or whose h is no hotter than c, skips the later terms, so its bound is the max
+        of those computed, still below its exact score."""
         num_gpus = self.num_gpus
-        ends_hot, ends_cold = self.ends_EG[hot], self.ends_EG[cold]
-        gain_HC1 = (self.load_E[hot][:, None] - self.load_E[cold][None])[..., None]
+        gain_HC = self.load_E[hot][:, None] - self.load_E[cold][None]
+        ends_hot = self.ends_EG[hot]
         # Arcs without h: those starting at s shorter than h's end from s, a prefix of each row.
         prefix_GO = np.concatenate([np.full((num_gpus, 1), -np.inf), np.maximum.accumulate(value_GO, axis=1)], axis=1)
-        without_h_H = prefix_GO[np.arange(num_gpus)[None], ends_hot - 1].max(axis=1)
-        # The tightest arcs: [H, C, K].
+        bound_HC = np.repeat(prefix_GO[np.arange(num_gpus)[None], ends_hot - 1].max(axis=1)[:, None], len(cold), axis=1)
+        rows = np.flatnonzero(bound_HC[:, 0] <= ceiling)
+        if not len(rows):
+            return bound_HC
+        # The tightest arcs, in the rows left: [H', C, K].
         tight = np.argpartition(-value_GO.ravel(), TIGHT_ARCS - 1)[:TIGHT_ARCS] if value_GO.size > TIGHT_ARCS \
             else np.arange(value_GO.size)
         start_K, column_K = np.unravel_index(tight, value_GO.shape)
-        hot_in_HK = (ends_hot[:, start_K] <= column_K + 1).astype(np.float64)
-        cold_in_CK = (ends_cold[:, start_K] <= column_K + 1).astype(np.float64)
-        tight_HC = self._relative(self.loads_GO[start_K, column_K] - gain_HC1 * (hot_in_HK[:, None] - cold_in_CK[None]),
+        hot_in_HK = (ends_hot[rows][:, start_K] <= column_K + 1).astype(np.float64)
+        cold_in_CK = (self.ends_EG[cold][:, start_K] <= column_K + 1).astype(np.float64)
+        tight_HC = self._relative(self.loads_GO[start_K, column_K]
+                                  - gain_HC[rows][..., None] * (hot_in_HK[:, None] - cold_in_CK[None]),
                                   column_K + 1.0).max(axis=2)
-        # Around h's own arc (each holds h; c loses it unless it holds c too): [H, C, N].
+        bound_HC[rows] = np.maximum(bound_HC[rows], tight_HC)
+        # The pairs left (Q of them, a hotter than b), around h's own arc and around c's: [Q, N] each.
+        pair_h, pair_c = np.nonzero((bound_HC <= ceiling) & (gain_HC > 0))
+        if not len(pair_h):
+            return bound_HC
+        gain_Q1 = gain_HC[pair_h, pair_c][:, None]
         start_HN, column_HN = self._around(hot)
-        cold_in_CHN = ends_cold[:, start_HN] <= column_HN[None] + 1
-        around_h_HC = self._relative(self.loads_GO[start_HN, column_HN][:, None]
-                                     - gain_HC1 * ~cold_in_CHN.transpose(1, 0, 2), column_HN[:, None] + 1.0).max(axis=2)
-        # Around c's own arc (each holds c; it gains unless it holds h too): [H, C, N].
+        start_QN, column_QN = start_HN[pair_h], column_HN[pair_h]  # arcs holding h; c loses it unless it holds c
+        cold_in_QN = self.ends_EG[cold[pair_c][:, None], start_QN] <= column_QN + 1
+        around_h_Q = self._relative(self.loads_GO[start_QN, column_QN] - gain_Q1 * ~cold_in_QN,
+                                    column_QN + 1.0).max(axis=1)
         start_CN, column_CN = self._around(cold)
-        hot_in_HCN = ends_hot[:, start_CN] <= column_CN[None] + 1
-        around_c_HC = self._relative(self.loads_GO[start_CN, column_CN][None] + gain_HC1 * ~hot_in_HCN,
-                                     column_CN[None] + 1.0).max(axis=2)
-        return np.maximum(np.maximum(without_h_H[:, None], tight_HC), np.maximum(around_h_HC, around_c_HC))
+        start_QN, column_QN = start_CN[pair_c], column_CN[pair_c]  # arcs holding c; it gains unless they hold h
+        hot_in_QN = self.ends_EG[hot[pair_h][:, None], start_QN] <= column_QN + 1
+        around_c_Q = self._relative(self.loads_GO[start_QN, column_QN] + gain_Q1 * ~hot_in_QN,
+                                    column_QN + 1.0).max(axis=1)
+        bound_HC[pair_h, pair_c] = np.maximum(bound_HC[pair_h, pair_c], np.maximum(around_h_Q, around_c_Q))
+        return bound_HC
 
     def _around(self, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """([X, N], [X, N]) start and column (length - 1) of the arcs holding each expert's own arc that start up to

@@ -187,7 +187,7 @@ def _patch(current: Placement, patch: PatchRequest, shape: TransferShape) -> Sol
         began = time.perf_counter()
         followed, _ = drift_swaps(followed, patch.drift_LE, patch.max_swaps, patch.drift_layers, ring_order_LG)
         per_layer = (time.perf_counter() - began) / layers if layers else None
-    target, _ = patch_for_bursts(followed, patch.recent_LE, patch.max_moves, patch.threshold)
+    target, _ = patch_for_bursts(followed, patch.recent_LE, patch.max_moves, patch.threshold, ring_order_LG)
     plan = plan_migration(current, target, relabel_gpus=False)
     if np.array_equal(plan.realised.phy2log_LP, current.phy2log_LP):
         kept = dataclasses.replace(_kept(current, None, None), swap_seconds_per_layer=per_layer)

@@ -72,6 +72,30 @@ def test_a_ring_layer_is_judged_by_its_exact_split_not_the_water_filling_that_ov
     assert patch_for_bursts(placement, load_E[None], max_moves=2, threshold=threshold) == (placement, 0)
 
 
+def test_a_relabelled_ring_layer_is_judged_by_its_exact_split_in_its_ring_order():
+    # The ring above with its GPUs relabelled (as a refit's GPU map relabels them): not consecutive in label order,
+    # so only its ring order finds the chain whose exact split is within the threshold. Without it the water-filling
+    # overstates the layer and a move breaks the ring.
+    gpus, slots, experts = 128, 3, 256
+    cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
+    load_E = np.random.default_rng(2).gamma(2.0, 100.0, experts)
+    _, _, replicas_E = replicate_greedy(load_E[None], gpus * slots)
+    in_ring_GS = chain_layout(load_E, replicas_E[0], gpus, slots, "random", 2).reshape(gpus, slots)
+    order_G = np.random.default_rng(3).permutation(gpus)  # ring position j is GPU order_G[j]
+    relabelled_GS = np.empty_like(in_ring_GS)
+    relabelled_GS[order_G] = in_ring_GS
+    placement = Placement.equal_split(relabelled_GS.reshape(1, -1), cluster, experts)
+    threshold = 1.005
+    load_E[28] *= 1.2  # a four-replica expert a little hotter: the chain still splits it within the threshold
+    assert ring_imbalance(in_ring_GS.ravel(), load_E, gpus, slots) <= threshold
+    assert ring_imbalance(placement.phy2log_LP[0], load_E, gpus, slots) is None
+    assert patch_for_bursts(placement, load_E[None], 2, threshold, ring_order_LG=order_G[None]) == (placement, 0)
+    _, moved = patch_for_bursts(placement, load_E[None], 2, threshold)
+    assert moved > 0
+    with pytest.raises(ValueError, match="ring_order_LG"):
+        patch_for_bursts(placement, load_E[None], 2, threshold, ring_order_LG=np.zeros((1, gpus), dtype=np.int64))
+
+
 @pytest.mark.parametrize(
     "call, message",
     [

@@ -264,6 +264,12 @@ def test_each_pair_s_bound_is_below_its_exact_score_which_the_arcs_that_could_re
     a_B, b_B, bound_B = a_B[colder], b_B[colder], bound_HC.ravel()[colder]
     exact_B = ring._exact_scores(a_B, b_B)
     assert (bound_B <= exact_B + 1e-12).all()
+    # With a ceiling, pairs past it skip the later terms: still below their exact scores, the same where below it.
+    ceiling = float(np.median(bound_B))
+    staged_B = ring._bounds(hot, cold, value_GO, ceiling).ravel()[colder]
+    assert (staged_B <= bound_B + 1e-12).all() and (staged_B <= exact_B + 1e-12).all()
+    np.testing.assert_array_equal(staged_B[bound_B <= ceiling], bound_B[bound_B <= ceiling])
+    assert (staged_B[bound_B > ceiling] > ceiling).all()
     reach_GO = ring._reach()
     on_fewer_arcs = [ring._exact_scores(a_B[i:i + 1], b_B[i:i + 1], value_GO, reach_GO, floor=bound_B[i])[0]
                      for i in range(len(a_B))]

@@ -19,8 +19,10 @@ import pytest
 from eplb.rebalance.background_solver import BackgroundSolver, PatchRequest, drift_stride_for
 from eplb.harness.rebalancing_loop import failing_policy
 from eplb.rebalance.move_plan import TransferShape, decode_fills, decode_rounds, plan_rebalance
-from placement import ClusterSpec, fit_placement, plan_migration
+from placement import ClusterSpec, Placement, fit_placement, plan_migration
 from placement.bounds import imbalance_lower_bound
+from placement.policies.chain_layout import chain_layout
+from placement.policies.deepseek import replicate_greedy
 from placement.scoring import score_placement
 
 
@@ -346,5 +348,29 @@ def test_a_patch_adopts_the_refit_layers_it_is_handed_in_the_serving_gpus_labels
         again = wait_for(solver)["result"]
         assert again.kept and again.moves == (0, 0) and again.adopted[0] == 8
         assert np.array_equal(again.followed.phy2log_LP, answer.followed.phy2log_LP)
+    finally:
+        solver.close()
+
+
+def test_a_patch_checks_each_layer_s_bursts_in_its_ring_order():
+    """A chain layout relabelled by a GPU map (as a refit's is) whose exact split serves the recent load within the
+    threshold: a patch handed its ring order keeps it; judged in label order, the water-filling overstates it and
+    a burst move would break the ring."""
+    gpus, slots, experts = 128, 3, 256
+    cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
+    load_E = np.random.default_rng(2).gamma(2.0, 100.0, experts)
+    _, _, replicas_E = replicate_greedy(load_E[None], gpus * slots)
+    in_ring_GS = chain_layout(load_E, replicas_E[0], gpus, slots, "random", 2).reshape(gpus, slots)
+    order_G = np.random.default_rng(3).permutation(gpus)
+    relabelled_GS = np.empty_like(in_ring_GS)
+    relabelled_GS[order_G] = in_ring_GS
+    fitted = Placement.equal_split(relabelled_GS.reshape(1, -1), cluster, experts)
+    load_E[28] *= 1.2
+    solver = BackgroundSolver("thread", "cpsat", {}, SHAPE)
+    try:
+        for ring_order_LG, kept in ((order_G[None], True), (None, False)):
+            solver.submit(None, fitted, patch=PatchRequest(load_E[None], fitted, 2, 1.005, None, 0, None,
+                                                           ring_order_LG))
+            assert wait_for(solver)["result"].kept is kept
     finally:
         solver.close()
