@@ -238,13 +238,17 @@ class _Ring:
             return None  # no pair can clear MIN_GAIN: most calls end here, before the arcs' reach is needed
         order = order[np.argsort(flat[order], kind="stable")]
         reach_GO = self._reach()
+        # Every batch's floor is at least the first's and its gains at most the largest: the arcs that could reach
+        # the first floor at the largest gain hold every arc a batch's exact scores need.
+        largest = max(float((self.load_E[hot[order // len(cold)]] - self.load_E[cold[order % len(cold)]]).max()), 0.0)
+        arcs = np.flatnonzero((value_GO + largest * reach_GO >= flat[order[0]]).ravel())
         best, pair = objective - MIN_GAIN, None
         for first in range(0, len(order), BATCH):
             batch = order[first:first + BATCH]
             if flat[batch[0]] > best or (pair is not None and flat[batch[0]] >= best):
                 break  # no pair left can beat the best found
             a_B, b_B = hot[batch // len(cold)], cold[batch % len(cold)]
-            scores_B = self._exact_scores(a_B, b_B, value_GO, reach_GO, floor=flat[batch[0]])
+            scores_B = self._exact_scores(a_B, b_B, value_GO, reach_GO, flat[batch[0]], arcs)
             pick = int(np.argmin(scores_B))
             if scores_B[pick] < best or (pair is None and scores_B[pick] <= best):
                 best, pair = float(scores_B[pick]), (int(a_B[pick]), int(b_B[pick]))
@@ -311,18 +315,23 @@ class _Ring:
         return np.where(loads_GO >= 1.0, slope_GO / self.lengths_1[None] / self.mean, np.inf)
 
     def _exact_scores(self, a_B: np.ndarray, b_B: np.ndarray, value_GO: np.ndarray | None = None,
-                      reach_GO: np.ndarray | None = None, floor: float = -np.inf) -> np.ndarray:
+                      reach_GO: np.ndarray | None = None, floor: float = -np.inf,
+                      arcs: np.ndarray | None = None) -> np.ndarray:
         """[B] the layer's objective once a_B[i] and b_B[i] trade arcs: each arc holding a but not b loses
         c_a - c_b, each holding b but not a gains it. Scored on the arcs whose value could reach `floor` (a lower
-        bound on every pair's score; -inf: every arc): the others stay below it, so the max is the same."""
+        bound on every pair's score; -inf: every arc): those at or above it, and those a pair's gain could lift
+        to it (they hold b but not a); the others stay below it, so the max is the same. `arcs`: flat indices of
+        arcs that hold all of those (None: every arc), to look among."""
         gain_B = self.load_E[a_B] - self.load_E[b_B]
-        if np.isfinite(floor):
-            arcs = np.flatnonzero((value_GO + max(float(gain_B.max()), 0.0) * reach_GO >= floor).ravel())
-        else:
-            arcs = np.arange(self.num_gpus * self.num_gpus)
+        arcs = np.arange(self.num_gpus * self.num_gpus) if arcs is None else arcs
         start_A, column_A = np.unravel_index(arcs, (self.num_gpus, self.num_gpus))
         in_a = self.ends_EG[a_B][:, start_A] <= column_A + 1  # [B, A]
         in_b = self.ends_EG[b_B][:, start_A] <= column_A + 1
+        if np.isfinite(floor):
+            value_A, reach_A = value_GO.ravel()[arcs], reach_GO.ravel()[arcs]
+            rising_BA = in_b & ~in_a & (value_A[None] + np.maximum(gain_B, 0.0)[:, None] * reach_A[None] >= floor)
+            kept = np.flatnonzero((value_A >= floor) | rising_BA.any(axis=0))
+            arcs, column_A, in_a, in_b = arcs[kept], column_A[kept], in_a[:, kept], in_b[:, kept]
         loads_BA = self.loads_GO.ravel()[arcs][None] - gain_B[:, None] * (in_a.astype(np.float64) - in_b)
         return self._relative(loads_BA, column_A + 1.0).max(axis=1)
 
