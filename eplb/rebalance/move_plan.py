@@ -95,26 +95,26 @@ def backup_wanted(experts_GS: np.ndarray, failures_tolerated: int) -> list[tuple
     holds_EG[flat[flat >= 0], gpus[flat >= 0]] = True
     holders_E = holds_EG.sum(1)
     need_E = np.where(holders_E > 0, np.maximum(copies - holders_E, 0), 0)
-    # key_EG: where a copy of expert e may go, lower first: never a holder, else ring distance after its first rank.
-    distance_EG = (np.arange(num_gpus)[None, :] - holds_EG.argmax(1)[:, None] - 1) % num_gpus
-    key_EG = np.where(holds_EG, 1 << 40, distance_EG)
     cap = -(-int(need_E.sum()) // num_gpus) + 1
     order = np.lexsort((np.arange(num_experts), -need_E))[: int((need_E > 0).sum())]
-    # Each expert's ranks that may take a copy (none holding it), nearest after its first rank first.
-    ring_NG = np.argsort(key_EG[order], axis=1, kind="stable").tolist()
+    first_E, holds = holds_EG.argmax(1), holds_EG[order].tolist()
     host_G = [0] * num_gpus
     wanted = []
-    for ring, expert, need, holders in zip(ring_NG, order.tolist(), need_E[order].tolist(),
-                                           holders_E[order].tolist()):
-        candidates = ring[: num_gpus - holders]
-        chosen = []
-        for gpu in candidates:  # below the cap, nearest first
+    for expert, need, first, held in zip(order.tolist(), need_E[order].tolist(), first_E[order].tolist(), holds):
+        # The ranks that may take a copy (none holding it), nearest after the expert's first rank first: below
+        # the cap, then over it. Most experts need one copy and find it a rank or two along.
+        chosen, over = [], []
+        for step in range(1, num_gpus):
+            gpu = (first + step) % num_gpus
+            if held[gpu]:
+                continue
             if host_G[gpu] < cap:
                 chosen.append(gpu)
                 if len(chosen) == need:
                     break
-        if len(chosen) < need:  # then over it, nearest first
-            chosen += [gpu for gpu in candidates if host_G[gpu] >= cap][: need - len(chosen)]
+            elif len(over) < need:
+                over.append(gpu)
+        chosen += over[: need - len(chosen)]
         for gpu in chosen:
             host_G[gpu] += 1
         wanted += [(gpu, expert) for gpu in chosen]
@@ -212,17 +212,21 @@ def schedule_chunks(
     return [chunks for chunks in rounds if chunks] or [[]]
 
 
-def holders_of(experts_GS: np.ndarray, failures_tolerated: int | None) -> dict[int, dict[int, tuple[str, int]]]:
+def holders_of(experts_GS: np.ndarray, failures_tolerated: int | None,
+               backups: list[tuple[int, int]] | None = None) -> dict[int, dict[int, tuple[str, int]]]:
     """GPU -> expert -> where that GPU's rank holds it under the placement `experts_GS` [G, S] (-1 = empty):
     ("slot", its first slot), else ("backup", expert) for the host copies `backup_wanted` gives it for
-    `failures_tolerated` (None: slots only, before the host copies are built)."""
+    `failures_tolerated` (None: slots only, before the host copies are built); `backups`: those host copies, when
+    the caller has them already."""
     holders: dict[int, dict[int, tuple[str, int]]] = {}
     for gpu, row in enumerate(experts_GS.tolist()):
         held = holders.setdefault(gpu, {})
         for slot, expert in enumerate(row):
             if expert >= 0:
                 held.setdefault(int(expert), ("slot", slot))
-    for gpu, expert in backup_wanted(experts_GS, failures_tolerated) if failures_tolerated is not None else ():
+    if backups is None:
+        backups = backup_wanted(experts_GS, failures_tolerated) if failures_tolerated is not None else []
+    for gpu, expert in backups:
         holders[gpu].setdefault(expert, ("backup", expert))
     return holders
 
@@ -240,11 +244,12 @@ def plan_rebalance(current: Placement, target: Placement, shape: TransferShape) 
         if np.array_equal(old_GS, new_GS):
             continue  # the same slots want the same host copies: nothing to fill (a patch leaves most layers so)
         tolerated = shape.failures_tolerated
-        old_backup = set(backup_wanted(old_GS, tolerated))
+        old_backups = backup_wanted(old_GS, tolerated)
         wanted = [(int(gpu), "slot", int(slot), int(new_GS[gpu, slot])) for gpu, slot in np.argwhere(new_GS != old_GS)]
+        old_backup = set(old_backups)
         wanted += [(gpu, "backup", expert, expert) for gpu, expert in backup_wanted(new_GS, tolerated)
                    if (gpu, expert) not in old_backup]
-        fills += plan_fills(layer, wanted, holders_of(old_GS, tolerated), sends)
+        fills += plan_fills(layer, wanted, holders_of(old_GS, tolerated, old_backups), sends)
     rounds = schedule_chunks(fills, shape.hidden_size, shape.intermediate_size, shape.element_size,
                              shape.max_bytes_per_round)
     return fills, rounds
