@@ -157,9 +157,11 @@ def schedule_chunks(
     fills: list[Fill], hidden_size: int, intermediate_size: int, element_size: int, max_bytes_per_round: int
 ) -> list[list[Chunk]]:
     """Rounds of chunks: each rank sends at most, and receives at most, `max_bytes_per_round` per round over the
-    wire. Local fills (no wire) all go in the first round. A matrix is cut into row ranges of at most the budget
-    (at least one row), and each chunk goes to the earliest round where its two ranks have room (first fit), so
-    the rounds number about the most bytes one rank sends or receives over the budget. The result depends only on
+    wire. Local fills (no wire) all go in the first round. Each weight matrix goes, in order, to the earliest round
+    where its two ranks both have room for one of its rows (first fit), as many of its rows as that room takes,
+    the rest to the next such round, and so on: a round is filled to the last row that fits, so the rounds number
+    the most bytes one rank sends or receives over the budget, rounded up, or little more (whole matrices, at
+    three to a round and a half of an expert's, would leave a third of a round empty). The result depends only on
     the fills' order, so every rank builds the same rounds.
 
     Raises:
@@ -176,7 +178,7 @@ def schedule_chunks(
     rounds: list[list[Chunk]] = [local]
     sent: list[dict[int, int]] = [{}]
     received: list[dict[int, int]] = [{}]
-    # Rounds before first_open[(side, rank)] have no room for even the smallest chunk at that end: the first-fit
+    # Rounds before first_open[(side, rank)] have no room for even the smallest row at that end: the first-fit
     # scan starts after them (the same rounds as scanning from 0, without the quadratic cost at the full shape).
     smallest = min(row_bytes.values())
     first_open: dict[tuple[int, int], int] = {}
@@ -188,27 +190,29 @@ def schedule_chunks(
         first_open[(side, rank)] = r
         return r
 
+    def room(r: int, fill: Fill) -> int:
+        return max_bytes_per_round - max(sent[r].get(fill.src_rank, 0), received[r].get(fill.dst_rank, 0))
+
     for index, fill in enumerate(fills):
         if fill.is_local:
             continue
         for matrix in range(3):
-            per_chunk = max(1, max_bytes_per_round // row_bytes[matrix])
-            for start in range(0, rows[matrix], per_chunk):
-                end = min(rows[matrix], start + per_chunk)
-                nbytes = (end - start) * row_bytes[matrix]
-                # First fit: the earliest round where both ends still have room.
+            start, row = 0, row_bytes[matrix]
+            while start < rows[matrix]:
+                # First fit: the earliest round where both ends still have room for a row.
                 begin = max(open_from(0, fill.src_rank, sent), open_from(1, fill.dst_rank, received))
-                slot = next((r for r in range(begin, len(rounds))
-                             if sent[r].get(fill.src_rank, 0) + nbytes <= max_bytes_per_round
-                             and received[r].get(fill.dst_rank, 0) + nbytes <= max_bytes_per_round), None)
+                slot = next((r for r in range(begin, len(rounds)) if room(r, fill) >= row), None)
                 if slot is None:
                     rounds.append([])
                     sent.append({})
                     received.append({})
                     slot = len(rounds) - 1
+                end = min(rows[matrix], start + room(slot, fill) // row)
+                nbytes = (end - start) * row
                 rounds[slot].append(Chunk(index, matrix, start, end, nbytes))
                 sent[slot][fill.src_rank] = sent[slot].get(fill.src_rank, 0) + nbytes
                 received[slot][fill.dst_rank] = received[slot].get(fill.dst_rank, 0) + nbytes
+                start = end
     return [chunks for chunks in rounds if chunks] or [[]]
 
 

@@ -102,7 +102,8 @@ def test_rounds_keep_every_rank_within_the_budget_and_move_every_row_once(budget
 
 
 def plain_first_fit(fills, hidden, inner, size, budget):
-    """The schedule without the skip pointers: scan every round from the first for each chunk."""
+    """The schedule without the skip pointers: each matrix's rows, in order, to the first round from round 0
+    with room for a row at both ends, as many as fit there, then on."""
     row_bytes, rows = {0: inner * size, 1: inner * size, 2: hidden * size}, {0: hidden, 1: hidden, 2: inner}
     rounds = [[Chunk(i, m, 0, rows[m], 0) for i, f in enumerate(fills) if f.is_local for m in range(3)]]
     sent, received = [{}], [{}]
@@ -110,18 +111,20 @@ def plain_first_fit(fills, hidden, inner, size, budget):
         if fill.is_local:
             continue
         for matrix in range(3):
-            per_chunk = max(1, budget // row_bytes[matrix])
-            for start in range(0, rows[matrix], per_chunk):
-                end = min(rows[matrix], start + per_chunk)
-                nbytes = (end - start) * row_bytes[matrix]
-                slot = next((r for r in range(len(rounds)) if sent[r].get(fill.src_rank, 0) + nbytes <= budget
-                             and received[r].get(fill.dst_rank, 0) + nbytes <= budget), None)
+            start = 0
+            while start < rows[matrix]:
+                free = [budget - max(sent[r].get(fill.src_rank, 0), received[r].get(fill.dst_rank, 0))
+                        for r in range(len(rounds))]
+                slot = next((r for r in range(len(rounds)) if free[r] >= row_bytes[matrix]), None)
                 if slot is None:
                     rounds.append([]), sent.append({}), received.append({})
-                    slot = len(rounds) - 1
+                    slot, free = len(rounds) - 1, free + [budget]
+                end = min(rows[matrix], start + free[slot] // row_bytes[matrix])
+                nbytes = (end - start) * row_bytes[matrix]
                 rounds[slot].append(Chunk(index, matrix, start, end, nbytes))
                 sent[slot][fill.src_rank] = sent[slot].get(fill.src_rank, 0) + nbytes
                 received[slot][fill.dst_rank] = received[slot].get(fill.dst_rank, 0) + nbytes
+                start = end
     return [chunks for chunks in rounds if chunks] or [[]]
 
 
@@ -132,6 +135,16 @@ def test_the_rounds_are_the_plain_first_fits(seed):
              enumerate(rng.integers(0, 5, size=(40, 2)))]
     for budget in (96, 200, 1000):
         assert schedule_chunks(fills, 4, 6, 4, budget) == plain_first_fit(fills, 4, 6, 4, budget)
+
+
+def test_a_round_is_filled_to_its_last_row_so_the_rounds_are_the_bytes_over_the_budget():
+    # Six of DeepSeek-V3's experts (FP8, 44 MB each) into one rank from six: 264 MB at 64 MiB a round is 4 rounds;
+    # whole matrices (three to a round) would take 5.
+    hidden, inner, budget = 7168, 2048, 64 << 20
+    fills = [Fill(0, e, 6, "slot", e, e, "slot", e) for e in range(6)]
+    rounds = schedule_chunks(fills, hidden, inner, 1, budget)
+    assert len(rounds) == -(-6 * 3 * hidden * inner // budget) == 4
+    assert all(sum(c.nbytes for c in chunks) > budget - hidden for chunks in rounds[:-1])
 
 
 @pytest.fixture(scope="module")
