@@ -160,9 +160,9 @@ def schedule_chunks(
     wire. Local fills (no wire) all go in the first round. Each weight matrix goes, in order, to the earliest round
     where its two ranks both have room for one of its rows (first fit), as many of its rows as that room takes,
     the rest to the next such round, and so on: a round is filled to the last row that fits, so the rounds number
-    the most bytes one rank sends or receives over the budget, rounded up, or little more (whole matrices, at
-    three to a round and a half of an expert's, would leave a third of a round empty). The result depends only on
-    the fills' order, so every rank builds the same rounds.
+    the most bytes one rank sends or receives over the budget, rounded up, or little more (whole matrices leave
+    the room short of one more matrix empty in every round). The result depends only on the fills' order, so every
+    rank builds the same rounds.
 
     Raises:
         ValueError: the budget is below one row of a weight matrix.
