@@ -139,7 +139,7 @@ def test_the_rounds_are_the_plain_first_fits(seed):
 
 def test_a_round_is_filled_to_its_last_row_so_the_rounds_are_the_bytes_over_the_budget():
     # Six of DeepSeek-V3's experts (FP8, 44 MB each) into one rank from six: 264 MB at 64 MiB a round is 4 rounds;
-    # whole matrices (three to a round) would take 5.
+    # whole matrices (four to a round, 14.7 MB each) would take 5.
     hidden, inner, budget = 7168, 2048, 64 << 20
     fills = [Fill(0, e, 6, "slot", e, e, "slot", e) for e in range(6)]
     rounds = schedule_chunks(fills, hidden, inner, 1, budget)
