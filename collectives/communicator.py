@@ -205,8 +205,10 @@ class Communicator:
         # died meanwhile) the next agreement on survivors starts from these members in a fresh key space.
         self.members, self.generation, self.rank, self.world_size = list(members), generation, rank, len(members)
         try:
-            dist.init_process_group(backend, store=dist.PrefixStore(f"eplb/gen{generation}", self.store), rank=rank,
-                                    world_size=len(members), timeout=datetime.timedelta(seconds=wait))
+            prefixed = dist.PrefixStore(f"eplb/gen{generation}", self.store)
+            dist.init_process_group(backend, store=prefixed, rank=rank, world_size=len(members),
+                                    timeout=datetime.timedelta(seconds=wait))
+            wait_until_all_joined(prefixed, rank, len(members), wait)
         except Exception as exc:
             raise CollectiveTimeoutError(
                 f"rank {original_rank} could not form the group of {members} (generation {generation}) within "
@@ -256,6 +258,19 @@ class PendingExchange:
         self.parts = []
 
 
+def wait_until_all_joined(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> None:
+    """Returns once every rank of the group forming through `store` has returned from its `init_process_group`.
+
+    Gloo's mesh connect can return on one rank while a peer is still completing its side of their pair; a rank
+    that then ends at once (a short job, a drained rank) closes that pair under the peer, whose join fails with
+    "Connection closed by peer". Each rank marks itself joined in the group's store and waits for the others'
+    marks, so no rank goes on (or ends) before the group is whole; a peer that never joins leaves the
+    store's timeout error after `timeout_s`.
+    """
+    store.set(f"joined/{rank}", b"1")
+    store.wait([f"joined/{peer}" for peer in range(world_size)], datetime.timedelta(seconds=timeout_s))
+
+
 def init_communicator(
     rank: int,
     world_size: int,
@@ -272,7 +287,8 @@ def init_communicator(
     instead through `store_address` ("host:port" of a TCPStore served by a process that outlives the ranks, such as
     the launcher or torchrun's agent), which `regroup` needs. The group's own timeout is `timeout_s` too, which
     arms NCCL's watchdog; with a store address, NCCL's error handling is set to abort the communicator without
-    ending the process (TORCH_NCCL_ASYNC_ERROR_HANDLING=2, unless set), so that survivors can regroup.
+    ending the process (TORCH_NCCL_ASYNC_ERROR_HANDLING=2, unless set), so that survivors can regroup. With a store
+    address it returns only once every rank has joined (`wait_until_all_joined`).
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}); got {rank}")
@@ -303,11 +319,13 @@ def init_communicator(
                 f"not rank {rank} of {world_size}"
             )
     else:
+        prefixed = None if store is None else dist.PrefixStore("eplb/gen0", store)
         try:
-            where = {"init_method": init_method} if store is None else {
-                "store": dist.PrefixStore("eplb/gen0", store)}
+            where = {"init_method": init_method} if prefixed is None else {"store": prefixed}
             dist.init_process_group(backend, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=timeout_s), **where)
+            if prefixed is not None:
+                wait_until_all_joined(prefixed, rank, world_size, timeout_s)
         except Exception as exc:  # rendezvous failures surface as RuntimeError, DistNetworkError, DistStoreError
             raise CollectiveTimeoutError(
                 f"rank {rank} of {world_size} could not join the {backend} group at "
