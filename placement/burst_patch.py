@@ -74,7 +74,7 @@ class PatchConfig:
     """
 
     lag: int = 20
-    window: int = 5  # a burst shows in 5 steps' mean sooner than in 10's (docs/placement.md, 'Drift swaps')
+    window: int = 2  # a burst shows in 2 steps' mean sooner than in 5's (docs/benchmarks.md, 'The burst moves' window')
     every: int = 5
     max_moves: int = 2
     threshold: float = THRESHOLD
