@@ -18,10 +18,10 @@ Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, 
 - steady patches: from the first patch with drift swaps as it switched, `STEADY` more, `patch_every` steps apart on
   the trace, each from the last one's placement and drift swaps (as rank 0 keeps them), its layers' turns at drift
   swaps set by the last one's swap seconds and `patch_swap_budget_s` (`drift_stride_for`), as the `Rebalancer` runs
-  them; then their medians, and the pace overlapping patches keep at them (`patch_overlap`: a patch every
-  max(rounds + 2, job steps + 1) steps, landing job steps + rounds + 2 after the load it saw; docs/benchmarks.md,
-  "Patches at a live group's pace"), the `PatchConfig(lag, every)` that models it in `eplb replay` and
-  `scripts/bench_forecast.py`.
+  them; then their medians, and the pace overlapping patches keep at them (`patch_overlap`: with M the moving steps,
+  the larger of the rounds and the steps preparing the changed layers, a patch every max(M + 2, job steps + 1)
+  steps, landing job steps + M + 2 after the load it saw; docs/benchmarks.md, "Patches at a live group's pace"), the
+  `PatchConfig(lag, every)` that models it in `eplb replay` and `scripts/bench_forecast.py`.
 
 Per job: its seconds (the solve and the weight moves' plan, on this machine's cores), the slots that change expert,
 the fills (slots, and host copies the new placement wants), the bytes moved and the rounds at the config's
@@ -30,7 +30,8 @@ tables for (a few a step, `eplb.rebalance.attempt.layers_per_step`), and the ste
 at a decode step of `--step-ms`: the job, one step for the answer's broadcast, the larger of the rounds and the steps
 preparing the changed layers (they run together), one for the switch. Ratios against the refit: seconds and bytes.
 
-Usage: python scripts/bench_patch.py [--gpus 64 128] [--slots-per-gpu 5 3] [--quick] [--json FILE]
+Usage: python scripts/bench_patch.py [--gpus 64 128] [--slots-per-gpu 5 3] [--max-bytes-per-step 64] [--quick]
+       [--json FILE]
 """
 
 import argparse
@@ -76,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="SECONDS",
                         help="RebalanceConfig.patch_swap_budget_s (default %(default)s; 0: none, the stride stays "
                              "--patch-drift-stride)")
+    parser.add_argument("--max-bytes-per-step", type=float, default=RebalanceConfig().max_bytes_per_step / 2**20,
+                        metavar="MIB",
+                        help="RebalanceConfig.max_bytes_per_step in MiB, each rank's weight bytes between two decode "
+                             "steps, which sets the rounds (default %(default)g)")
     parser.add_argument("--quick", action="store_true", help="a small shape (4 layers x 32 experts), for tests")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     return parser
@@ -87,12 +92,13 @@ def job_row(name: str, answer: SolveResult, seconds: float, current: Placement, 
     rounds = int(answer.chunks_C6[:, 0].max()) + 1 if len(answer.chunks_C6) else 0
     layers = 0 if answer.kept else len(changed_layers(current, answer.placement))
     preparing = math.ceil(layers / layers_per_step(layers, rounds))
-    steps = 0 if answer.kept else math.ceil(seconds * 1000 / step_ms) + 1 + max(rounds, preparing) + 1
+    moving = 0 if answer.kept else max(rounds, preparing)  # the rounds and the tables built beside them
+    steps = 0 if answer.kept else math.ceil(seconds * 1000 / step_ms) + 1 + moving + 1
     return {"job": name, "seconds": round(seconds, 3), "kept": answer.kept, "slots_moved": int(answer.moves[0]),
             "slot_fills": int((kinds == KINDS.index("slot")).sum()),
             "host_copy_fills": int((kinds == KINDS.index("backup")).sum()),
             "bytes": int(answer.chunks_C6[:, 5].sum()) if len(answer.chunks_C6) else 0, "rounds": rounds,
-            "changed_layers": layers, "steps_to_switch": steps}
+            "changed_layers": layers, "moving_steps": moving, "steps_to_switch": steps}
 
 
 def timed(job) -> tuple[SolveResult, float]:
@@ -187,14 +193,14 @@ def steady_rows(counts_TLE: np.ndarray, end: int, first: SolveResult, config: Re
             serving, followed, ring_order_LG = answer.placement, answer.followed, answer.ring_order_LG
     median = {key: float(np.median([row[key] for row in rows])) for key in
               ("seconds", "slots_moved", "slot_fills", "host_copy_fills", "bytes", "rounds", "changed_layers",
-               "steps_to_switch", "drift_stride")}
-    for key in ("slots_moved", "slot_fills", "host_copy_fills", "bytes", "rounds", "changed_layers", "steps_to_switch",
-                "drift_stride"):
+               "moving_steps", "steps_to_switch", "drift_stride")}
+    for key in ("slots_moved", "slot_fills", "host_copy_fills", "bytes", "rounds", "changed_layers", "moving_steps",
+                "steps_to_switch", "drift_stride"):
         median[key] = math.ceil(median[key])  # a median between two jobs, rounded up
     job_steps = math.ceil(median["seconds"] * 1000 / step_ms)
     median.update({"job": f"steady patches (median of {STEADY})", "kept": False, "seconds": round(median["seconds"], 3),
-                   "pace_every": max(median["rounds"] + 2, job_steps + 1),
-                   "pace_lag": job_steps + median["rounds"] + 2})
+                   "pace_every": max(median["moving_steps"] + 2, job_steps + 1),
+                   "pace_lag": job_steps + median["moving_steps"] + 2})
     return rows + [median]
 
 
@@ -205,16 +211,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import_solving_modules("cpsat", None)  # as the helper does at start: no import inside a timed job
     shape = QUICK if args.quick else FULL
-    if args.patch_drift_stride < 1 or args.patch_swap_budget < 0:
-        print("bench_patch: --patch-drift-stride must be >= 1 and --patch-swap-budget >= 0", file=sys.stderr)
+    if args.patch_drift_stride < 1 or args.patch_swap_budget < 0 or args.max_bytes_per_step * 2**20 < 1:
+        print("bench_patch: --patch-drift-stride must be >= 1, --patch-swap-budget >= 0 and --max-bytes-per-step "
+              "above 0", file=sys.stderr)
         return 2
     config = RebalanceConfig(patch_drift_stride=args.patch_drift_stride,
-                             patch_swap_budget_s=args.patch_swap_budget or None)
+                             patch_swap_budget_s=args.patch_swap_budget or None,
+                             max_bytes_per_step=round(args.max_bytes_per_step * 2**20))
     rows = [row for gpus, slots in zip(args.gpus, args.slots_per_gpu)
             for row in measure_cluster(gpus, slots, shape, args.step_ms, args.seed, config)]
     print(f"{shape['layers']} layers x {shape['experts']} experts, top-{shape['top_k']}, {TOKENS_PER_GPU} tokens per "
           f"GPU a step; steps to switch at {args.step_ms:g} ms a step; drift stride at least "
-          f"{config.patch_drift_stride}, swaps' budget {config.patch_swap_budget_s} s")
+          f"{config.patch_drift_stride}, swaps' budget {config.patch_swap_budget_s} s, "
+          f"{config.max_bytes_per_step / 2**20:g} MiB a rank between two steps")
     print("| GPUs x slots | job | seconds | vs refit | slots moved | slot / host-copy fills | GB moved | vs refit "
           "| rounds | changed layers | steps to switch |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -53,6 +53,7 @@ def test_the_steps_to_a_switch_are_the_job_the_broadcast_the_moves_and_the_switc
             job_steps = math.ceil(row["seconds"] * 1000 / 50.0)
             per_step = layers_per_step(row["changed_layers"], row["rounds"])
             moving = max(row["rounds"], math.ceil(row["changed_layers"] / per_step))
+            assert row["moving_steps"] == moving
             assert abs(row["steps_to_switch"] - (job_steps + 1 + moving + 1)) <= 1  # seconds are rounded in the row
 
 
@@ -69,6 +70,29 @@ def test_steady_patches_take_turns_by_the_swaps_budget_and_their_medians_give_th
         assert row["drift_stride"] >= config.patch_drift_stride
         assert row["swap_ms_per_layer"] is None or row["swap_ms_per_layer"] >= 0
     job_steps = math.ceil(median["seconds"] * 1000 / 50.0)
-    assert median["pace_every"] == max(median["rounds"] + 2, job_steps + 1)
-    assert median["pace_lag"] == job_steps + median["rounds"] + 2
+    # the moving steps: the rounds, or the steps preparing the changed layers where those take longer
+    assert median["pace_every"] == max(median["moving_steps"] + 2, job_steps + 1)
+    assert median["pace_lag"] == job_steps + median["moving_steps"] + 2
     assert median["rounds"] == math.ceil(statistics.median(row["rounds"] for row in steady))  # rounded up
+    assert median["moving_steps"] == math.ceil(statistics.median(row["moving_steps"] for row in steady))
+    assert median["moving_steps"] >= median["rounds"]
+
+
+def test_a_larger_byte_budget_a_step_moves_a_patch_in_fewer_rounds(load_script, tmp_path, rows):
+    out = tmp_path / "rows.json"
+    bench = load_script("bench_patch")
+    budget_mib = RebalanceConfig().max_bytes_per_step / 2**20
+    assert bench.main(["--quick", "--gpus", "8", "--slots-per-gpu", "5", "--max-bytes-per-step",
+                       str(budget_mib * 8), "--json", str(out)]) == 0
+    wider = json.loads(out.read_text())
+    assert [row["job"] for row in wider] == [row["job"] for row in rows]
+    # The refit moves its bytes in fewer rounds (a time-limited fit may differ from run to run, so a job's bytes are
+    # compared only where they are equal).
+    assert 0 < wider[0]["rounds"] < rows[0]["rounds"]
+    assert all(wide["rounds"] <= narrow["rounds"] for narrow, wide in zip(rows, wider)
+               if wide["bytes"] == narrow["bytes"])
+
+
+def test_a_byte_budget_of_nothing_is_refused(load_script, capsys):
+    assert load_script("bench_patch").main(["--quick", "--max-bytes-per-step", "0"]) == 2
+    assert "--max-bytes-per-step above 0" in capsys.readouterr().err
