@@ -19,16 +19,17 @@ Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, 
   the trace, each from the last one's placement and drift swaps (as rank 0 keeps them), its layers' turns at drift
   swaps set by the last one's swap seconds and `patch_swap_budget_s` (`drift_stride_for`), as the `Rebalancer` runs
   them; then their medians, and the pace overlapping patches keep at them (`patch_overlap`: with M the moving steps,
-  the larger of the rounds and the steps preparing the changed layers, a patch every max(M + 2, job steps + 1)
-  steps, landing job steps + M + 2 after the load it saw; docs/benchmarks.md, "Patches at a live group's pace"), the
-  `PatchConfig(lag, every)` that models it in `eplb replay` and `scripts/bench_forecast.py`.
+  `eplb.rebalance.attempt.moving_steps`, a patch every max(M + 1, job steps + 1) steps, landing job steps + M + 2
+  after the load it saw; docs/benchmarks.md, "Patches at a live group's pace"), the `PatchConfig(lag, every)` that
+  models it in `eplb replay` and `scripts/bench_forecast.py`.
 
 Per job: its seconds (the solve and the weight moves' plan, on this machine's cores), the slots that change expert,
 the fills (slots, and host copies the new placement wants), the bytes moved and the rounds at the config's
 `max_bytes_per_step` for DeepSeek-V3's experts (hidden 7168, intermediate 2048, FP8), the layers the switch must build
 tables for (a few a step, `eplb.rebalance.attempt.layers_per_step`), and the steps from the job's start to the switch
-at a decode step of `--step-ms`: the job, one step for the answer's broadcast, the larger of the rounds and the steps
-preparing the changed layers (they run together), one for the switch. Ratios against the refit: seconds and bytes.
+at a decode step of `--step-ms`: the job, the step that broadcasts the answer and posts the first round, the moving
+steps M after it (the rounds, or the steps preparing the changed layers where those take longer: they run together),
+one for the switch. Ratios against the refit: seconds and bytes.
 
 Usage: python scripts/bench_patch.py [--gpus 64 128] [--slots-per-gpu 5 3] [--max-bytes-per-step 64] [--quick]
        [--json FILE]
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.rebalance.attempt import changed_layers, layers_per_step
+from eplb.rebalance.attempt import changed_layers, moving_steps
 from eplb.rebalance.background_solver import (PatchRequest, SolveResult, drift_stride_for,
                                               import_solving_modules, solve)
 from eplb.rebalance.config import RebalanceConfig
@@ -91,8 +92,7 @@ def job_row(name: str, answer: SolveResult, seconds: float, current: Placement, 
     kinds = answer.fills_U8[:, 3] if len(answer.fills_U8) else np.zeros(0, dtype=np.int64)
     rounds = int(answer.chunks_C6[:, 0].max()) + 1 if len(answer.chunks_C6) else 0
     layers = 0 if answer.kept else len(changed_layers(current, answer.placement))
-    preparing = math.ceil(layers / layers_per_step(layers, rounds))
-    moving = 0 if answer.kept else max(rounds, preparing)  # the rounds and the tables built beside them
+    moving = 0 if answer.kept else moving_steps(layers, rounds)  # the rounds and the tables built beside them
     steps = 0 if answer.kept else math.ceil(seconds * 1000 / step_ms) + 1 + moving + 1
     return {"job": name, "seconds": round(seconds, 3), "kept": answer.kept, "slots_moved": int(answer.moves[0]),
             "slot_fills": int((kinds == KINDS.index("slot")).sum()),
@@ -199,7 +199,7 @@ def steady_rows(counts_TLE: np.ndarray, end: int, first: SolveResult, config: Re
         median[key] = math.ceil(median[key])  # a median between two jobs, rounded up
     job_steps = math.ceil(median["seconds"] * 1000 / step_ms)
     median.update({"job": f"steady patches (median of {STEADY})", "kept": False, "seconds": round(median["seconds"], 3),
-                   "pace_every": max(median["moving_steps"] + 2, job_steps + 1),
+                   "pace_every": max(median["moving_steps"] + 1, job_steps + 1),
                    "pace_lag": job_steps + median["moving_steps"] + 2})
     return rows + [median]
 

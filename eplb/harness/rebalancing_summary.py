@@ -182,9 +182,10 @@ PHASES = {  # a step's rebalancer phase before > after its work -> what the step
     "idle>idle": "quiet",
     "idle>solving": "start (the window taken, the solve submitted)",
     "solving>solving": "solving in the background",
-    "solving>moving": "answer broadcast, staging allocated",
+    "solving>moving": "answer broadcast, staging allocated, the first round posted",
     "solving>idle": "solve done, nothing worth moving (or the solve failed)",
-    "moving>moving": "a round of weights moved",
+    "moving>moving": "a round of weights moved (or a patch's switch and the next one's answer broadcast)",
+    "moving>solving": "a patch's switch, the next one's job still solving",
     "moving>idle": "switch (or a failed move)",
 }
 

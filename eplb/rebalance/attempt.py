@@ -47,6 +47,7 @@ class Attempt:
         ring_order_LG: [L, G] the order of the GPUs each layer of `followed` is a ring layout in (rank 0 only).
         adopted: a patch's (refit number, layers) adopted from a refit (`refit_adoption`; rank 0 only).
         fit_time: `time.perf_counter()` at the start, for the lag to the switch.
+        broadcast_step: the step rank 0's answer was broadcast at (None while solving).
         fitted_imbalance: the target's fitted level on the window (None: a loaded placement), for the drift check.
         moves: (experts moved, experts a slot-by-slot remap would move); known on rank 0 only.
         target: the placement to switch to (None while solving).
@@ -70,6 +71,7 @@ class Attempt:
     ring_order_LG: np.ndarray | None = None
     adopted: tuple[int, np.ndarray] | None = None
     fit_time: float = field(default_factory=time.perf_counter)
+    broadcast_step: int | None = None
     fitted_imbalance: float | None = None
     moves: tuple[int, int] | None = None
     target: Placement | None = None
@@ -94,6 +96,11 @@ class Attempt:
         self.fitted_imbalance, self.target = fitted_imbalance, target
         self.changed_L = changed_layers(current, target)
         self.layers_per_step = layers_per_step(len(self.changed_L), len(rounds))
+
+    @property
+    def moving_steps(self) -> int:
+        """Steps from the broadcast to the one that completes every round and table (`moving_steps`)."""
+        return moving_steps(len(self.changed_L), len(self.rounds))
 
     @property
     def rounds_left(self) -> bool:
@@ -137,6 +144,13 @@ def changed_layers(current: Placement, target: Placement) -> list[int]:
     return [layer for layer in range(target.num_layers)
             if not (np.array_equal(target.phy2log_LP[layer], current.phy2log_LP[layer])
                     and np.array_equal(target.weights_LP[layer], current.weights_LP[layer]))]
+
+
+def moving_steps(changed: int, rounds: int) -> int:
+    """Steps from the answer's broadcast to the one that completes the last of `rounds` rounds and builds the last
+    of `changed` layers' tables (the broadcast's step posts the first round and prepares the first layers; the
+    switch comes the step after): the rounds, or the tables where they take longer."""
+    return max(rounds, -(-changed // layers_per_step(changed, rounds)) - 1)
 
 
 def layers_per_step(changed: int, rounds: int) -> int:

@@ -18,14 +18,14 @@ rank reads the same messages and takes the same decision. Over the steps (`proto
    attempt there (nothing is worth moving); when done, rank 0 broadcasts, in one collective, the placement
    relabelled to move the fewest experts (`plan_migration`) and the weight moves planned beside the solve
    (`move_plan.plan_rebalance`: moved slots into staging buffers, and the host copies the new placement needs, in
-   rounds); each rank keeps its part (`attempt.Attempt`);
+   rounds); each rank keeps its part (`attempt.Attempt`) and posts the first round in the same step;
 3. moving: one round of chunks per step (no rank sends or receives more than `max_bytes_per_step`), posted before
    the decode step and completed before the next (it moves while the step runs, `transfer`), and the routing
    tables of a layer or a few that the target changes built; each rank's message says whether its transfers
-   succeeded;
-4. switch: the step after the last round, if every rank's transfers succeeded and every rank accepts, each copies
-   the staged experts into the slots and installs the new tables on every layer, between two steps: a step runs
-   wholly on the old or the new placement.
+   succeeded; R rounds are posted from the broadcast's step on, the last completed R steps after it;
+4. switch: the step after that, if every rank's transfers succeeded and every rank accepts, each copies the staged
+   experts into the slots and installs the new tables on every layer, between two steps: a step runs wholly on the
+   old or the new placement (R + 1 steps from the broadcast).
 A failure or timeout anywhere (solve, transfer, a refusal) drops the staged state on every rank at the same step,
 leaves the old placement serving, is logged once, and the next attempt comes at the next interval.
 
@@ -39,9 +39,11 @@ serving GPUs' labels with the order each layer is a ring layout in: a refit's GP
 `placement.burst_patch.patch_for_bursts` on the last `patch_window` steps' mean load on top (so a layer goes back once
 its burst has passed); it comes back kept when no slot would change, else it moves a few experts and switches the
 same way, and only the layers it changes get new tables. With `patch_overlap` (the default) rank 0 starts the next
-patch's job from a patch's target while that patch's weights move (timed to end with its rounds if it takes as long
-as the last job did), so a slow job no longer adds to the time between patches; the next attempt begins at the switch,
-on every rank at the same step, and a failed patch drops it. A refit that comes due while a patch is still solving
+patch's job from a patch's target while that patch's weights move (timed to be done the step before the switch if
+it takes as long as the last job did; rank 0's message carries the queued job's status meanwhile), so a slow job no
+longer adds to the time between patches; the next attempt begins at the switch, on every rank at the same step, and
+when its answer is ready it is broadcast and its first round posted in that step: a patch of R rounds follows the last
+every R + 1 steps. A failed patch drops the queued one. A refit that comes due while a patch is still solving
 replaces it; one that comes due while a patch moves waits the few steps to its switch. A refit lands `lag` steps after
 its window, and a burst that begins after the window would otherwise be served by a placement that never saw it until
 the next refit. No patch starts while a refit is under way (its moves read and keep serving slots a patch would
@@ -193,7 +195,9 @@ class Rebalancer:
             if self._queue_patch_at is not None and self._queue_patch_at <= step:  # due at the broadcast: now
                 self._queue_patch(step, self._attempt)
             self._move_round(step, received_G)
-        status, sizes = self.solver.status() if self.phase == Phase.SOLVING else (SolveStatus.RUNNING, (0, 0))
+        # Rank 0's solve status: this attempt's job while it solves, the queued patch's while a patch moves.
+        solving = self.phase == Phase.SOLVING or self._queued_patch_step is not None
+        status, sizes = self.solver.status() if solving else (SolveStatus.RUNNING, (0, 0))
         transfers_ok = self._attempt is None or self._attempt.transfers_ok
         self.layers[0].piggyback = torch.tensor(
             message(self.stats.attempts, status, sizes, transfers_ok=transfers_ok, accepts_switch=accept_switch,
@@ -252,8 +256,7 @@ class Rebalancer:
         """Start a refit if one is due (interval, a request, or drift seen by any rank), replacing a patch still
         solving, else a burst patch if one is due and nothing is under way; return (this rank's drift flag for this
         step's message, whether an attempt started)."""
-        due = self._due_now or self._steps_since_attempt >= self.config.interval
-        if due and self.recorder.steps_recorded > 0:
+        if self._refit_due() and self.recorder.steps_recorded > 0:
             if self.adoption is None:
                 self._start_refit(step)
                 return False, True
@@ -263,6 +266,10 @@ class Rebalancer:
             self._start_patch(step)
             return self.drift.check(self._steps_since_attempt), True
         return self.drift.check(self._steps_since_attempt), False
+
+    def _refit_due(self) -> bool:
+        """True when a refit is due (the interval, a request, or drift seen by any rank)."""
+        return self._due_now or self._steps_since_attempt >= self.config.interval
 
     def _start_refit(self, step: int, adopted: bool = False) -> None:
         """Start a refit attempt on the recorder's window (rank 0 solves in the background); `adopted`: rank 0
@@ -326,12 +333,17 @@ class Rebalancer:
         return hedged_window(window_TLE, lag, self.config.interval)
 
     def _poll_solve(self, step: int, received_G: np.ndarray | None) -> None:
-        """Act on rank 0's solve status once it is about this attempt: fail, keep, or broadcast the answer and
-        start moving (a patch, with patch_overlap: and start the next patch's job from its target)."""
-        attempt, comm = self._attempt, self.comm
+        """Act on rank 0's solve status once it is about this attempt (`_take_answer`)."""
         if received_G is None or received_G[0, Field.ATTEMPT] != self.stats.attempts:
             return  # rank 0's status for this attempt arrives with the next step
-        status = SolveStatus(int(received_G[0, Field.SOLVE_STATUS]))
+        self._take_answer(step, received_G[0])
+
+    def _take_answer(self, step: int, rank0_message: np.ndarray) -> None:
+        """Act on rank 0's solve status in `rank0_message` (its message, about this attempt's job): wait, fail,
+        keep, or broadcast the answer, start moving and post the first round in this same step (a patch, with
+        patch_overlap: and start the next patch's job from its target once due)."""
+        attempt, comm = self._attempt, self.comm
+        status = SolveStatus(int(rank0_message[Field.SOLVE_STATUS]))
         if status == SolveStatus.RUNNING:
             return
         job = self.solver.job()
@@ -345,7 +357,7 @@ class Rebalancer:
         if status == SolveStatus.KEPT:
             self._keep(job.get("result"), step)
             return
-        num_fills, num_chunks = int(received_G[0, Field.NUM_FILLS]), int(received_G[0, Field.NUM_CHUNKS])
+        num_fills, num_chunks = int(rank0_message[Field.NUM_FILLS]), int(rank0_message[Field.NUM_CHUNKS])
         answer = self.solver.broadcast_answer(self.placement, num_fills, num_chunks)
         # Every rank holds the same bytes now, so every rank reaches the same verdict: no agreement needed.
         try:
@@ -361,15 +373,20 @@ class Rebalancer:
         attempt.start_moving(self.placement, target, fitted, fills, rounds,
                              self.mover.staging_for(list(fills.values())),
                              job["result"].moves if comm.rank == 0 else None)
+        attempt.broadcast_step = step
+        self._prepare_and_advance(attempt)  # the first round moves during this very step
         if attempt.patch and self.config.patch_overlap and self.config.patch_every is not None:
-            # The next job starts so that it ends about when this patch's rounds do, if it takes as long as the
-            # last job took (every rank knows both: the same rounds and answers at the same steps; a queued job's
-            # answer may have waited for the switch, so it only lowers the estimate), on the freshest load that
-            # lets it be ready at the switch.
+            # The last round and table are done `attempt.moving_steps` steps from here and the switch comes the
+            # step after; the next job starts so that rank 0's message says it is done in the step before the switch, which then
+            # broadcasts its answer (`_switch`), if it takes as long as the last job took to its broadcast (every
+            # rank knows both: the same rounds and answers at the same steps; a queued job's answer may have waited
+            # for the switch, so it only lowers the estimate): on the freshest load that lets it be ready then.
             seen = step - attempt.fit_step
             last = self._patch_job_steps
             self._patch_job_steps = seen if not attempt.queued or last is None else min(last, seen)
-            self._queue_patch_at = step + max(0, len(rounds) - self._patch_job_steps)
+            self._queue_patch_at = step + max(0, attempt.moving_steps + 1 - self._patch_job_steps)
+            if self._queue_patch_at == step:
+                self._queue_patch(step, attempt)
 
     def _move_round(self, step: int, received_G: np.ndarray | None) -> None:
         """Switch when every rank reported all rounds moved; else prepare a few layers, complete the round posted
@@ -382,14 +399,20 @@ class Rebalancer:
             return
         if current and attempt.reported_all:
             # Every round moved and every rank said so with the last step: switch, if every rank accepts.
-            self._switch(step, bool(received_G[:, Field.ACCEPTS_SWITCH].all()))
+            self._switch(step, bool(received_G[:, Field.ACCEPTS_SWITCH].all()), received_G)
             return
-        attempt.prepare_layers(comm.device, self.host_copies)
+        self._prepare_and_advance(attempt)
+
+    def _prepare_and_advance(self, attempt: Attempt) -> None:
+        """Prepare a few of `attempt`'s layers, complete the round in flight and post the next."""
+        attempt.prepare_layers(self.comm.device, self.host_copies)
         tags = tag_base(self.stats.attempts, attempt.next_round)
         attempt.advance(self.mover, self.config.transfer_timeout_s, tags, self.stats)
 
-    def _switch(self, step: int, accept: bool) -> None:
-        """Install the target on every layer (staged experts into their slots, its tables, its host copies)."""
+    def _switch(self, step: int, accept: bool, received_G: np.ndarray) -> None:
+        """Install the target on every layer (staged experts into their slots, its tables, its host copies); after a
+        patch, the queued patch becomes the attempt, and when rank 0's last message said its job was done (and no
+        refit is due, which would replace it), its answer is taken in this same step."""
         attempt = self._attempt
         if not accept:
             self._fail("a rank refused the switch")
@@ -409,13 +432,16 @@ class Rebalancer:
             if attempt.adopted is not None:  # rank 0: layers of a refit now serve
                 self.adoption.adopted(*attempt.adopted, step, self.stats)
             self.drift.restart(self.drift.fitted_imbalance)  # the fit's level stays the drift trigger's
-            self.stats.record_patch(step, attempt.fit_step, attempt.moves)
+            self.stats.record_patch(step, attempt.fit_step, attempt.moves, attempt.broadcast_step,
+                                    attempt.moving_steps)
             logger.info("switched to a burst patch at step %d (%d fills)", step, len(attempt.fills))
-            if self._queued_patch_step is not None:  # the next patch, solving since this one moved
+            queued_step, self._queue_patch_at, self._queued_patch_step = self._queued_patch_step, None, None
+            if queued_step is not None:  # the next patch, solving since this one moved
                 self.stats.attempts += 1
-                self._attempt = Attempt(fit_step=self._queued_patch_step, patch=True, queued=True)
-                self._steps_since_patch = step - self._queued_patch_step
-            self._queue_patch_at = self._queued_patch_step = None
+                self._attempt = Attempt(fit_step=queued_step, patch=True, queued=True)
+                self._steps_since_patch = step - queued_step
+                if not self._refit_due():  # rank 0's message was about the queued job while this patch moved
+                    self._take_answer(step, received_G[0])
             return
         self.fitted = attempt.target if attempt.followed is None else attempt.followed
         self.ring_order_LG = attempt.ring_order_LG

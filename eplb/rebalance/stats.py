@@ -24,6 +24,8 @@ class RebalanceStats:
     patch_steps: list[int] = field(default_factory=list)
     patch_lag_steps: list[int] = field(default_factory=list)  # from its start (after the steps it saw) to its switch
     patch_slots: list[int] = field(default_factory=list)  # per patch: slots filled from another slot or rank (rank 0)
+    patch_broadcast_steps: list[int] = field(default_factory=list)  # per patch: the step its answer was broadcast at
+    patch_moving_steps: list[int] = field(default_factory=list)  # per patch: `Attempt.moving_steps`
 
     def record_switch(self, step: int, fit_step: int, seconds: float, moves: tuple[int, int] | None) -> None:
         """Count a switch at `step` of an attempt started at `fit_step`, `seconds` after its start; `moves`:
@@ -36,10 +38,14 @@ class RebalanceStats:
             self.expert_moves.append(moves[0])
             self.oblivious_moves.append(moves[1])
 
-    def record_patch(self, step: int, fit_step: int, moves: tuple[int, int] | None) -> None:
-        """Count a burst patch switched to at `step`, started at `fit_step`; `moves` as in `record_switch`."""
+    def record_patch(self, step: int, fit_step: int, moves: tuple[int, int] | None, broadcast_step: int,
+                     moving_steps: int) -> None:
+        """Count a burst patch switched to at `step`, started at `fit_step`, its answer broadcast at
+        `broadcast_step`, its rounds and tables done `moving_steps` steps after; `moves` as in `record_switch`."""
         self.patches += 1
         self.patch_steps.append(step)
         self.patch_lag_steps.append(step - fit_step)
+        self.patch_broadcast_steps.append(broadcast_step)
+        self.patch_moving_steps.append(moving_steps)
         if moves:
             self.patch_slots.append(moves[0])

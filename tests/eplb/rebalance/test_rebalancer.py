@@ -253,8 +253,9 @@ def test_burst_patches_switch_between_refits_and_serve_the_burst_better_with_exa
 def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_outputs(overlap, max_bytes):
     """With patch_overlap the next patch's job starts while a patch's weights move (late in many rounds, or at once
     when the job took as long as the rounds: one round of 1 MiB), so some patch starts before the one before it has
-    switched; without, each starts after the last switched. Either way every rank switches at the same steps and
-    serves exact outputs."""
+    switched, and its answer, ready by then, is broadcast at that switch; without, each starts after the last
+    switched. Either way every patch switches the step after its last round and tables are done (its answer's
+    broadcast posts the first round), every rank at the same steps, serving exact outputs."""
     steps = 40
     config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 3,
                                        "max_bytes_per_step": max_bytes, "patch_overlap": overlap})
@@ -268,6 +269,11 @@ def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_out
     starts = [switch - lag for switch, lag in zip(switches, lags)]
     before_last_switch = [start < previous for start, previous in zip(starts[1:], switches)]
     assert any(before_last_switch) == overlap, (switches, lags)
+    broadcasts, moving = reports[0].stats["patch_broadcast_steps"], reports[0].stats["patch_moving_steps"]
+    assert all(m >= 1 for m in moving) and (max(moving) > 1) == (max_bytes < 1 << 20), moving
+    assert [switch - broadcast for switch, broadcast in zip(switches, broadcasts)] == [m + 1 for m in moving]
+    at_last_switch = [broadcast == previous for broadcast, previous in zip(broadcasts[1:], switches)]
+    assert any(at_last_switch) == overlap, (switches, broadcasts)
     assert summary["burst_patches"]["after"] < summary["burst_patches"]["before"] - 0.05
 
 
