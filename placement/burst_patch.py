@@ -67,6 +67,10 @@ class PatchConfig:
             the live `Rebalancer` runs them: a refit's weight moves read and keep the serving slots that a patch
             would change. False: patches go on while the next refit solves and moves (the yardstick's schedule,
             whose refits are always in flight).
+        burst_lag: steps from the last step a patch sees until its layers whose burst moves come or go serve, ahead
+            of its other layers at `lag` (a live patch plans those layers' weights first and switches each layer as
+            its weights land); None: every layer at `lag`. Within lag - every < burst_lag <= lag, since a live
+            patch's layers land after the last patch's.
         adopt_layers: refits adopted by the patches, as the live `Rebalancer` with `refit_adopt_layers` does: a
             refit, once solved (`lag` steps after its window), never serves whole; each patch replaces up to this
             many layers of the placement it follows with the refit's, the layers the refit gains most on (on its
@@ -83,9 +87,14 @@ class PatchConfig:
     drift_stride: int = 1
     sequential: bool = False
     refit_blocks: bool = False
+    burst_lag: int | None = None
     adopt_layers: int | None = None
 
     def __post_init__(self) -> None:
+        if self.burst_lag is not None and (self.sequential or not self.lag - self.every < self.burst_lag <= self.lag):
+            raise ValueError(f"burst_lag must lie in (lag - every, lag] = ({self.lag - self.every}, {self.lag}] "
+                             f"(a patch's early layers land after the last patch's), with sequential False; got "
+                             f"burst_lag={self.burst_lag}, sequential={self.sequential}")
         if self.adopt_layers is not None and (self.adopt_layers < 1 or self.refit_blocks or self.sequential):
             raise ValueError(f"adopt_layers must be >= 1 (or None), with refit_blocks and sequential False (refits the "
                              f"patches adopt block none; one patch at a time is not modelled with them); got "

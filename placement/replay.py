@@ -202,10 +202,14 @@ def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int,
     for first in range(start, stop, patches.every):
         seen = first - patches.lag  # the patch's job starts here
         if seen > 0 and open_from <= seen < open_until:
+            last_followed, last_served = followed, served
             if adoption is not None:
                 followed = adoption.adopt(followed, patches.adopt_layers)
             followed, served = _patch(followed, counts_TLE, seen, patches, turn)
             turn += 1
+            if patches.burst_lag is not None and patches.burst_lag < patches.lag and chunks:
+                _land_burst_layers_early(chunks, first - (patches.lag - patches.burst_lag), first, last_followed,
+                                         last_served, followed, served)
         _serve(chunks, first, min(first + patches.every, stop), served)
     if adoption is not None:
         adoption.followed = followed
@@ -240,6 +244,27 @@ class _Adoption:
             return followed
         layers, self.order = self.order[:count], self.order[count:]
         return followed.with_layers_of(self.fit, layers)
+
+
+def _land_burst_layers_early(chunks: list[tuple[int, int, Placement]], early: int, first: int,
+                             last_followed: Placement, last_served: Placement, followed: Placement,
+                             served: Placement) -> None:
+    """With `PatchConfig.burst_lag`: the layers of the patch landing at `first` whose burst moves come (`served`
+    against `followed`) or go (`last_served` against `last_followed`), and which it changes, serve from `early`
+    on: the last stretch, which ends at `first`, is split there."""
+    changed_L = (served.phy2log_LP != last_served.phy2log_LP).any(axis=1)
+    burst_L = ((served.phy2log_LP != followed.phy2log_LP).any(axis=1)
+               | (last_served.phy2log_LP != last_followed.phy2log_LP).any(axis=1))
+    layers = np.flatnonzero(changed_L & burst_L).tolist()
+    if not layers:
+        return
+    begin, stop, placement = chunks[-1]
+    mixed = placement.with_layers_of(served, layers)
+    if early > begin:
+        chunks[-1] = (begin, early, placement)
+        chunks.append((early, stop, mixed))
+    else:
+        chunks[-1] = (begin, stop, mixed)
 
 
 def _serve(chunks: list[tuple[int, int, Placement]], first: int, stop: int, placement: Placement) -> None:

@@ -37,7 +37,8 @@ fit and patches alone.
 
 Usage: python scripts/bench_forecast.py [--quick] [--esft-only | --bursts | --refit-block [--intervals 100 500]
        [--adopt-layers 1] [--schedule-steps 2000]] [--lags 0 100] [--seeds 0]
-       [--policies deepseek cpsat] [--patch-lag 10 [--patch-every 5] [--drift-stride 1] [--sequential-patches]]
+       [--policies deepseek cpsat] [--patch-lag 10 [--patch-every 5] [--drift-stride 1] [--burst-lag 8]
+       [--sequential-patches]]
        [--time-limit 2] [--json PATH]
 """
 
@@ -77,7 +78,8 @@ ESFT_TOKENS_PER_STEP = 512
 IID_FRESH_STEPS = 64  # fresh draws each iid row is scored on
 # Patches at the pace a live group makes them on this machine (docs/benchmarks.md, "Patches at a live group's pace":
 # `scripts/bench_patch.py`'s steady rows), per (GPUs, slots per GPU); the quick shape's is nominal.
-LIVE_PACES = {(64, 5): PatchConfig(lag=8, every=5), (128, 3): PatchConfig(lag=10, every=5, drift_stride=3),
+LIVE_PACES = {(64, 5): PatchConfig(lag=8, every=5, burst_lag=6),
+              (128, 3): PatchConfig(lag=11, every=6, drift_stride=3, burst_lag=8),
               (32, 9): PatchConfig(lag=5, every=4)}
 
 
@@ -115,7 +117,9 @@ def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, optio
     if patches:
         every = f", every {patches.every}" if patches.every != PatchConfig().every else ""
         stride = f", drift stride {patches.drift_stride}" if patches.drift_stride != 1 else ""
-        patch_name = f" (patch lag {patches.lag}{every}{stride}{', one at a time' if patches.sequential else ''})"
+        early = f", burst layers at lag {patches.burst_lag}" if patches.burst_lag is not None else ""
+        patch_name = (f" (patch lag {patches.lag}{every}{stride}{early}"
+                      f"{', one at a time' if patches.sequential else ''})")
     name = f"rolling{' + forecast' if forecast else ''}{' + patches' if patches else ''}, lag {lag}{patch_name}"
     row = {"fit": name, "imbalance_mean": float(imbalance_TL.mean()),
            "fits": len(result.refit_steps), "seconds": time.perf_counter() - began}
@@ -369,6 +373,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --patch-lag, steps between patch starts (default %(default)s)")
     parser.add_argument("--drift-stride", type=int, default=PatchConfig().drift_stride, metavar="K",
                         help="with --patch-lag, each layer's drift swaps in every K-th patch (default %(default)s)")
+    parser.add_argument("--burst-lag", type=int, default=None, metavar="STEPS",
+                        help="with --patch-lag, the layers whose burst moves come or go serve STEPS after the steps "
+                             "a patch saw, ahead of its other layers (PatchConfig.burst_lag; within (patch lag - "
+                             "patch every, patch lag])")
     parser.add_argument("--sequential-patches", action="store_true",
                         help="with --patch-lag, one patch at a time, as the live rebalancer runs them without "
                              "patch_overlap (each spaced from the last by its lag; default: one every 5 steps "
@@ -414,11 +422,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.patch_every < 1 or args.drift_stride < 1:
         parser.error("--patch-every and --drift-stride must be >= 1")
-    if args.sequential_patches and args.patch_lag is None:
-        parser.error("--sequential-patches needs --patch-lag")
+    if (args.sequential_patches or args.burst_lag is not None) and args.patch_lag is None:
+        parser.error("--sequential-patches and --burst-lag need --patch-lag")
+    if args.burst_lag is not None and (args.sequential_patches
+                                       or not args.patch_lag - args.patch_every < args.burst_lag <= args.patch_lag):
+        parser.error(f"--burst-lag must lie in (--patch-lag - --patch-every, --patch-lag] = "
+                     f"({args.patch_lag - args.patch_every}, {args.patch_lag}], without --sequential-patches")
     patches = None if args.patch_lag is None else PatchConfig(lag=args.patch_lag, every=args.patch_every,
                                                               drift_stride=args.drift_stride,
-                                                              sequential=args.sequential_patches)
+                                                              sequential=args.sequential_patches,
+                                                              burst_lag=args.burst_lag)
     rows = [] if args.esft_only else measure(args.quick, args.lags, args.time_limit, tuple(args.seeds),
                                              tuple(args.policies), patches)
     if rows:

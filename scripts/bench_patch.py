@@ -29,7 +29,9 @@ the fills (slots, and host copies the new placement wants), the bytes moved and 
 tables for (a few a step, `eplb.rebalance.attempt.layers_per_step`), and the steps from the job's start to the switch
 at a decode step of `--step-ms`: the job, the step that broadcasts the answer and posts the first round, the moving
 steps M after it (the rounds, or the steps preparing the changed layers where those take longer: they run together),
-one for the switch. Ratios against the refit: seconds and bytes.
+one for the switch; and the patch's layers whose burst moves come or go, planned first, with the steps to their own
+switch (each layer switches as its weights land: the job, the broadcast's step, their last round and one for its
+completion, the switch), the steady medians' `PatchConfig.burst_lag`. Ratios against the refit: seconds and bytes.
 
 Usage: python scripts/bench_patch.py [--gpus 64 128] [--slots-per-gpu 5 3] [--max-bytes-per-step 64] [--quick]
        [--json FILE]
@@ -45,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.rebalance.attempt import changed_layers, moving_steps
+from eplb.rebalance.attempt import changed_layers, last_rounds, layers_per_step, moving_steps
 from eplb.rebalance.background_solver import (PatchRequest, SolveResult, drift_stride_for,
                                               import_solving_modules, solve)
 from eplb.rebalance.config import RebalanceConfig
@@ -93,12 +95,21 @@ def job_row(name: str, answer: SolveResult, seconds: float, current: Placement, 
     rounds = int(answer.chunks_C6[:, 0].max()) + 1 if len(answer.chunks_C6) else 0
     layers = 0 if answer.kept else len(changed_layers(current, answer.placement))
     moving = 0 if answer.kept else moving_steps(layers, rounds)  # the rounds and the tables built beside them
-    steps = 0 if answer.kept else math.ceil(seconds * 1000 / step_ms) + 1 + moving + 1
+    job_steps = math.ceil(seconds * 1000 / step_ms)
+    steps = 0 if answer.kept else job_steps + 1 + moving + 1
+    # The layers whose burst moves come or go switch as their weights land: the step after every rank completed
+    # their last round (the broadcast's step + that round + 1), if their tables are built by then.
+    first = [] if answer.kept or answer.first_layers is None else answer.first_layers.tolist()
+    last_L = last_rounds(answer.fills_U8, answer.chunks_C6)
+    landed = max((last_L.get(layer, -1) for layer in first), default=None)
+    burst_steps = None if landed is None else job_steps + 1 + max(landed + 1, math.ceil(
+        len(first) / layers_per_step(layers, rounds)) - 1) + 1
     return {"job": name, "seconds": round(seconds, 3), "kept": answer.kept, "slots_moved": int(answer.moves[0]),
             "slot_fills": int((kinds == KINDS.index("slot")).sum()),
             "host_copy_fills": int((kinds == KINDS.index("backup")).sum()),
             "bytes": int(answer.chunks_C6[:, 5].sum()) if len(answer.chunks_C6) else 0, "rounds": rounds,
-            "changed_layers": layers, "moving_steps": moving, "steps_to_switch": steps}
+            "changed_layers": layers, "moving_steps": moving, "steps_to_switch": steps,
+            "burst_layers": len(first), "steps_to_burst_layers": burst_steps}
 
 
 def timed(job) -> tuple[SolveResult, float]:
@@ -198,9 +209,15 @@ def steady_rows(counts_TLE: np.ndarray, end: int, first: SolveResult, config: Re
                 "steps_to_switch", "drift_stride"):
         median[key] = math.ceil(median[key])  # a median between two jobs, rounded up
     job_steps = math.ceil(median["seconds"] * 1000 / step_ms)
+    every, lag = max(median["moving_steps"] + 1, job_steps + 1), job_steps + median["moving_steps"] + 2
+    early = [row["steps_to_burst_layers"] for row in rows if row["steps_to_burst_layers"] is not None]
+    # The patches' burst layers: the median of the patches that have some, rounded up; a live patch's land after
+    # the last patch's layers, so never before lag - every + 1 (the model's range, `PatchConfig.burst_lag`).
+    burst_lag = None if not early else min(lag, max(lag - every + 1, math.ceil(float(np.median(early)))))
     median.update({"job": f"steady patches (median of {STEADY})", "kept": False, "seconds": round(median["seconds"], 3),
-                   "pace_every": max(median["moving_steps"] + 1, job_steps + 1),
-                   "pace_lag": job_steps + median["moving_steps"] + 2})
+                   "burst_layers": math.ceil(float(np.median([row["burst_layers"] for row in rows]))),
+                   "steps_to_burst_layers": burst_lag, "pace_every": every, "pace_lag": lag,
+                   "pace_burst_lag": burst_lag})
     return rows + [median]
 
 
@@ -225,18 +242,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{config.patch_drift_stride}, swaps' budget {config.patch_swap_budget_s} s, "
           f"{config.max_bytes_per_step / 2**20:g} MiB a rank between two steps")
     print("| GPUs x slots | job | seconds | vs refit | slots moved | slot / host-copy fills | GB moved | vs refit "
-          "| rounds | changed layers | steps to switch |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| rounds | changed layers | steps to switch | burst layers | steps to their switch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['gpus']} x {row['slots_per_gpu']} | {row['job']}{' (kept)' if row['kept'] else ''} | "
               f"{row['seconds']:.2f} | {row['seconds_vs_refit']:.3f} | {row['slots_moved']} | {row['slot_fills']} / "
               f"{row['host_copy_fills']} | {row['bytes'] / 1e9:.2f} | {row['bytes_vs_refit']:.3f} | {row['rounds']} | "
-              f"{row['changed_layers']} | {row['steps_to_switch']} |")
+              f"{row['changed_layers']} | {row['steps_to_switch']} | {row['burst_layers']} | "
+              f"{'-' if row['steps_to_burst_layers'] is None else row['steps_to_burst_layers']} |")
     for row in rows:
         if "pace_every" in row:
             print(f"{row['gpus']} x {row['slots_per_gpu']}: steady patches, drift stride {row['drift_stride']}, "
                   f"overlapping: a patch every {row['pace_every']} steps, each {row['pace_lag']} after its load "
-                  f"(PatchConfig(lag={row['pace_lag']}, every={row['pace_every']}, drift_stride={row['drift_stride']}))")
+                  f"(PatchConfig(lag={row['pace_lag']}, every={row['pace_every']}, drift_stride={row['drift_stride']}, "
+                  f"burst_lag={row['pace_burst_lag']}))")
     if args.json is not None:
         write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
     return 0

@@ -246,6 +246,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                "drift_swaps": args.drift_swaps if args.patch_every else None,
                "drift_stride": args.drift_stride if args.patch_every else None,
                "sequential_patches": args.sequential_patches if args.patch_every else None,
+               "patch_burst_lag": args.patch_burst_lag if args.patch_every else None,
                "refit_blocks_patches": args.refit_blocks_patches if args.patch_every else None,
                "adopt_layers": args.adopt_layers if args.patch_every else None,
                **result.summary()}
@@ -277,9 +278,15 @@ def patches_from(args: argparse.Namespace) -> PatchConfig | None:
                                       ("--sequential-patches", args.sequential_patches)) if on]
     if args.adopt_layers is not None and clashing:
         raise ValueError(f"--adopt-layers is not modelled with {' or '.join(clashing)}: drop one of them")
+    burst_lag = args.patch_burst_lag
+    if burst_lag is not None and (args.sequential_patches
+                                  or not args.patch_lag - args.patch_every < burst_lag <= args.patch_lag):
+        raise ValueError(f"--patch-burst-lag must lie in (--patch-lag - --patch-every, --patch-lag] = "
+                         f"({args.patch_lag - args.patch_every}, {args.patch_lag}] and is not modelled with "
+                         f"--sequential-patches; got {burst_lag}")
     return PatchConfig(lag=args.patch_lag, every=args.patch_every, drift_swaps=args.drift_swaps,
                        drift_stride=args.drift_stride, sequential=args.sequential_patches,
-                       refit_blocks=args.refit_blocks_patches, adopt_layers=args.adopt_layers)
+                       refit_blocks=args.refit_blocks_patches, burst_lag=burst_lag, adopt_layers=args.adopt_layers)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -257,6 +257,11 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                         "starts when the last has switched (--patch-lag steps after it started) or --patch-every "
                         "steps after it, whichever is later (default: one every --patch-every steps whatever the lag, "
                         "as the refits overlap)")
+    p.add_argument("--patch-burst-lag", type=NON_NEGATIVE_INT, default=None, metavar="STEPS",
+                   help="the layers whose burst moves come or go serve STEPS after the steps a patch saw, ahead of "
+                        "its other layers at --patch-lag, as the live rebalancer switches a patch's layers as their "
+                        "weights land (within (--patch-lag - --patch-every, --patch-lag]; default: all at "
+                        "--patch-lag)")
     p.add_argument("--refit-blocks-patches", action="store_true",
                    help="start no patch while a refit is in flight (from its fit until it serves, --lag steps), as "
                         "the live rebalancer runs them; the last patch serves on until the refit lands (default: "

@@ -71,6 +71,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "patches": stats["patches"],
         "patch_steps": stats["patch_steps"],
         "patch_lag_steps": stats["patch_lag_steps"],
+        "patch_early_layers": stats["patch_early_layers"],
         "bytes_moved": int(sum(r.stats["bytes_received"] for r in finished)),
         "tokens_lost": lost,
         "requests_requeued": finished[0].requeued,

@@ -55,7 +55,11 @@ class Attempt:
         rounds: every round of the plan with this rank's chunks only (the same count of rounds on every rank).
         next_round: the index of the next round to post.
         staging: the buffers this rank's received fills land in until the switch.
-        changed_L: the layers whose slots or static weights the target changes (their tables are rebuilt).
+        changed_L: the layers whose slots or static weights the target changes (their tables are rebuilt), in the
+            order their weights land (`last_round_L`), which is the order they are prepared in.
+        last_round_L: changed layer -> the last round with a chunk of its fills (-1: none); a patch's layer may
+            switch once every rank completed that round (`layers_landed`).
+        switched_L: a patch's layers switched before the attempt's last switch.
         layers_per_step: the changed layers prepared per step (the same on every rank: rounds are).
         tables_L: layer -> the target's routing tables on this rank's device, built a few layers a step.
         host_copies_L: layer -> the experts this rank keeps host copies of under the target.
@@ -76,6 +80,8 @@ class Attempt:
     moves: tuple[int, int] | None = None
     target: Placement | None = None
     changed_L: list[int] = field(default_factory=list)
+    last_round_L: dict[int, int] = field(default_factory=dict)
+    switched_L: set[int] = field(default_factory=set)
     layers_per_step: int = 1
     fills: dict[int, Fill] = field(default_factory=dict)
     rounds: list[list[Chunk]] = field(default_factory=list)
@@ -89,13 +95,21 @@ class Attempt:
 
     def start_moving(self, current: Placement, target: Placement, fitted_imbalance: float | None,
                      fills: dict[int, Fill], rounds: list[list[Chunk]], staging: Staging,
-                     moves: tuple[int, int] | None) -> None:
-        """Take this rank's part of rank 0's answer (`target` to replace `current`): the attempt is moving from
-        here."""
+                     moves: tuple[int, int] | None, last_round_L: dict[int, int]) -> None:
+        """Take this rank's part of rank 0's answer (`target` to replace `current`; `last_round_L`: each layer's
+        last round in the whole plan, `last_rounds`): the attempt is moving from here."""
         self.fills, self.rounds, self.staging, self.moves = fills, rounds, staging, moves
         self.fitted_imbalance, self.target = fitted_imbalance, target
-        self.changed_L = changed_layers(current, target)
+        changed = changed_layers(current, target)
+        self.last_round_L = {layer: last_round_L.get(layer, -1) for layer in changed}
+        self.changed_L = sorted(changed, key=self.last_round_L.__getitem__)  # stable: in layer order within a round
         self.layers_per_step = layers_per_step(len(self.changed_L), len(rounds))
+
+    def layers_landed(self, rounds_done: int) -> list[int]:
+        """The changed layers not switched yet whose tables are built and whose fills all lie in the first
+        `rounds_done` rounds."""
+        return [layer for layer in self.changed_L if layer not in self.switched_L and layer in self.tables_L
+                and self.last_round_L[layer] < rounds_done]
 
     @property
     def moving_steps(self) -> int:
@@ -136,6 +150,17 @@ class Attempt:
             self.next_round += 1
         self.reported_all = (self.in_flight is None and not self.rounds_left
                              and self._next_layer_to_prepare() is None)
+
+
+def last_rounds(fills_U8: np.ndarray, chunks_C6: np.ndarray) -> dict[int, int]:
+    """Layer -> the last round holding a chunk of one of its fills, over a whole encoded plan (`move_plan`'s
+    [U, 8] fills and [C, 6] chunks): the same on every rank."""
+    if not len(chunks_C6):
+        return {}
+    layers_C, rounds_C = fills_U8[chunks_C6[:, 1], 0], chunks_C6[:, 0]
+    last = np.full(int(layers_C.max()) + 1, -1, dtype=np.int64)
+    np.maximum.at(last, layers_C, rounds_C)
+    return {int(layer): int(last[layer]) for layer in np.flatnonzero(last >= 0)}
 
 
 def changed_layers(current: Placement, target: Placement) -> list[int]:

@@ -73,6 +73,8 @@ class SolveResult:
         adopted: (refit number, layers) of a refit a patch adopted (`PatchRequest.adopt_layers`; None: none).
         swap_seconds_per_layer: a patch's drift swaps, seconds per layer they ran in (None: none ran), which sets
             how many layers the next patches swap in (`drift_stride_for`).
+        first_layers: a patch's layers whose burst moves come or go, planned first (their fills take the first
+            rounds, and a live patch switches each layer as its weights land); None for a refit.
     """
 
     placement: Placement
@@ -88,6 +90,7 @@ class SolveResult:
     ring_order_LG: np.ndarray | None = None
     layer_gains_L: np.ndarray | None = None
     adopted: tuple[int, np.ndarray] | None = None
+    first_layers: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -196,11 +199,22 @@ def _patch(current: Placement, patch: PatchRequest, shape: TransferShape) -> Sol
         # The adopted layers already serve as the refit has them: adopted all the same, nothing to move.
         return dataclasses.replace(kept, followed=followed, ring_order_LG=ring_order_LG,
                                    adopted=(patch.adopt_number, adopted))
-    fills, rounds = plan_rebalance(current, plan.realised, shape)
+    # The layers whose burst moves come or go (the target's burst moves, or the serving placement's that leave)
+    # take the first rounds: they switch first.
+    urgent = np.flatnonzero(_gpus_differ_L(target, followed) | _gpus_differ_L(current, patch.fitted))
+    fills, rounds = plan_rebalance(current, plan.realised, shape, urgent.tolist())
     return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), None, encode_fills(fills),
                        encode_rounds(rounds), followed=followed, swap_seconds_per_layer=per_layer,
                        ring_order_LG=ring_order_LG,
-                       adopted=None if adopted is None else (patch.adopt_number, adopted))
+                       adopted=None if adopted is None else (patch.adopt_number, adopted), first_layers=urgent)
+
+
+def _gpus_differ_L(first: Placement, second: Placement) -> np.ndarray:
+    """[L] bool: the layers where some GPU holds other experts in `first` than in `second` (the slots' order within
+    a GPU aside)."""
+    shape = (first.num_layers, first.cluster.num_gpus, first.cluster.slots_per_gpu)
+    return (np.sort(first.phy2log_LP.reshape(shape), axis=2) != np.sort(second.phy2log_LP.reshape(shape), axis=2)
+            ).any(axis=(1, 2))
 
 
 def drift_stride_for(seconds_per_layer: float | None, num_layers: int, budget_s: float | None, minimum: int) -> int:

@@ -235,15 +235,19 @@ def holders_of(experts_GS: np.ndarray, failures_tolerated: int | None,
     return holders
 
 
-def plan_rebalance(current: Placement, target: Placement, shape: TransferShape) -> tuple[list[Fill], list[list[Chunk]]]:
+def plan_rebalance(current: Placement, target: Placement, shape: TransferShape,
+                   first_layers: list[int] | None = None) -> tuple[list[Fill], list[list[Chunk]]]:
     """The fills and rounds that take a group from `current` to `target` (same GPUs and slots): every slot whose
     expert changes, and the host copies the new placement needs that the old one's did not include; then the rounds.
+    The layers in `first_layers` are planned first, so that their fills take the earliest rounds (a patch's layers
+    switch as their weights land: the ones with burst moves first), then the others in order.
     Pure (the same on any process), and slow in Python at the full shape (figures: docs/rebalancing.md, 'The
     background solve'): the rebalancer runs it beside the solve, never on the decode path."""
     grid = (current.cluster.num_gpus, current.cluster.slots_per_gpu)
     fills: list[Fill] = []
     sends: dict[int, int] = {}
-    for layer in range(current.num_layers):
+    first = [] if first_layers is None else [int(layer) for layer in first_layers]
+    for layer in first + [layer for layer in range(current.num_layers) if layer not in set(first)]:
         old_GS, new_GS = current.phy2log_LP[layer].reshape(grid), target.phy2log_LP[layer].reshape(grid)
         if np.array_equal(old_GS, new_GS):
             continue  # the same slots want the same host copies: nothing to fill (a patch leaves most layers so)

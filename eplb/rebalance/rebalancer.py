@@ -25,7 +25,10 @@ rank reads the same messages and takes the same decision. Over the steps (`proto
    succeeded; R rounds are posted from the broadcast's step on, the last completed R steps after it;
 4. switch: the step after that, if every rank's transfers succeeded and every rank accepts, each copies the staged
    experts into the slots and installs the new tables on every layer, between two steps: a step runs wholly on the
-   old or the new placement (R + 1 steps from the broadcast).
+   old or the new placement (R + 1 steps from the broadcast). A patch's layers switch as their weights land: a
+   layer whose fills all lie in the rounds every rank completed (its tables built) switches on its own, the layers
+   whose burst moves come or go planned first (`SolveResult.first_layers`), so they serve rounds sooner; a step
+   runs each layer wholly on its old or its new slots.
 A failure or timeout anywhere (solve, transfer, a refusal) drops the staged state on every rank at the same step,
 leaves the old placement serving, is logged once, and the next attempt comes at the next interval.
 
@@ -63,7 +66,7 @@ from collectives import Communicator
 from collectives.membership import Heartbeat
 from eplb.live.load_recorder import LoadRecorder
 from eplb.live.moe_layer import MoEDecodeLayer, check_placement_fits
-from eplb.rebalance.attempt import Attempt
+from eplb.rebalance.attempt import Attempt, last_rounds
 from eplb.rebalance.background_solver import PatchRequest, PolicyFn, SolveResult, drift_stride_for
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.drift import DriftWatch
@@ -372,15 +375,16 @@ class Rebalancer:
             attempt.adopted = job["result"].adopted
         attempt.start_moving(self.placement, target, fitted, fills, rounds,
                              self.mover.staging_for(list(fills.values())),
-                             job["result"].moves if comm.rank == 0 else None)
+                             job["result"].moves if comm.rank == 0 else None, last_rounds(fills_U8, chunks_C6))
         attempt.broadcast_step = step
         self._prepare_and_advance(attempt)  # the first round moves during this very step
         if attempt.patch and self.config.patch_overlap and self.config.patch_every is not None:
             # The last round and table are done `attempt.moving_steps` steps from here and the switch comes the
-            # step after; the next job starts so that rank 0's message says it is done in the step before the switch, which then
-            # broadcasts its answer (`_switch`), if it takes as long as the last job took to its broadcast (every
-            # rank knows both: the same rounds and answers at the same steps; a queued job's answer may have waited
-            # for the switch, so it only lowers the estimate): on the freshest load that lets it be ready then.
+            # step after; the next job starts so that rank 0's message says it is done in the step before the
+            # switch, which then broadcasts its answer (`_switch`), if it takes as long as the last job took to its
+            # broadcast (every rank knows both: the same rounds and answers at the same steps; a queued job's answer
+            # may have waited for the switch, so it only lowers the estimate): on the freshest load that lets it be
+            # ready then.
             seen = step - attempt.fit_step
             last = self._patch_job_steps
             self._patch_job_steps = seen if not attempt.queued or last is None else min(last, seen)
@@ -401,7 +405,32 @@ class Rebalancer:
             # Every round moved and every rank said so with the last step: switch, if every rank accepts.
             self._switch(step, bool(received_G[:, Field.ACCEPTS_SWITCH].all()), received_G)
             return
+        if current and attempt.patch and received_G[:, Field.ACCEPTS_SWITCH].all():
+            # A patch's layers switch as their weights land: round r completes at the broadcast's step + r + 1, and
+            # every rank's message of that step says whether it succeeded.
+            landed = attempt.layers_landed(step - attempt.broadcast_step - 1)
+            if landed:
+                self._switch_layers(attempt, landed)
         self._prepare_and_advance(attempt)
+
+    def _switch_layers(self, attempt: Attempt, layers: list[int]) -> None:
+        """Install `layers` of a patch's target ahead of its other layers (every rank at the same step): their
+        staged experts, tables and host copies; the placement serving (and on rank 0 the one the patches follow)
+        takes those layers."""
+        for index in layers:
+            self.mover.copy_staged_slots(index, self.layers[index].slot_experts, attempt.staging)
+            self.layers[index].install(attempt.target, attempt.tables_L[index])
+            self.host_copies.keep(index, attempt.host_copies_L[index], attempt.staging)
+        attempt.switched_L.update(layers)
+        self.placement = self.placement.with_layers_of(attempt.target, layers)
+        if attempt.followed is not None:  # rank 0: a failure after this leaves these layers' drift swaps serving
+            self.fitted = self.fitted.with_layers_of(attempt.followed, layers)
+            if attempt.ring_order_LG is not None:
+                order_LG = self.ring_order_LG
+                if order_LG is None:  # 0, 1, ..., G-1 in every layer
+                    order_LG = np.tile(np.arange(self.placement.cluster.num_gpus), (len(self.layers), 1))
+                self.ring_order_LG = order_LG.copy()
+                self.ring_order_LG[layers] = attempt.ring_order_LG[layers]
 
     def _prepare_and_advance(self, attempt: Attempt) -> None:
         """Prepare a few of `attempt`'s layers, complete the round in flight and post the next."""
@@ -418,6 +447,8 @@ class Rebalancer:
             self._fail("a rank refused the switch")
             return
         for index, layer in enumerate(self.layers):
+            if index in attempt.switched_L:  # a patch's layer switched as its weights landed
+                continue
             self.mover.copy_staged_slots(index, layer.slot_experts, attempt.staging)
             if index in attempt.tables_L:
                 layer.install(attempt.target, attempt.tables_L[index])
@@ -433,7 +464,7 @@ class Rebalancer:
                 self.adoption.adopted(*attempt.adopted, step, self.stats)
             self.drift.restart(self.drift.fitted_imbalance)  # the fit's level stays the drift trigger's
             self.stats.record_patch(step, attempt.fit_step, attempt.moves, attempt.broadcast_step,
-                                    attempt.moving_steps)
+                                    attempt.moving_steps, len(attempt.switched_L))
             logger.info("switched to a burst patch at step %d (%d fills)", step, len(attempt.fills))
             queued_step, self._queue_patch_at, self._queued_patch_step = self._queued_patch_step, None, None
             if queued_step is not None:  # the next patch, solving since this one moved

@@ -26,6 +26,7 @@ class RebalanceStats:
     patch_slots: list[int] = field(default_factory=list)  # per patch: slots filled from another slot or rank (rank 0)
     patch_broadcast_steps: list[int] = field(default_factory=list)  # per patch: the step its answer was broadcast at
     patch_moving_steps: list[int] = field(default_factory=list)  # per patch: `Attempt.moving_steps`
+    patch_early_layers: list[int] = field(default_factory=list)  # per patch: layers switched before its last switch
 
     def record_switch(self, step: int, fit_step: int, seconds: float, moves: tuple[int, int] | None) -> None:
         """Count a switch at `step` of an attempt started at `fit_step`, `seconds` after its start; `moves`:
@@ -39,13 +40,15 @@ class RebalanceStats:
             self.oblivious_moves.append(moves[1])
 
     def record_patch(self, step: int, fit_step: int, moves: tuple[int, int] | None, broadcast_step: int,
-                     moving_steps: int) -> None:
+                     moving_steps: int, early_layers: int) -> None:
         """Count a burst patch switched to at `step`, started at `fit_step`, its answer broadcast at
-        `broadcast_step`, its rounds and tables done `moving_steps` steps after; `moves` as in `record_switch`."""
+        `broadcast_step`, its rounds and tables done `moving_steps` steps after, `early_layers` of its layers
+        switched before `step` as their weights landed; `moves` as in `record_switch`."""
         self.patches += 1
         self.patch_steps.append(step)
         self.patch_lag_steps.append(step - fit_step)
         self.patch_broadcast_steps.append(broadcast_step)
         self.patch_moving_steps.append(moving_steps)
+        self.patch_early_layers.append(early_layers)
         if moves:
             self.patch_slots.append(moves[0])

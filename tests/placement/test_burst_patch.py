@@ -105,8 +105,11 @@ def test_a_relabelled_ring_layer_is_judged_by_its_exact_split_in_its_ring_order(
         (lambda p: patch_for_bursts(p, np.ones((1, 8)), threshold=0.5), "threshold >= 1"),
         (lambda p: PatchConfig(lag=-1), "patches need lag >= 0"),
         (lambda p: PatchConfig(every=0), "every >= 1"),
+        (lambda p: PatchConfig(lag=6, every=2, burst_lag=4), "burst_lag must lie in \\(lag - every, lag\\]"),
+        (lambda p: PatchConfig(lag=6, every=2, burst_lag=5, sequential=True), "with sequential False"),
     ],
-    ids=["wrong-shape", "negative-load", "negative-moves", "threshold-below-one", "negative-lag", "every-zero"],
+    ids=["wrong-shape", "negative-load", "negative-moves", "threshold-below-one", "negative-lag", "every-zero",
+         "burst-lag-too-early", "burst-lag-sequential"],
 )
 def test_bad_arguments_raise_naming_the_parameter(call, message):
     with pytest.raises(ValueError, match=message):
@@ -170,6 +173,29 @@ def test_one_patch_at_a_time_switches_no_sooner_than_its_lag_after_the_last():
     assert any(later - earlier < 6 for earlier, later in zip(switches[False], switches[False][1:])), \
         "overlapping patches switch as often as every 2 steps"
 
+
+def test_a_patch_s_burst_layers_serve_from_its_burst_lag_and_the_rest_from_its_lag():
+    """Layer 0 bursts (expert 0 8x from step 30), layer 1 stays calm: with burst_lag, layer 0's patch serves
+    `lag - burst_lag` steps sooner than without, layer 1 exactly as without."""
+    counts = np.concatenate([_bursty_counts(), np.full((60, 1, 8), 90)], axis=1)
+    from placement.replay import _served_placements
+
+    fitted = _placement(np.array([[0, 4, 7, 1, 4, 5, 2, 5, 6, 3, 6, 7]] * 2))
+    late = PatchConfig(lag=6, window=3, every=2, drift_swaps=0)
+    early = dataclasses.replace(late, burst_lag=5)
+    served = {}
+    for name, patches in (("late", late), ("early", early)):
+        served[name] = [placement.phy2log_LP for first, stop, placement
+                        in _served_placements(fitted, counts, 20, 60, patches) for _ in range(first, stop)]
+    first_change = {name: next(20 + step for step, layers in enumerate(steps)
+                               if not np.array_equal(layers[0], fitted.phy2log_LP[0]))
+                    for name, steps in served.items()}
+    assert first_change == {"late": 38, "early": 37}, first_change
+    for late_LP, early_LP in zip(served["late"], served["early"]):
+        np.testing.assert_array_equal(late_LP[1], early_LP[1])  # the calm layer as without
+    # Without drift swaps every change of layer 0 comes or goes with burst moves: each serves a step sooner.
+    for step, (early_LP, later_LP) in enumerate(zip(served["early"], served["late"][1:])):
+        np.testing.assert_array_equal(early_LP[0], later_LP[0], err_msg=f"step {20 + step}")
 
 
 def test_a_refit_in_flight_blocks_patches_and_the_last_patch_serves_on():

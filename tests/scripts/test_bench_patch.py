@@ -56,6 +56,10 @@ def test_the_steps_to_a_switch_are_the_job_the_broadcast_the_moves_and_the_switc
             moving = max(row["rounds"], math.ceil(row["changed_layers"] / per_step) - 1)
             assert row["moving_steps"] == moving
             assert abs(row["steps_to_switch"] - (job_steps + 1 + moving + 1)) <= 1  # seconds are rounded in the row
+            # the layers whose burst moves come or go are planned first and switch as their weights land
+            assert (row["steps_to_burst_layers"] is None) == (row["burst_layers"] == 0)
+            if row["burst_layers"]:
+                assert job_steps + 3 - 1 <= row["steps_to_burst_layers"] <= row["steps_to_switch"] + 1
 
 
 def test_a_patch_adopting_a_refit_s_layers_moves_about_their_share_of_the_refit(rows):
@@ -74,6 +78,8 @@ def test_steady_patches_take_turns_by_the_swaps_budget_and_their_medians_give_th
     # the moving steps: the rounds, or the steps preparing the changed layers where those take longer
     assert median["pace_every"] == max(median["moving_steps"] + 1, job_steps + 1)
     assert median["pace_lag"] == job_steps + median["moving_steps"] + 2
+    burst_lag = median["pace_burst_lag"]
+    assert burst_lag is None or median["pace_lag"] - median["pace_every"] < burst_lag <= median["pace_lag"]
     assert median["rounds"] == math.ceil(statistics.median(row["rounds"] for row in steady))  # rounded up
     assert median["moving_steps"] == math.ceil(statistics.median(row["moving_steps"] for row in steady))
     assert median["moving_steps"] >= median["rounds"]

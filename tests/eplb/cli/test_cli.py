@@ -256,6 +256,13 @@ def test_replay_patches_a_burst_between_refits_and_reports_the_slots_moved(run_e
     assert adopted["imbalance_mean"] < plain["imbalance_mean"]
     clash = run_eplb(*args, "--adopt-layers", "1", "--sequential-patches")
     assert clash.returncode == 2 and "--adopt-layers is not modelled with --sequential-patches" in clash.stderr
+    # The burst's layer served a step sooner than the patches' other layers, as a live patch switches it.
+    later, sooner = (ok_json(run_eplb(*args, "--patch-lag", "4", "--patch-every", "2", *more))
+                     for more in ((), ("--patch-burst-lag", "3")))
+    assert later["patch_burst_lag"] is None and sooner["patch_burst_lag"] == 3
+    assert sooner["imbalance_mean"] < later["imbalance_mean"]
+    outside = run_eplb(*args, "--patch-lag", "4", "--patch-every", "2", "--patch-burst-lag", "2")
+    assert outside.returncode == 2 and "--patch-burst-lag must lie in" in outside.stderr and "(2, 4]" in outside.stderr
 
 
 def test_replay_fits_the_window_as_it_is_with_no_forecast(run_eplb, tmp_path):

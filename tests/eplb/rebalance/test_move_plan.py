@@ -1,7 +1,7 @@
 """Planning weight moves: host copies cover every expert one rank alone holds, fills copy locally when they can
 and spread the sends, the rounds keep every rank within the byte budget while moving every row once (and are the
-plain first fit's), a rebalance's plan covers every changed slot, and a plan survives its int64 encoding whole or
-as one rank's part."""
+plain first fit's), a rebalance's plan covers every changed slot (the layers asked for first in the first rounds),
+and a plan survives its int64 encoding whole or as one rank's part."""
 
 import itertools
 
@@ -11,6 +11,7 @@ import pytest
 from eplb.rebalance.move_plan import (Chunk, Fill, TransferShape, backup_wanted, decode_fills, decode_for_rank,
                                  decode_rounds, encode_fills, encode_rounds, plan_fills, plan_rebalance,
                                  schedule_chunks)
+from eplb.rebalance.attempt import last_rounds
 from placement import ClusterSpec, fit_placement, plan_migration
 
 
@@ -187,6 +188,23 @@ def test_a_plan_survives_its_encoding_whole_and_as_one_ranks_part(two_placements
         assert len(my_rounds) == len(rounds)  # every rank steps through every round
         assert my_rounds == [[c for c in chunks if c.fill in mine] for chunks in rounds]
     assert decode_rounds(encode_rounds([[]])) == [[]]
+
+
+def test_the_layers_planned_first_take_the_first_rounds_and_each_layer_s_last_round_is_known(two_placements):
+    current, target = two_placements
+    shape = TransferShape(4, 6, 4, 64, failures_tolerated=1)
+    fills, rounds = plan_rebalance(current, target, shape, first_layers=[2])
+    assert [f.layer for f in fills] == sorted((f.layer for f in fills), key=lambda layer: (layer != 2, layer))
+    ends = lambda plan: sorted((f.layer, f.expert, f.dst_rank, f.dst_kind, f.dst_index) for f in plan)
+    assert ends(fills) == ends(plan_rebalance(current, target, shape)[0])  # the same fills (sources may differ)
+    last = last_rounds(encode_fills(fills), encode_rounds(rounds))
+    expected = {}
+    for index, chunks in enumerate(rounds):
+        for chunk in chunks:
+            expected[fills[chunk.fill].layer] = index
+    assert last == expected and set(last) == {f.layer for f in fills}
+    assert last[2] <= min(last[0], last[1])  # planned first, it lands no later than the others
+    assert last_rounds(np.zeros((0, 8), dtype=np.int64), np.zeros((0, 6), dtype=np.int64)) == {}
 
 
 def test_a_budget_below_one_row_is_refused():

@@ -277,6 +277,55 @@ def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_out
     assert summary["burst_patches"]["after"] < summary["burst_patches"]["before"] - 0.05
 
 
+def three_layer_bursts(world_size: int, steps: int, burst_layers: tuple[int, ...], factor: float, start: int
+                       ) -> DecodeSetup:
+    """Three layers on a greedy placement; from step `start` the busiest single-replica expert of each of
+    `burst_layers` is `factor` times as popular."""
+    trace = generate_trace(SyntheticConfig(num_steps=FIT + steps, num_layers=3, num_experts=EXPERTS, top_k=TOP_K,
+                                           tokens_per_step=TOKENS, seed=5))
+    counts = trace.counts_TLE
+    cluster = ClusterSpec(num_gpus=world_size, slots_per_gpu=EXPERTS // world_size + 1, gpus_per_node=world_size)
+    placement = fit_placement("deepseek", counts[:FIT], cluster)
+    share = counts[FIT:] / counts[FIT:].sum(-1, keepdims=True)
+    for layer in burst_layers:
+        single = np.flatnonzero(np.bincount(placement.phy2log_LP[layer], minlength=EXPERTS) == 1)
+        share[start:, layer, single[np.argmax(counts[:FIT, layer, single].sum(0))]] *= factor
+    share /= share.sum(-1, keepdims=True)
+    config = MoELayerConfig(hidden_size=32, intermediate_size=48, num_experts=EXPERTS, top_k=TOP_K)
+    return DecodeSetup(config, placement, share, 2 * TOKENS, "dynamic")
+
+
+def test_a_patch_s_layers_switch_as_their_weights_land_with_exact_outputs():
+    """Bursts in two of three layers at once, weight rounds of 16 KiB (an expert takes two): a patch that changes
+    both layers switches the one whose fills land first rounds before the other, on every rank at the same step,
+    serving exact outputs, each slot holding the expert the serving placement names."""
+    steps = 24
+    setup = three_layer_bursts(4, steps, (0, 2), 6.0, 4)
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 2,
+                                       "max_bytes_per_step": 16 << 10})
+    setup, reports, summary = run(4, steps, config=config, setup=setup)
+    assert_exact_and_complete(summary, steps)
+    assert summary["rebalances"] == 0 and summary["patches"] >= 2 and not summary["rebalance_failures"]
+    assert len({(tuple(r.stats["patch_steps"]), tuple(r.stats["patch_early_layers"])) for r in reports}) == 1
+    assert any(early >= 1 for early in reports[0].stats["patch_early_layers"]), reports[0].stats
+    assert all(np.array_equal(r.final_phy2log_LP, reports[0].final_phy2log_LP) for r in reports)
+    patched = summary["burst_patches"]
+    assert patched["after"] < patched["before"] - 0.05, patched
+
+
+def test_a_rank_refusing_switches_stops_a_patch_s_early_layers_too():
+    """The same bursts with one rank refusing every switch: no layer switches early, every patch fails, and the
+    start placement serves to the end on every rank, outputs exact."""
+    steps = 16
+    setup = three_layer_bursts(4, steps, (0, 2), 6.0, 4)
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 2,
+                                       "max_bytes_per_step": 16 << 10})
+    setup, reports, summary = run(4, steps, Faults(refuse_switch_rank=2), config=config, setup=setup)
+    assert_exact_and_complete(summary, steps)
+    assert summary["patches"] == 0 and summary["rebalance_failures"]
+    assert all(np.array_equal(r.final_phy2log_LP, setup.placement.phy2log_LP) for r in reports)
+
+
 @pytest.mark.parametrize("stride, budget_s", [(1, None), (2, None), (1, 1e-9)])
 def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs(stride, budget_s):
     """A `cpsat` ring layout fitted to the old mix, the mix changed after a third of the run, no refit and no burst
