@@ -422,6 +422,7 @@ class Rebalancer:
             self.layers[index].install(attempt.target, attempt.tables_L[index])
             self.host_copies.keep(index, attempt.host_copies_L[index], attempt.staging)
         attempt.switched_L.update(layers)
+        self.stats.early_layer_switches += len(layers)
         self.placement = self.placement.with_layers_of(attempt.target, layers)
         if attempt.followed is not None:  # rank 0: a failure after this leaves these layers' drift swaps serving
             self.fitted = self.fitted.with_layers_of(attempt.followed, layers)

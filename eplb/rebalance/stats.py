@@ -27,6 +27,7 @@ class RebalanceStats:
     patch_broadcast_steps: list[int] = field(default_factory=list)  # per patch: the step its answer was broadcast at
     patch_moving_steps: list[int] = field(default_factory=list)  # per patch: `Attempt.moving_steps`
     patch_early_layers: list[int] = field(default_factory=list)  # per patch: layers switched before its last switch
+    early_layer_switches: int = 0  # layers patches switched as their weights landed, those of failed patches too
 
     def record_switch(self, step: int, fit_step: int, seconds: float, moves: tuple[int, int] | None) -> None:
         """Count a switch at `step` of an attempt started at `fit_step`, `seconds` after its start; `moves`:

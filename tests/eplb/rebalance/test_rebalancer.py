@@ -245,8 +245,11 @@ def test_burst_patches_switch_between_refits_and_serve_the_burst_better_with_exa
     assert all(np.array_equal(r.final_phy2log_LP, reports[0].final_phy2log_LP) for r in reports)
     assert all(lag >= 1 for lag in summary["patch_lag_steps"])
     assert 0 < sum(reports[0].stats["patch_slots"]) <= 2 * 2 * summary["patches"]  # <= patch_moves per layer
+    # Measured on this machine: 1.0277-1.0284 against 1.0411 when patches came every 4 steps, 6 after their load;
+    # 1.0299-1.0314 every 2, 4 after (more of the calm steps before the burst served by patches fitted on 6 noisy
+    # steps): a margin of 0.005 keeps the test off the runs' spread.
     patched = summary["burst_patches"]
-    assert patched["steps"] >= 3 and patched["after"] < patched["before"] - 0.01, patched
+    assert patched["steps"] >= 3 and patched["after"] < patched["before"] - 0.005, patched
 
 
 @pytest.mark.parametrize("overlap, max_bytes", [(True, 16 << 10), (True, 1 << 20), (False, 16 << 10)])
@@ -308,9 +311,23 @@ def test_a_patch_s_layers_switch_as_their_weights_land_with_exact_outputs():
     assert summary["rebalances"] == 0 and summary["patches"] >= 2 and not summary["rebalance_failures"]
     assert len({(tuple(r.stats["patch_steps"]), tuple(r.stats["patch_early_layers"])) for r in reports}) == 1
     assert any(early >= 1 for early in reports[0].stats["patch_early_layers"]), reports[0].stats
+    assert reports[0].stats["early_layer_switches"] >= sum(reports[0].stats["patch_early_layers"]) >= 1
     assert all(np.array_equal(r.final_phy2log_LP, reports[0].final_phy2log_LP) for r in reports)
     patched = summary["burst_patches"]
     assert patched["after"] < patched["before"] - 0.05, patched
+
+
+def test_a_rank_killed_while_a_patch_s_layers_switch_one_by_one_leaves_the_survivors_exact():
+    """The same bursts, rank 3 killed at step 13, about when the third patch has switched its first layer and not
+    its others (on this machine): the survivors drop the patch, keep what switched, re-form and finish exactly."""
+    steps = 24
+    setup = three_layer_bursts(4, steps, (0, 2), 6.0, 4)
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 2,
+                                       "max_bytes_per_step": 16 << 10})
+    setup, reports, summary = run(4, steps, Faults(kills=((3, 13),)), config=config, setup=setup)
+    assert_exact_and_complete(summary, steps)
+    assert summary["survivors"] == [0, 1, 2] and [rec["lost_ranks"] for rec in summary["recoveries"]] == [[3]]
+    assert reports[0].stats["early_layer_switches"] >= sum(reports[0].stats["patch_early_layers"])
 
 
 def test_a_rank_refusing_switches_stops_a_patch_s_early_layers_too():
@@ -323,6 +340,7 @@ def test_a_rank_refusing_switches_stops_a_patch_s_early_layers_too():
     setup, reports, summary = run(4, steps, Faults(refuse_switch_rank=2), config=config, setup=setup)
     assert_exact_and_complete(summary, steps)
     assert summary["patches"] == 0 and summary["rebalance_failures"]
+    assert all(r.stats["early_layer_switches"] == 0 for r in reports)
     assert all(np.array_equal(r.final_phy2log_LP, setup.placement.phy2log_LP) for r in reports)
 
 
