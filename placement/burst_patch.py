@@ -41,6 +41,12 @@ DONORS = 8  # slots tried per bursting expert: those of the experts with the lea
 TIE = 1e-12  # trials whose imbalances differ by less than this are equally good (rounding, not balance)
 
 
+def burst_lag_fits(burst_lag: int, lag: int, every: int) -> bool:
+    """True when a patch's burst layers at `burst_lag` land after the last patch's layers (at `lag`, patches `every`
+    steps apart) and no later than its own other layers: lag - every < burst_lag <= lag (`PatchConfig.burst_lag`)."""
+    return lag - every < burst_lag <= lag
+
+
 @dataclass(frozen=True)
 class PatchConfig:
     """When and how much a replay (or a live group) patches its serving placement between refits.
@@ -91,7 +97,7 @@ class PatchConfig:
     adopt_layers: int | None = None
 
     def __post_init__(self) -> None:
-        if self.burst_lag is not None and (self.sequential or not self.lag - self.every < self.burst_lag <= self.lag):
+        if self.burst_lag is not None and (self.sequential or not burst_lag_fits(self.burst_lag, self.lag, self.every)):
             raise ValueError(f"burst_lag must lie in (lag - every, lag] = ({self.lag - self.every}, {self.lag}] "
                              f"(a patch's early layers land after the last patch's), with sequential False; got "
                              f"burst_lag={self.burst_lag}, sequential={self.sequential}")

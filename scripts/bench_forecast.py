@@ -53,7 +53,7 @@ import numpy as np
 
 from placement import ClusterSpec, Placement, fit_placement
 from placement.burst_exposure import burst_exposure
-from placement.burst_patch import PatchConfig
+from placement.burst_patch import PatchConfig, burst_lag_fits
 from placement.forecast import hedged_window
 from placement.replay import rolling_replay
 from placement.scoring import score_placement
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.sequential_patches or args.burst_lag is not None) and args.patch_lag is None:
         parser.error("--sequential-patches and --burst-lag need --patch-lag")
     if args.burst_lag is not None and (args.sequential_patches
-                                       or not args.patch_lag - args.patch_every < args.burst_lag <= args.patch_lag):
+                                       or not burst_lag_fits(args.burst_lag, args.patch_lag, args.patch_every)):
         parser.error(f"--burst-lag must lie in (--patch-lag - --patch-every, --patch-lag] = "
                      f"({args.patch_lag - args.patch_every}, {args.patch_lag}], without --sequential-patches")
     patches = None if args.patch_lag is None else PatchConfig(lag=args.patch_lag, every=args.patch_every,

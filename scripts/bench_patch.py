@@ -47,7 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.rebalance.attempt import changed_layers, last_rounds, layers_per_step, moving_steps
+from eplb.rebalance.attempt import (changed_layers, last_rounds, layer_switch_steps, layers_per_step,
+                                    moving_steps)
 from eplb.rebalance.background_solver import (PatchRequest, SolveResult, drift_stride_for,
                                               import_solving_modules, solve)
 from eplb.rebalance.config import RebalanceConfig
@@ -97,13 +98,13 @@ def job_row(name: str, answer: SolveResult, seconds: float, current: Placement, 
     moving = 0 if answer.kept else moving_steps(layers, rounds)  # the rounds and the tables built beside them
     job_steps = math.ceil(seconds * 1000 / step_ms)
     steps = 0 if answer.kept else job_steps + 1 + moving + 1
-    # The layers whose burst moves come or go switch as their weights land: the step after every rank completed
-    # their last round (the broadcast's step + that round + 1), if their tables are built by then.
+    # The layers whose burst moves come or go switch as their weights land (taken as the first prepared: they
+    # hold the first rounds), the last of them the steps `layer_switch_steps` gives after the broadcast.
     first = [] if answer.kept or answer.first_layers is None else answer.first_layers.tolist()
     last_L = last_rounds(answer.fills_U8, answer.chunks_C6)
     landed = max((last_L.get(layer, -1) for layer in first), default=None)
-    burst_steps = None if landed is None else job_steps + 1 + max(landed + 1, math.ceil(
-        len(first) / layers_per_step(layers, rounds)) - 1) + 1
+    burst_steps = None if landed is None else job_steps + 1 + layer_switch_steps(
+        landed, len(first) - 1, layers_per_step(layers, rounds))
     return {"job": name, "seconds": round(seconds, 3), "kept": answer.kept, "slots_moved": int(answer.moves[0]),
             "slot_fills": int((kinds == KINDS.index("slot")).sum()),
             "host_copy_fills": int((kinds == KINDS.index("backup")).sum()),

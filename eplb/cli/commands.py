@@ -25,7 +25,7 @@ from placement import (
     score_placement,
     static_gpu_loads,
 )
-from placement.burst_patch import PatchConfig
+from placement.burst_patch import PatchConfig, burst_lag_fits
 from placement.migration import oblivious_moves, plan_migration
 from placement.scoring import check_compatible
 from traces import RoutingTrace, TraceFormatError, load_trace, save_trace
@@ -280,7 +280,7 @@ def patches_from(args: argparse.Namespace) -> PatchConfig | None:
         raise ValueError(f"--adopt-layers is not modelled with {' or '.join(clashing)}: drop one of them")
     burst_lag = args.patch_burst_lag
     if burst_lag is not None and (args.sequential_patches
-                                  or not args.patch_lag - args.patch_every < burst_lag <= args.patch_lag):
+                                  or not burst_lag_fits(burst_lag, args.patch_lag, args.patch_every)):
         raise ValueError(f"--patch-burst-lag must lie in (--patch-lag - --patch-every, --patch-lag] = "
                          f"({args.patch_lag - args.patch_every}, {args.patch_lag}] and is not modelled with "
                          f"--sequential-patches; got {burst_lag}")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from collectives import CollectiveError
+from eplb.live.moe_layer import MoEDecodeLayer
 from eplb.live.replica_assignment import ReplicaTables
 from eplb.rebalance.host_copies import HostCopies
 from eplb.rebalance.move_plan import Chunk, Fill
@@ -111,6 +112,20 @@ class Attempt:
         return [layer for layer in self.changed_L if layer not in self.switched_L and layer in self.tables_L
                 and self.last_round_L[layer] < rounds_done]
 
+    def install(self, indices: list[int], layers: list[MoEDecodeLayer], mover: WeightMover,
+                host_copies: HostCopies) -> None:
+        """Install the target on `layers[i]` for each i in `indices` (between two steps, every rank at the same
+        step): the staged experts into their slots, the prepared tables and host copies; a layer the target leaves
+        as it is keeps its tables and host copies."""
+        for index in indices:
+            layer = layers[index]
+            mover.copy_staged_slots(index, layer.slot_experts, self.staging)
+            if index in self.tables_L:
+                layer.install(self.target, self.tables_L[index])
+                host_copies.keep(index, self.host_copies_L[index], self.staging)
+            else:
+                layer.install(self.target, layer.tables)
+
     @property
     def moving_steps(self) -> int:
         """Steps from the broadcast to the one that completes every round and table (`moving_steps`)."""
@@ -176,6 +191,14 @@ def moving_steps(changed: int, rounds: int) -> int:
     of `changed` layers' tables (the broadcast's step posts the first round and prepares the first layers; the
     switch comes the step after): the rounds, or the tables where they take longer."""
     return max(rounds, -(-changed // layers_per_step(changed, rounds)) - 1)
+
+
+def layer_switch_steps(last_round: int, position: int, per_step: int) -> int:
+    """Steps from the answer's broadcast to the switch of a patch's layer whose last chunk is in round `last_round`
+    (-1: none) and which is prepared `position`-th (0: first), `per_step` layers a step: every rank completes that
+    round `last_round + 1` steps after the broadcast and says so with that step, and the layer's tables are built
+    with step `position // per_step`; it switches the step after both (`Attempt.layers_landed`)."""
+    return max(last_round + 2, position // per_step + 1)
 
 
 def layers_per_step(changed: int, rounds: int) -> int:

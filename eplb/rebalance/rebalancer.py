@@ -65,7 +65,7 @@ import torch
 from collectives import Communicator
 from collectives.membership import Heartbeat
 from eplb.live.load_recorder import LoadRecorder
-from eplb.live.moe_layer import MoEDecodeLayer, check_placement_fits
+from eplb.live.moe_layer import MoEDecodeLayer
 from eplb.rebalance.attempt import Attempt, last_rounds
 from eplb.rebalance.background_solver import PatchRequest, PolicyFn, SolveResult, drift_stride_for
 from eplb.rebalance.config import RebalanceConfig
@@ -75,6 +75,7 @@ from eplb.rebalance.move_plan import decode_for_rank
 from eplb.rebalance.protocol import Field, Phase, SolveStatus, message
 from eplb.rebalance.recovery import GroupRecovery, RecoveryReport, agree_and_regroup
 from eplb.rebalance.refit_adoption import RefitAdoption
+from eplb.rebalance.settings_checks import check_loadable, check_settings
 from eplb.rebalance.solve_answer import unpack_answer
 from eplb.rebalance.solving import Rank0Solver
 from eplb.rebalance.stats import RebalanceStats
@@ -104,7 +105,7 @@ class Rebalancer:
 
     def __init__(self, config: RebalanceConfig, comm: Communicator, layers: list[MoEDecodeLayer],
                  recorder: LoadRecorder, placement: Placement, *, policy_fn: PolicyFn | None = None) -> None:
-        _check_settings(config, comm, layers, recorder, placement)
+        check_settings(config, comm, layers, recorder, placement)
         self.config, self.comm, self.layers, self.recorder = config, comm, layers, recorder
         self.placement = placement
         # The last fitted or loaded placement, which patches start from; on rank 0 (which asks for patches) with the
@@ -244,7 +245,7 @@ class Rebalancer:
                 dropped).
         """
         target = placement if isinstance(placement, Placement) else load_placement(placement)
-        _check_loadable(target, self.placement, self.layers, self.comm.world_size)
+        check_loadable(target, self.placement, self.layers, self.comm.world_size)
         if self.in_progress and self.phase == Phase.SOLVING and self._attempt.patch:
             self._attempt = None  # its answer, when it comes, is about an older attempt and ignored
             if self.adoption is not None:
@@ -375,7 +376,8 @@ class Rebalancer:
             attempt.adopted = job["result"].adopted
         attempt.start_moving(self.placement, target, fitted, fills, rounds,
                              self.mover.staging_for(list(fills.values())),
-                             job["result"].moves if comm.rank == 0 else None, last_rounds(fills_U8, chunks_C6))
+                             job["result"].moves if comm.rank == 0 else None,
+                             last_rounds(fills_U8, chunks_C6) if attempt.patch else {})  # refits switch at once
         attempt.broadcast_step = step
         self._prepare_and_advance(attempt)  # the first round moves during this very step
         if attempt.patch and self.config.patch_overlap and self.config.patch_every is not None:
@@ -417,10 +419,7 @@ class Rebalancer:
         """Install `layers` of a patch's target ahead of its other layers (every rank at the same step): their
         staged experts, tables and host copies; the placement serving (and on rank 0 the one the patches follow)
         takes those layers."""
-        for index in layers:
-            self.mover.copy_staged_slots(index, self.layers[index].slot_experts, attempt.staging)
-            self.layers[index].install(attempt.target, attempt.tables_L[index])
-            self.host_copies.keep(index, attempt.host_copies_L[index], attempt.staging)
+        attempt.install(layers, self.layers, self.mover, self.host_copies)
         attempt.switched_L.update(layers)
         self.stats.early_layer_switches += len(layers)
         self.placement = self.placement.with_layers_of(attempt.target, layers)
@@ -447,15 +446,9 @@ class Rebalancer:
         if not accept:
             self._fail("a rank refused the switch")
             return
-        for index, layer in enumerate(self.layers):
-            if index in attempt.switched_L:  # a patch's layer switched as its weights landed
-                continue
-            self.mover.copy_staged_slots(index, layer.slot_experts, attempt.staging)
-            if index in attempt.tables_L:
-                layer.install(attempt.target, attempt.tables_L[index])
-                self.host_copies.keep(index, attempt.host_copies_L[index], attempt.staging)
-            else:  # the target leaves this layer as it is: its tables and host copies stay
-                layer.install(attempt.target, layer.tables)
+        # A patch's layers switched as their weights landed are installed already.
+        attempt.install([index for index in range(len(self.layers)) if index not in attempt.switched_L], self.layers,
+                        self.mover, self.host_copies)
         self.placement = attempt.target
         self._attempt = None
         if attempt.patch:
@@ -565,40 +558,6 @@ class Rebalancer:
         self.solver.close()
         if self.adoption is not None:
             self.adoption.close()
-
-
-def _check_settings(config: RebalanceConfig, comm: Communicator, layers: list[MoEDecodeLayer],
-                    recorder: LoadRecorder, placement: Placement) -> None:
-    """Raise `ValueError` for settings that cannot work together (the same verdict on every rank)."""
-    if len(layers) != placement.num_layers or recorder.num_layers != placement.num_layers:
-        raise ValueError(f"layers ({len(layers)}) and recorder.num_layers ({recorder.num_layers}) must match the "
-                         f"placement's {placement.num_layers} layers")
-    first = layers[0].config
-    row_bytes = max(first.hidden_size, first.intermediate_size) * layers[0].slot_experts.gate_ADF.element_size()
-    if config.max_bytes_per_step < row_bytes:
-        raise ValueError(f"max_bytes_per_step={config.max_bytes_per_step} is below one row of an expert's "
-                         f"weights ({row_bytes} bytes); raise it")
-    if config.transfer_timeout_s >= comm.timeout_s:
-        raise ValueError(f"transfer_timeout_s={config.transfer_timeout_s:g} must be below the communicator's "
-                         f"timeout_s={comm.timeout_s:g}, so that the agreement after a transfer outlasts it")
-    if config.failures_tolerated is not None and comm.world_size > 1 and config.failures_tolerated >= comm.world_size:
-        raise ValueError(f"failures_tolerated={config.failures_tolerated} must be below the group's "
-                         f"{comm.world_size} ranks (someone must survive); lower it")
-
-
-def _check_loadable(target: Placement, current: Placement, layers: list[MoEDecodeLayer], world_size: int) -> None:
-    """Raise `PlacementFormatError` unless `target` has `current`'s layers, experts, GPUs and slots and fits the
-    layers (`check_placement_fits`)."""
-    if (target.num_layers, target.num_experts, target.cluster.num_gpus, target.cluster.slots_per_gpu) != (
-            current.num_layers, current.num_experts, current.cluster.num_gpus, current.cluster.slots_per_gpu):
-        raise PlacementFormatError(
-            f"the placement is for {target.num_layers} layers x {target.num_experts} experts on "
-            f"{target.cluster.num_gpus} GPUs x {target.cluster.slots_per_gpu} slots; this group serves "
-            f"{current.num_layers} x {current.num_experts} on {current.cluster.num_gpus} x "
-            f"{current.cluster.slots_per_gpu}: place again for this group"
-        )
-    for index, layer in enumerate(layers):
-        check_placement_fits(target, index, layer.config, world_size)
 
 
 def _start_heartbeat(comm: Communicator, config: RebalanceConfig) -> Heartbeat | None:
