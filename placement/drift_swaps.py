@@ -324,12 +324,18 @@ class _Ring:
         arcs that hold all of those (None: every arc), to look among."""
         gain_B = self.load_E[a_B] - self.load_E[b_B]
         arcs = np.arange(self.num_gpus * self.num_gpus) if arcs is None else arcs
+        if np.isfinite(floor):
+            # Only arcs at the floor or within the batch's largest gain of it can be kept: the containment below
+            # is needed on those alone (most of `arcs` are far below the floor).
+            value_A, reach_A = value_GO.ravel()[arcs], reach_GO.ravel()[arcs]
+            rising_B1 = np.maximum(gain_B, 0.0)[:, None]
+            near = np.flatnonzero((value_A >= floor) | (value_A + float(rising_B1.max(initial=0.0)) * reach_A >= floor))
+            arcs, value_A, reach_A = arcs[near], value_A[near], reach_A[near]
         start_A, column_A = np.unravel_index(arcs, (self.num_gpus, self.num_gpus))
         in_a = self.ends_EG[a_B][:, start_A] <= column_A + 1  # [B, A]
         in_b = self.ends_EG[b_B][:, start_A] <= column_A + 1
         if np.isfinite(floor):
-            value_A, reach_A = value_GO.ravel()[arcs], reach_GO.ravel()[arcs]
-            rising_BA = in_b & ~in_a & (value_A[None] + np.maximum(gain_B, 0.0)[:, None] * reach_A[None] >= floor)
+            rising_BA = in_b & ~in_a & (value_A[None] + rising_B1 * reach_A[None] >= floor)
             kept = np.flatnonzero((value_A >= floor) | rising_BA.any(axis=0))
             arcs, column_A, in_a, in_b = arcs[kept], column_A[kept], in_a[:, kept], in_b[:, kept]
         loads_BA = self.loads_GO.ravel()[arcs][None] - gain_B[:, None] * (in_a.astype(np.float64) - in_b)

@@ -30,7 +30,7 @@ from placement import Placement
 
 logger = logging.getLogger(__name__)
 
-MAX_LAYERS_PER_STEP = 4  # the most layers' tables and host-copy lists one step prepares
+MAX_LAYERS_PER_STEP = 6  # the most layers' tables and host-copy lists one step prepares
 
 
 @dataclass

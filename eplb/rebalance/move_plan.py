@@ -96,8 +96,16 @@ def backup_wanted(experts_GS: np.ndarray, failures_tolerated: int) -> list[tuple
     holders_E = holds_EG.sum(1)
     need_E = np.where(holders_E > 0, np.maximum(copies - holders_E, 0), 0)
     cap = -(-int(need_E.sum()) // num_gpus) + 1
+    first_E = holds_EG.argmax(1)
+    nearest = _nearest_copies(holds_EG, need_E, first_E, copies, cap)
+    return nearest if nearest is not None else _walked_copies(holds_EG, need_E, first_E, cap)
+
+
+def _walked_copies(holds_EG: np.ndarray, need_E: np.ndarray, first_E: np.ndarray, cap: int) -> list[tuple[int, int]]:
+    """`backup_wanted`'s pairs, expert by expert in its order, each walking the ring from its first rank."""
+    num_experts, num_gpus = holds_EG.shape
     order = np.lexsort((np.arange(num_experts), -need_E))[: int((need_E > 0).sum())]
-    first_E, holds = holds_EG.argmax(1), holds_EG[order].tolist()
+    holds = holds_EG[order].tolist()
     host_G = [0] * num_gpus
     wanted = []
     for expert, need, first, held in zip(order.tolist(), need_E[order].tolist(), first_E[order].tolist(), holds):
@@ -119,6 +127,26 @@ def backup_wanted(experts_GS: np.ndarray, failures_tolerated: int) -> list[tuple
             host_G[gpu] += 1
         wanted += [(gpu, expert) for gpu in chosen]
     return sorted(wanted)
+
+
+def _nearest_copies(holds_EG: np.ndarray, need_E: np.ndarray, first_E: np.ndarray, copies: int, cap: int
+                    ) -> list[tuple[int, int]] | None:
+    """`backup_wanted`'s pairs when the cap never turns a copy away, else None: each expert's copies on the first
+    need_E[e] ranks after first_E[e] on the ring that do not hold it, for every expert at once. If no rank ends
+    with more than `cap` copies, none had `cap` when one was given to it, so the walk in order (which skips a rank
+    only once it has `cap`) gives the same ranks. Among the copies - 1 ranks after an expert's first there are at
+    least its need that do not hold it (it holds copies - need ranks, its first among them)."""
+    num_gpus = holds_EG.shape[1]
+    experts = np.flatnonzero(need_E > 0)
+    width = min(copies - 1, num_gpus - 1)
+    gpus_NW = (first_E[experts][:, None] + np.arange(1, width + 1)[None]) % num_gpus
+    free_NW = ~holds_EG[experts[:, None], gpus_NW]
+    taken_NW = free_NW & (np.cumsum(free_NW, axis=1) <= need_E[experts][:, None])
+    gpus = gpus_NW[taken_NW]
+    if len(gpus) and np.bincount(gpus, minlength=num_gpus).max() > cap:
+        return None
+    pairs_N2 = np.stack([gpus, np.broadcast_to(experts[:, None], gpus_NW.shape)[taken_NW]], axis=1)
+    return [tuple(pair) for pair in pairs_N2[np.lexsort((pairs_N2[:, 1], pairs_N2[:, 0]))].tolist()]
 
 
 def plan_fills(

@@ -164,23 +164,39 @@ def chain_tables(graph: ReplicaGraph, num_experts: int, device) -> ChainTables |
     relabelled, as a migration's realised placement is (`placement.migration` trades GPUs inside a node).
     """
     num_gpus = graph.num_gpus
-    found = _chain_on_ring(graph, np.arange(num_gpus))
+    classes = _span_classes(graph.gpus_MY, num_gpus)
+    found = _chain_on_ring(graph, np.arange(num_gpus), classes)
     if found is None:
-        order_G = _forced_ring_order(graph)
+        order_G = _forced_ring_order(graph, classes[0])
         if order_G is not None:
             rank_G = np.empty(num_gpus, dtype=np.int64)
             rank_G[order_G] = np.arange(num_gpus)
-            found = _chain_on_ring(graph, rank_G)
+            found = _chain_on_ring(graph, rank_G, classes)
     if found is None:
         return None
     rank_G, arcs, rotation = found
     return _cut_ring_tables(graph, num_experts, device, arcs, rank_G, rotation)
 
 
-def _chain_on_ring(graph: ReplicaGraph, rank_G: np.ndarray) -> tuple[np.ndarray, tuple, int] | None:
+def _span_classes(gpus_MY: np.ndarray, num_gpus: int) -> tuple[np.ndarray, np.ndarray]:
+    """(classes_CY, class_M): the distinct rows of `gpus_MY` [M, Y] (each movable expert's GPUs ascending, padded
+    with G) in ascending order, and each expert's row among them, as `np.unique(gpus_MY, axis=0,
+    return_inverse=True)` gives; each row read as one base-(G + 1) number where that fits in int64 (a 1-D unique,
+    several times quicker than one over rows)."""
+    width = gpus_MY.shape[1]
+    if width == 0 or (num_gpus + 1) ** width >= 2 ** 62:
+        classes_CY, class_M = np.unique(gpus_MY, axis=0, return_inverse=True)
+        return classes_CY, class_M.reshape(-1)
+    key_M = (gpus_MY.astype(np.int64) * (num_gpus + 1) ** np.arange(width - 1, -1, -1, dtype=np.int64)).sum(axis=1)
+    _, first_C, class_M = np.unique(key_M, return_index=True, return_inverse=True)
+    return gpus_MY[first_C], class_M.reshape(-1)
+
+
+def _chain_on_ring(graph: ReplicaGraph, rank_G: np.ndarray, classes: tuple[np.ndarray, np.ndarray]
+                   ) -> tuple[np.ndarray, tuple, int] | None:
     """(rank_G, the class arcs, the rotation to cut at) when the layer is a chain on the ring that visits GPU g
-    at position rank_G[g], else None."""
-    arcs = _class_arcs(graph, rank_G)
+    at position rank_G[g], else None; `classes` as `_span_classes` gives them."""
+    arcs = _class_arcs(graph, rank_G, classes)
     if arcs is None:
         return None
     gpus_MY, class_M, span_M, start_M = arcs
@@ -196,7 +212,7 @@ def _chain_on_ring(graph: ReplicaGraph, rank_G: np.ndarray) -> tuple[np.ndarray,
     return rank_G, arcs, int(rotation)
 
 
-def _forced_ring_order(graph: ReplicaGraph) -> np.ndarray | None:
+def _forced_ring_order(graph: ReplicaGraph, classes_CY: np.ndarray) -> np.ndarray | None:
     """[G] int64, the GPUs in the ring order a chain layout's classes force, or None where they force none (the
     caller checks the order it gets, so a layout that is no chain is never taken for one).
 
@@ -208,7 +224,7 @@ def _forced_ring_order(graph: ReplicaGraph) -> np.ndarray | None:
     paths follow one another, then the GPUs no movable expert spans.
     """
     num_gpus = graph.num_gpus
-    classes = [row[row < num_gpus].tolist() for row in np.unique(graph.gpus_MY, axis=0)]
+    classes = [[gpu for gpu in row if gpu < num_gpus] for row in classes_CY.tolist()]
     holders = [[] for _ in range(num_gpus)]
     for c, gpus in enumerate(classes):
         for gpu in gpus:
@@ -246,10 +262,10 @@ def _forced_ring_order(graph: ReplicaGraph) -> np.ndarray | None:
 
 
 def _class_arcs(
-    graph: ReplicaGraph, rank_G: np.ndarray
+    graph: ReplicaGraph, rank_G: np.ndarray, classes: tuple[np.ndarray, np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """The span classes of a layer's movable experts if each is an arc of the ring that visits GPU g at position
-    rank_G[g], else None.
+    """The span classes (`classes`, as `_span_classes` gives them) of a layer's movable experts if each is an arc
+    of the ring that visits GPU g at position rank_G[g], else None.
 
     Returns:
         gpus_MY: [M, Y] int64, each class's GPUs in ascending order, padded with G (M counts the classes).
@@ -258,8 +274,7 @@ def _class_arcs(
         start_M: [M] int64, the ring position each class's arc starts at.
     """
     num_gpus = graph.num_gpus
-    gpus_MY, class_M = np.unique(graph.gpus_MY, axis=0, return_inverse=True)  # rows are sorted: padding G last
-    class_M = class_M.reshape(-1)
+    gpus_MY, class_M = classes  # rows are sorted: padding G last
     valid_MY = gpus_MY < num_gpus
     span_M = valid_MY.sum(axis=1)
     whole_ring = span_M >= num_gpus

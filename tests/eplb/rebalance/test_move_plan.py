@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from eplb.rebalance.move_plan import (Chunk, Fill, TransferShape, backup_wanted, decode_fills, decode_for_rank,
-                                 decode_rounds, encode_fills, encode_rounds, plan_fills, plan_rebalance,
-                                 schedule_chunks)
+from eplb.rebalance.move_plan import (Chunk, Fill, TransferShape, _walked_copies, backup_wanted, decode_fills,
+                                 decode_for_rank, decode_rounds, encode_fills, encode_rounds, plan_fills,
+                                 plan_rebalance, schedule_chunks)
 from eplb.rebalance.attempt import last_rounds
 from placement import ClusterSpec, fit_placement, plan_migration
 
@@ -58,6 +58,26 @@ def test_a_placement_one_slot_away_wants_nearly_the_same_host_copies():
         new_copies.append(len(new - old))
         copies.append(len(new))
     assert np.mean(new_copies) <= 3 and np.mean(copies) >= 60
+
+
+@pytest.mark.parametrize("num_gpus,slots,num_experts,tolerated",
+                         [(8, 3, 16, 1), (8, 3, 16, 3), (16, 2, 24, 2), (5, 4, 12, 4), (32, 3, 64, 2)])
+def test_host_copies_placed_all_at_once_are_the_ones_the_walk_in_order_places(num_gpus, slots, num_experts,
+                                                                              tolerated):
+    # The vectorised placement must give exactly the expert-by-expert walk, including where ranks fill to the cap
+    # (few slots, many lone experts) and the walk is taken instead.
+    rng = np.random.default_rng(num_gpus * 100 + tolerated)
+    for _ in range(60):
+        flat = np.concatenate([rng.permutation(num_experts),
+                               rng.integers(0, num_experts, num_gpus * slots - num_experts)])
+        experts_GS = rng.permutation(flat).reshape(num_gpus, slots)
+        holds_EG = np.zeros((num_experts, num_gpus), dtype=bool)
+        holds_EG[experts_GS, np.arange(num_gpus)[:, None]] = True
+        holders_E = holds_EG.sum(1)
+        need_E = np.maximum(tolerated + 1 - holders_E, 0)
+        cap = -(-int(need_E.sum()) // num_gpus) + 1
+        walked = _walked_copies(holds_EG, need_E, holds_EG.argmax(1), cap)
+        assert backup_wanted(experts_GS, tolerated) == walked
 
 
 def test_two_failures_tolerated_cover_an_expert_whose_replicas_are_on_two_non_neighbours():

@@ -10,6 +10,7 @@ from placement import ClusterSpec, Placement, PlacementFormatError, fit_placemen
 from placement.drift_swaps import ring_spans
 from placement.policies.chain_layout import chain_layout
 from placement.policies.deepseek import replicate_greedy
+from placement.routing.chain_split import _span_classes
 from placement.routing.dynamic_split import MOMENTUM, ROUTER_ROUNDS, ReplicaGraph, optimal_split
 from placement.routing.live_router import DEFAULT_ROUNDS, LayerRoutingTable, fractional_split, route_step
 
@@ -245,6 +246,20 @@ def test_router_falls_back_to_water_filling_where_the_layout_is_not_a_chain(phy2
     counts = np.array([9, 4, 0, 7, 3, 1, 5])[:num_experts]
     tokens_P = route_step(torch.as_tensor(counts), table).numpy()
     np.testing.assert_array_equal(np.bincount(phy2log, tokens_P, minlength=num_experts), counts)
+
+
+@pytest.mark.parametrize("num_gpus, width", [(4, 3), (16, 4), (128, 5), (300, 8)], ids=["4", "16", "128", "300-rows"])
+def test_span_classes_are_the_distinct_rows_numpy_finds(num_gpus, width):
+    # One 1-D unique on row keys stands in for numpy's unique over rows; 300 GPUs x 8 overflows the key and takes
+    # numpy's path.
+    rng = np.random.default_rng(num_gpus)
+    for _ in range(20):
+        rows_MY = np.sort(rng.integers(0, num_gpus + 1, size=(rng.integers(1, 60), width)), axis=1)
+        rows_MY = rows_MY[rng.integers(0, len(rows_MY), size=2 * len(rows_MY))]  # with repeats
+        classes_CY, class_M = _span_classes(rows_MY, num_gpus)
+        want_CY, want_M = np.unique(rows_MY, axis=0, return_inverse=True)
+        np.testing.assert_array_equal(classes_CY, want_CY)
+        np.testing.assert_array_equal(class_M, want_M.reshape(-1))
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from inside torch's inductor
