@@ -385,11 +385,12 @@ class Rebalancer:
             # step after; the next job starts so that rank 0's message says it is done in the step before the
             # switch, which then broadcasts its answer (`_switch`), if it takes as long as the last job took to its
             # broadcast (every rank knows both: the same rounds and answers at the same steps; a queued job's answer
-            # may have waited for the switch, so it only lowers the estimate): on the freshest load that lets it be
-            # ready then.
+            # taken at the switch may have waited for it, so it only lowers the estimate, while one taken after the
+            # switch was late and sets it): on the freshest load that lets it be ready then.
             seen = step - attempt.fit_step
             last = self._patch_job_steps
-            self._patch_job_steps = seen if not attempt.queued or last is None else min(last, seen)
+            waited = attempt.queued and bool(self.stats.patch_steps) and self.stats.patch_steps[-1] == step
+            self._patch_job_steps = min(last, seen) if waited and last is not None else seen
             self._queue_patch_at = step + max(0, attempt.moving_steps + 1 - self._patch_job_steps)
             if self._queue_patch_at == step:
                 self._queue_patch(step, attempt)
