@@ -79,7 +79,7 @@ IID_FRESH_STEPS = 64  # fresh draws each iid row is scored on
 # Patches at the pace a live group makes them on this machine (docs/benchmarks.md, "Patches at a live group's pace":
 # `scripts/bench_patch.py`'s steady rows), per (GPUs, slots per GPU); the quick shape's is nominal.
 LIVE_PACES = {(64, 5): PatchConfig(lag=8, every=5, burst_lag=6),
-              (128, 3): PatchConfig(lag=11, every=6, drift_stride=3, burst_lag=8),
+              (128, 3): PatchConfig(lag=10, every=5, drift_stride=2, burst_lag=8),
               (32, 9): PatchConfig(lag=5, every=4)}
 
 

@@ -31,7 +31,9 @@ at a decode step of `--step-ms`: the job, the step that broadcasts the answer an
 steps M after it (the rounds, or the steps preparing the changed layers where those take longer: they run together),
 one for the switch; and the patch's layers whose burst moves come or go, planned first, with the steps to their own
 switch (each layer switches as its weights land: the job, the broadcast's step, their last round and one for its
-completion, the switch), the steady medians' `PatchConfig.burst_lag`. Ratios against the refit: seconds and bytes.
+completion, the switch), the steady medians' `PatchConfig.burst_lag`; and per steady patch the milliseconds per changed
+layer to build its routing tables and host-copy list on this CPU (`Attempt.prepare_layers`' work, a few layers a
+step beside the rounds). Ratios against the refit: seconds and bytes.
 
 Usage: python scripts/bench_patch.py [--gpus 64 128] [--slots-per-gpu 5 3] [--max-bytes-per-step 64] [--quick]
        [--json FILE]
@@ -52,7 +54,8 @@ from eplb.rebalance.attempt import (changed_layers, last_rounds, layer_switch_st
 from eplb.rebalance.background_solver import (PatchRequest, SolveResult, drift_stride_for,
                                               import_solving_modules, solve)
 from eplb.rebalance.config import RebalanceConfig
-from eplb.rebalance.move_plan import KINDS, TransferShape
+from eplb.live.replica_assignment import ReplicaTables
+from eplb.rebalance.move_plan import KINDS, TransferShape, backup_wanted
 from placement import ClusterSpec, Placement, fit_placement
 from placement.drift_swaps import layers_in_turn
 from traces.atomic_file import write_text_atomically
@@ -111,6 +114,20 @@ def job_row(name: str, answer: SolveResult, seconds: float, current: Placement, 
             "bytes": int(answer.chunks_C6[:, 5].sum()) if len(answer.chunks_C6) else 0, "rounds": rounds,
             "changed_layers": layers, "moving_steps": moving, "steps_to_switch": steps,
             "burst_layers": len(first), "steps_to_burst_layers": burst_steps}
+
+
+def prepare_ms_per_layer(current: Placement, target: Placement, failures_tolerated: int) -> float | None:
+    """Milliseconds per layer `target` changes from `current` to build its routing tables and host-copy list on
+    this CPU (what `Attempt.prepare_layers` does a few layers a step while the rounds move), or None: none changes."""
+    layers = changed_layers(current, target)
+    if not layers:
+        return None
+    shape = (target.cluster.num_gpus, target.cluster.slots_per_gpu)
+    began = time.perf_counter()
+    for layer in layers:
+        ReplicaTables.build(target, layer, "cpu")
+        backup_wanted(target.phy2log_LP[layer].reshape(shape), failures_tolerated)
+    return (time.perf_counter() - began) * 1000 / len(layers)
 
 
 def timed(job) -> tuple[SolveResult, float]:
@@ -196,8 +213,11 @@ def steady_rows(counts_TLE: np.ndarray, end: int, first: SolveResult, config: Re
                                layers_in_turn(num_layers, stride, turn), ring_order_LG)
         answer, seconds = timed(lambda: solve(None, serving, "cpsat", options, None, transfer, patch=request))
         row = job_row(f"steady patch {turn}", answer, seconds, serving, step_ms)
+        prepare_ms = None if answer.kept else prepare_ms_per_layer(
+            serving, answer.placement, config.failures_tolerated_for(serving.cluster.num_gpus))
         row.update({"drift_stride": stride, "swap_ms_per_layer": None if answer.swap_seconds_per_layer is None
-                    else round(answer.swap_seconds_per_layer * 1000, 2)})
+                    else round(answer.swap_seconds_per_layer * 1000, 2),
+                    "prepare_ms_per_layer": None if prepare_ms is None else round(prepare_ms, 3)})
         rows.append(row)
         if answer.swap_seconds_per_layer is not None:
             last = answer
@@ -215,6 +235,8 @@ def steady_rows(counts_TLE: np.ndarray, end: int, first: SolveResult, config: Re
     # The patches' burst layers: the median of the patches that have some, rounded up; a live patch's land after
     # the last patch's layers, so never before lag - every + 1 (the model's range, `PatchConfig.burst_lag`).
     burst_lag = None if not early else min(lag, max(lag - every + 1, math.ceil(float(np.median(early)))))
+    prepared = [row["prepare_ms_per_layer"] for row in rows if row["prepare_ms_per_layer"] is not None]
+    median["prepare_ms_per_layer"] = round(float(np.median(prepared)), 3) if prepared else None
     median.update({"job": f"steady patches (median of {STEADY})", "kept": False, "seconds": round(median["seconds"], 3),
                    "burst_layers": math.ceil(float(np.median([row["burst_layers"] for row in rows]))),
                    "steps_to_burst_layers": burst_lag, "pace_every": every, "pace_lag": lag,
@@ -256,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['gpus']} x {row['slots_per_gpu']}: steady patches, drift stride {row['drift_stride']}, "
                   f"overlapping: a patch every {row['pace_every']} steps, each {row['pace_lag']} after its load "
                   f"(PatchConfig(lag={row['pace_lag']}, every={row['pace_every']}, drift_stride={row['drift_stride']}, "
-                  f"burst_lag={row['pace_burst_lag']}))")
+                  f"burst_lag={row['pace_burst_lag']})); tables and host-copy list "
+                  f"{row['prepare_ms_per_layer']} ms a changed layer")
     if args.json is not None:
         write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
     return 0

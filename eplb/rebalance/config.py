@@ -92,7 +92,7 @@ class RebalanceConfig(BaseModel):
                     "patch_swap_budget_s may widen it."
     )
     patch_swap_budget_s: float | None = Field(
-        0.1, gt=0,
+        0.13, gt=0,
         description="Seconds a patch's drift swaps may take on rank 0: from the last patch's seconds per layer, the "
                     "next patches swap in every k-th layer so that one patch's swaps take about this long (k at least "
                     "patch_drift_stride), since a patch lands only when its job is done (None: the fixed stride)."
