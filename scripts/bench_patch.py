@@ -49,12 +49,12 @@ from pathlib import Path
 
 import numpy as np
 
+from eplb.live.replica_assignment import ReplicaTables
 from eplb.rebalance.attempt import (changed_layers, last_rounds, layer_switch_steps, layers_per_step,
                                     moving_steps)
 from eplb.rebalance.background_solver import (PatchRequest, SolveResult, drift_stride_for,
                                               import_solving_modules, solve)
 from eplb.rebalance.config import RebalanceConfig
-from eplb.live.replica_assignment import ReplicaTables
 from eplb.rebalance.move_plan import KINDS, TransferShape, backup_wanted
 from placement import ClusterSpec, Placement, fit_placement
 from placement.drift_swaps import layers_in_turn
