@@ -35,8 +35,8 @@ completion, the switch), the steady medians' `PatchConfig.burst_lag`; and per st
 layer to build its routing tables and host-copy list on this CPU (`Attempt.prepare_layers`' work, a few layers a
 step beside the rounds). Ratios against the refit: seconds and bytes.
 
-Usage: python scripts/bench_patch.py [--gpus 64 128] [--slots-per-gpu 5 3] [--max-bytes-per-step 64] [--quick]
-       [--json FILE]
+Usage: python scripts/bench_patch.py [--gpus 64 128] [--slots-per-gpu 5 3] [--max-bytes-per-step 64]
+       [--patch-drift-window 30] [--quick] [--json FILE]
 """
 
 import argparse
@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--patch-drift-stride", type=int, default=RebalanceConfig().patch_drift_stride, metavar="K",
                         help="RebalanceConfig.patch_drift_stride, the least stride of the layers' turns at drift swaps "
+                             "(default %(default)s)")
+    parser.add_argument("--patch-drift-window", type=int, default=RebalanceConfig().patch_drift_window,
+                        metavar="STEPS",
+                        help="RebalanceConfig.patch_drift_window, the steps whose mean load the drift swaps follow "
                              "(default %(default)s)")
     parser.add_argument("--patch-swap-budget", type=float, default=RebalanceConfig().patch_swap_budget_s,
                         metavar="SECONDS",
@@ -251,18 +255,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import_solving_modules("cpsat", None)  # as the helper does at start: no import inside a timed job
     shape = QUICK if args.quick else FULL
-    if args.patch_drift_stride < 1 or args.patch_swap_budget < 0 or args.max_bytes_per_step * 2**20 < 1:
-        print("bench_patch: --patch-drift-stride must be >= 1, --patch-swap-budget >= 0 and --max-bytes-per-step "
-              "above 0", file=sys.stderr)
+    if (args.patch_drift_stride < 1 or args.patch_drift_window < 1 or args.patch_swap_budget < 0
+            or args.max_bytes_per_step * 2**20 < 1):
+        print("bench_patch: --patch-drift-stride and --patch-drift-window must be >= 1, --patch-swap-budget >= 0 and "
+              "--max-bytes-per-step above 0", file=sys.stderr)
         return 2
-    config = RebalanceConfig(patch_drift_stride=args.patch_drift_stride,
+    config = RebalanceConfig(patch_drift_stride=args.patch_drift_stride, patch_drift_window=args.patch_drift_window,
                              patch_swap_budget_s=args.patch_swap_budget or None,
                              max_bytes_per_step=round(args.max_bytes_per_step * 2**20))
     rows = [row for gpus, slots in zip(args.gpus, args.slots_per_gpu)
             for row in measure_cluster(gpus, slots, shape, args.step_ms, args.seed, config)]
     print(f"{shape['layers']} layers x {shape['experts']} experts, top-{shape['top_k']}, {TOKENS_PER_GPU} tokens per "
-          f"GPU a step; steps to switch at {args.step_ms:g} ms a step; drift stride at least "
-          f"{config.patch_drift_stride}, swaps' budget {config.patch_swap_budget_s} s, "
+          f"GPU a step; steps to switch at {args.step_ms:g} ms a step; drift swaps toward the last "
+          f"{config.patch_drift_window} steps, drift stride at least {config.patch_drift_stride}, swaps' budget "
+          f"{config.patch_swap_budget_s} s, "
           f"{config.max_bytes_per_step / 2**20:g} MiB a rank between two steps")
     print("| GPUs x slots | job | seconds | vs refit | slots moved | slot / host-copy fills | GB moved | vs refit "
           "| rounds | changed layers | steps to switch | burst layers | steps to their switch |")
