@@ -22,6 +22,14 @@ may carry, so any policy fits the traffic to come with no change to the policy i
    so that the chunk's share of each expert is the forecast at horizons[k], each row keeping its total tokens
    (iterative proportional fitting). The step-to-step noise of the window stays in the rows; only the means move.
 
+When: `trend_supported`. A trend is drawn only where the window's own later steps confirm it: at each of four
+origins in the window's second half, the steps before the origin forecast the mean share of the steps after it three
+ways, by the trend above, by no change (their mean) and by their recent level (the mean of their second half). The
+trend is used only if it beats no change at every origin and the recent level over all of them; otherwise
+`hedged_window` returns the window as it is. A short window (fewer than 8 steps) or noisy one gives a slope that
+does not predict the window's own next steps, and a level shift inside the window (a burst, a switch of task) is
+better told by the recent level; extrapolated as a line, either moves the fit away from the load that comes next.
+
 Which horizons: `hedged_horizons`. Under-forecasting an expert that rises costs a replica where it is needed, while
 over-forecasting one costs little (its spare replica still carries tokens), so the fit covers the whole range from
 no change (h = 0) to the trend at the middle of the served period; the policy's objective, a mean over the rows,
@@ -39,6 +47,10 @@ SHRINK = 4.0
 FITTING_ROUNDS = 8
 # Windows at least this long also check that each half slopes the way the whole does.
 MIN_STEPS_FOR_HALVES = 8
+# The fewest window steps a trend is drawn from at all (`trend_supported`).
+MIN_STEPS_FOR_TREND = 8
+# Origins in the window's second half at which the trend must forecast the steps after them (`trend_supported`).
+HOLDOUT_ORIGINS = 4
 
 
 def trend_shares(counts_TLE: np.ndarray, horizons, damping_steps: float | None = None) -> np.ndarray:
@@ -65,7 +77,7 @@ def _trend_shares(counts_TLE: np.ndarray, horizons_K: np.ndarray, damping_steps:
     """`trend_shares` on checked arguments (counts_TLE float64)."""
     num_steps = counts_TLE.shape[0]
     totals_TL1 = counts_TLE.sum(axis=2, keepdims=True)
-    shares_TLE = np.divide(counts_TLE, totals_TL1, out=np.zeros_like(counts_TLE), where=totals_TL1 > 0)
+    shares_TLE = _row_shares(counts_TLE)
     # Only rows with tokens carry a share: a step of a layer with no tokens says nothing about its mix.
     weight_TL1 = (totals_TL1 > 0).astype(np.float64)
     mean_LE, slope_LE, t_mean_L1, sxx_L1 = _line(shares_TLE, weight_TL1)
@@ -163,9 +175,60 @@ def hedged_horizons(lag: float, every: float) -> tuple[float, float, float]:
 
 def hedged_window(counts_TLE: np.ndarray, lag: float, every: float) -> np.ndarray:
     """The window a placement that serves from `lag` to `lag + every` steps after it should be fitted on:
-    `forecast_window` at `hedged_horizons(lag, every)`, fewer of them when the window has fewer steps than horizons
-    (its first steps' horizons kept)."""
-    return forecast_window(counts_TLE, hedged_horizons(lag, every)[:len(counts_TLE)])
+    `forecast_window` at `hedged_horizons(lag, every)` where `trend_supported(counts_TLE)`, else the window as it
+    is (the same array)."""
+    if not trend_supported(counts_TLE):
+        return counts_TLE
+    return forecast_window(counts_TLE, hedged_horizons(lag, every))
+
+
+def trend_supported(counts_TLE: np.ndarray) -> bool:
+    """Whether the window's own later steps confirm its trend (see the module docstring): at each of
+    `HOLDOUT_ORIGINS` origins o in the window's second half, the rows before o forecast the mean share of rows
+    [o, T) at their middle, by `trend_shares`, by no change (the rows' mean share) and by the recent level (the mean
+    share of the rows' second half); errors are squared share differences summed over layers and experts. True iff
+    T >= `MIN_STEPS_FOR_TREND`, the trend's error is below no change's at every origin and its total below the
+    recent level's.
+
+    Args:
+        counts_TLE: [T, L, E] non-negative counts of the fit window, oldest step first.
+
+    Raises:
+        ValueError: as `forecast_window`'s for counts.
+    """
+    counts = np.asarray(counts_TLE)
+    _check(counts, np.zeros(1), None, most_horizons=None)
+    num_steps = counts.shape[0]
+    if num_steps < MIN_STEPS_FOR_TREND:
+        return False
+    values = counts.astype(np.float64)
+    shares_TLE = _row_shares(values)
+    stride = max(1, num_steps // (2 * HOLDOUT_ORIGINS))
+    trend_total = recent_total = 0.0
+    for k in range(HOLDOUT_ORIGINS):
+        origin = num_steps - stride * (HOLDOUT_ORIGINS - k)
+        held_LE = _row_shares(values[origin:].sum(axis=0, keepdims=True))[0]
+        trend_LE = _trend_shares(values[:origin], np.array([(num_steps - origin + 1) / 2.0]), None)[0]
+        still_LE = _mean_share(values[:origin], shares_TLE[:origin])
+        recent_LE = _mean_share(values[origin // 2:origin], shares_TLE[origin // 2:origin])
+        trend_error = float(((trend_LE - held_LE) ** 2).sum())
+        if not trend_error < float(((still_LE - held_LE) ** 2).sum()):
+            return False
+        trend_total += trend_error
+        recent_total += float(((recent_LE - held_LE) ** 2).sum())
+    return trend_total < recent_total
+
+
+def _row_shares(counts_TLE: np.ndarray) -> np.ndarray:
+    """[T, L, E] each row's tokens as shares of that row's total (0 in a row without tokens)."""
+    totals_TL1 = counts_TLE.sum(axis=2, keepdims=True)
+    return np.divide(counts_TLE, totals_TL1, out=np.zeros_like(counts_TLE), where=totals_TL1 > 0)
+
+
+def _mean_share(counts_TLE: np.ndarray, shares_TLE: np.ndarray) -> np.ndarray:
+    """[L, E] the mean of the row shares `shares_TLE` over the rows of `counts_TLE` that carry tokens."""
+    rows_TL1 = (counts_TLE.sum(axis=2, keepdims=True) > 0).astype(np.float64)
+    return (shares_TLE * rows_TL1).sum(axis=0) / np.maximum(rows_TL1.sum(axis=0), 1.0)
 
 
 def _check(counts: np.ndarray, horizons_K: np.ndarray, damping_steps: float | None,

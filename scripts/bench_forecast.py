@@ -22,7 +22,9 @@ The forecast gap of a row is its imbalance less the oracle's; a better fit repor
 
 With ../shared/data present (not with --quick), also real routing: ESFT's four tasks at 12 x 6 and 512 tokens a
 step, each fitted on the first half of its steps and scored on the rest and on the other tasks, and the same on
-independent draws from each task's mean (how much of the gap a perfect forecast would close: `esft_rows`).
+independent draws from each task's mean (how much of the gap a perfect forecast would close: `esft_rows`); and
+rolling replays at windows of 4, 8, 16 and 64 steps at 12 x 6 and 24 x 4, with and without the default forecast
+(`esft_window_rows`: where the forecast stands down).
 
 With --bursts, instead of those rows, what the bursts cost the "oracle, bursts unknown" placements (`burst_rows`):
 their imbalance on the steps a burst touched and on the calm ones, against their burst exposure
@@ -54,7 +56,7 @@ import numpy as np
 from placement import ClusterSpec, Placement, fit_placement
 from placement.burst_exposure import burst_exposure
 from placement.burst_patch import PatchConfig, burst_lag_fits
-from placement.forecast import hedged_window
+from placement.forecast import hedged_window, trend_supported
 from placement.replay import rolling_replay
 from placement.scoring import score_placement
 from traces import load_trace
@@ -75,6 +77,12 @@ ESFT = Path(__file__).resolve().parents[2] / "shared" / "data" / "esft-dsv2lite"
 ESFT_TASKS = ("intent", "law", "summary", "translation")
 ESFT_CLUSTER = ClusterSpec(num_gpus=12, slots_per_gpu=6, gpus_per_node=12)  # issue 25's ESFT row: 72 slots, 64 experts
 ESFT_TOKENS_PER_STEP = 512
+# Real routing at short and long windows: (task, tokens a step, window, every); None: the four tasks in file order, one
+# stream (a task switch every ~32 steps, as a server sees one). The first row is issue 53's.
+ESFT_WINDOW_RUNS = (("summary", 512, 4, 4), (None, 256, 4, 4), (None, 256, 8, 8), (None, 256, 16, 16),
+                    (None, 256, 64, 16))
+ESFT_WINDOW_CLUSTERS = (ClusterSpec(num_gpus=12, slots_per_gpu=6, gpus_per_node=4),
+                        ClusterSpec(num_gpus=24, slots_per_gpu=4, gpus_per_node=8))
 IID_FRESH_STEPS = 64  # fresh draws each iid row is scored on
 # Patches at the pace a live group makes them on this machine (docs/benchmarks.md, "Patches at a live group's pace":
 # `scripts/bench_patch.py`'s steady rows), per (GPUs, slots per GPU); the quick shape's is nominal.
@@ -323,6 +331,44 @@ def esft_rows(time_limit_s: float) -> list[dict]:
     return rows
 
 
+def esft_window_rows(time_limit_s: float) -> list[dict]:
+    """Real routing (ESFT) at the windows of `ESFT_WINDOW_RUNS` and the clusters of `ESFT_WINDOW_CLUSTERS`: a rolling
+    replay at lag 0 with the window as it is (`--forecast none`) and with the default forecast (the trend where the
+    window supports it, `placement.forecast.trend_supported`), `deepseek` under the best split and `cpsat` under the
+    live router; held-out and fitted imbalance, and how many of the fits drew a trend."""
+    rows = []
+    for task, tokens, window, every in ESFT_WINDOW_RUNS:
+        counts_TLE = load_trace(ESFT, tokens_per_step=tokens, tasks=None if task is None else [task]).counts_TLE
+        for cluster in ESFT_WINDOW_CLUSTERS:
+            for policy, routing in (("deepseek", "dynamic"), ("cpsat", "live")):
+                options = {} if policy == "deepseek" else {"time_limit_s": time_limit_s, "routing": "dynamic"}
+                found = {}
+                for forecast in (False, True):
+                    result = rolling_replay(counts_TLE, cluster, policy, every=every, window=window, routing=routing,
+                                            policy_options=options, forecast=forecast)
+                    found[forecast] = result
+                trended = sum(trend_supported(counts_TLE[first:stop]) for first, stop in found[True].fit_windows)
+                rows.append({"trace": task or "all four tasks", "tokens_per_step": tokens, "window": window,
+                             "every": every, "shape": f"{cluster.num_gpus} x {cluster.slots_per_gpu}",
+                             "policy": policy, "routing": routing,
+                             "none": float(found[False].held_out.imbalance_TL.mean()),
+                             "none_fitted": float(found[False].fitted.imbalance_TL.mean()),
+                             "default": float(found[True].held_out.imbalance_TL.mean()),
+                             "default_fitted": float(found[True].fitted.imbalance_TL.mean()),
+                             "fits": len(found[True].fit_windows), "trend_fits": int(trended)})
+    return rows
+
+
+def esft_window_table(rows: list[dict]) -> str:
+    lines = ["| ESFT trace, tokens/step | window / every | shape | policy / routing | `--forecast none` (fitted) "
+             "| default (fitted) | fits with a trend |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['trace']}, {row['tokens_per_step']} | {row['window']} / {row['every']} | {row['shape']} "
+                     f"| {row['policy']} / {row['routing']} | {row['none']:.4f} ({row['none_fitted']:.4f}) | "
+                     f"{row['default']:.4f} ({row['default_fitted']:.4f}) | {row['trend_fits']} of {row['fits']} |")
+    return "\n".join(lines)
+
+
 def iid_draws(counts_TLE: np.ndarray, window: int, fresh: int, rng: np.random.Generator
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(window_TLE, fresh_TLE, mean_TLE): `window` and `fresh` steps drawn independently from the mean shares of
@@ -437,10 +483,13 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         print(table(rows))
     esft = esft_rows(args.time_limit) if ESFT.exists() and not args.quick else []
+    esft_windows = esft_window_rows(args.time_limit) if esft else []
     if esft:
         print("\n" + esft_table(esft))
+        print("\n" + esft_window_table(esft_windows))
     if args.json:
-        write_text_atomically(args.json, json.dumps({"synthetic": rows, "esft": esft}, indent=1) + "\n")
+        write_text_atomically(args.json, json.dumps({"synthetic": rows, "esft": esft, "esft_windows": esft_windows},
+                                                    indent=1) + "\n")
     return 0
 
 

@@ -235,8 +235,10 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                    help="also refit at once when a served step's imbalance exceeds RATIO times the fitted one, on "
                         "the steps since that step (for example 1.4; default: fixed cadence only)")
     p.add_argument("--forecast", choices=("trend", "none"), default="trend",
-                   help="trend (default): fit each placement on its window moved along each expert's load trend to "
-                        "the steps it will serve (--lag and --every set how far); none: fit the window as it is")
+                   help="trend (default): where the window's own later steps confirm a trend, fit each placement "
+                        "on its window moved along each expert's load trend to the steps it will serve (--lag and "
+                        "--every set how far), else on the window as it is (windows under 8 steps, noise, a level "
+                        "shift such as a switch of task); none: always fit the window as it is")
     p.add_argument("--patch-lag", type=NON_NEGATIVE_INT, default=PatchConfig().lag, metavar="STEPS",
                    help="steps from the last steps a burst patch sees until it serves (detecting, solving, copying a "
                         "few experts; default %(default)s)")

@@ -50,9 +50,10 @@ class RebalanceConfig(BaseModel):
                                      "as it is runnable, whatever its priority; 1 where cores are spare (a GPU host)."
     )
     forecast: Literal["trend", "none"] = Field(
-        "trend", description="trend: rank 0 fits the window moved along each expert's load trend to the steps the "
-                             "placement will serve (from the last measured lag to one interval later; "
-                             "`placement.forecast`); none: the window as it is."
+        "trend", description="trend: where the window's own later steps confirm a trend "
+                             "(`placement.forecast.trend_supported`), rank 0 fits the window moved along each "
+                             "expert's load trend to the steps the placement will serve (from the last measured lag "
+                             "to one interval later), else the window as it is; none: always the window as it is."
     )
     routing: Literal["static", "dynamic"] = Field(
         "dynamic", description="The routing the fit optimises for (as the layers route)."

@@ -1,13 +1,18 @@
-"""The trend forecast: still traffic stays put, a clear trend is followed, rows keep their tokens, and on drifting
-traffic a replay that fits the forecast serves better than one that fits the stale window."""
+"""The trend forecast: still traffic stays put, a clear trend is followed, rows keep their tokens, on drifting
+traffic a replay that fits the forecast serves better than one that fits the stale window, and where the window does
+not support a trend (too short, noise, a level shift) the window is fitted as it is."""
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from placement import ClusterSpec, rolling_replay
-from placement.forecast import forecast_window, hedged_horizons, trend_shares
+from placement.forecast import forecast_window, hedged_horizons, hedged_window, trend_shares, trend_supported
+from traces import load_trace
+
+ESFT = Path(__file__).resolve().parents[2].parent / "shared/data/esft-dsv2lite/esft_vanilla_lite_routing.npz"
 
 
 def drifting(num_steps: int, num_experts: int = 16, tokens: int = 4000, seed: int = 0, start: float = 0.02,
@@ -99,3 +104,39 @@ def test_fitting_the_forecast_serves_drifting_traffic_better_after_a_lag():
     assert forecast.held_out.imbalance_TL.mean() < plain.held_out.imbalance_TL.mean() - 0.05
     # The fitted score stays on the window itself, the same steps as the plain replay's.
     assert forecast.fit_windows == plain.fit_windows
+
+
+def shifted(num_steps: int, at: int, num_experts: int = 16, tokens: int = 4000, seed: int = 0) -> np.ndarray:
+    """[T, 1, E] multinomial counts whose mix switches at step `at` from one fixed popularity to another (a burst
+    starting, or a switch of task): a level shift, no trend."""
+    rng = np.random.default_rng(seed)
+    before, after = rng.dirichlet(np.ones(num_experts), size=2)
+    return np.stack([rng.multinomial(tokens, before if t < at else after) for t in range(num_steps)])[:, None]
+
+
+def test_a_clear_trend_is_supported_and_the_hedged_window_follows_it():
+    window = drifting(100, tokens=20000)
+    assert trend_supported(window)
+    np.testing.assert_array_equal(hedged_window(window, 100, 100), forecast_window(window, hedged_horizons(100, 100)))
+
+
+@pytest.mark.parametrize("window", [
+    drifting(7, tokens=20000),
+    np.random.default_rng(1).multinomial(500, np.full(16, 1 / 16), size=(64, 1)),
+    shifted(64, at=40),
+], ids=["shorter-than-8-steps", "still-noisy-traffic", "a-level-shift"])
+def test_a_window_without_a_trend_is_fitted_as_it_is(window):
+    assert not trend_supported(window)
+    assert hedged_window(window, 100, 100) is window
+
+
+@pytest.mark.skipif(not ESFT.exists(), reason="../shared/data/esft-dsv2lite is absent")
+def test_real_routing_at_a_short_window_fits_as_without_a_forecast():
+    """ESFT's summary task at 512 tokens a step, refit every 4 steps on the last 4: a slope through 4 noisy steps
+    moves every fit away from the load that comes next, so the forecast stands down."""
+    counts = load_trace(ESFT, tokens_per_step=512, tasks=["summary"]).counts_TLE
+    cluster = ClusterSpec(num_gpus=12, slots_per_gpu=6, gpus_per_node=4)
+    options = dict(every=4, window=4, routing="dynamic")
+    plain = rolling_replay(counts, cluster, "deepseek", **options)
+    forecast = rolling_replay(counts, cluster, "deepseek", forecast=True, **options)
+    np.testing.assert_array_equal(forecast.held_out.imbalance_TL, plain.held_out.imbalance_TL)
