@@ -1,7 +1,7 @@
 """OpenBLAS on one thread while the caller's own threads do the parallel work.
 
 With its own threads OpenBLAS spins waiting for them; on cores shared with other processes the router's matrix
-products then run much slower (figures: docs/placement.md, 'CP-SAT time budget'). `one_blas_thread()` sets every
+products then run much slower (5-10x: docs/placement.md, 'Budget: deterministic work'). `one_blas_thread()` sets every
 OpenBLAS library loaded in this process to one thread while inside, and restores the counts when the last user
 leaves (the setting is process-wide). Without OpenBLAS it does nothing.
 """

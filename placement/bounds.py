@@ -13,9 +13,12 @@ at least:
    one of them takes at least c_e / d_e; each of them spends a slot on e, so sum_e d_e <= P; and d_e <= G. The
    actual d is one of the vectors minimised over. (The cap d_e <= G lifts the term to at least max_e c_e / G,
    which never exceeds the mean, so it never lifts the bound; it keeps the term alone honest.)
-3. with whole tokens (the live router), the busiest GPU's load is an integer: the ceiling of max(1, 2).
+3. without a redundant slot (P = E), every expert has one replica and its tokens cannot move: for k = 1 .. S - 1,
+   some GPU holds k + 1 of the kG + 1 busiest experts (pigeonhole), so the busiest GPU carries at least the sum of
+   the k + 1 least busy among them;
+4. with whole tokens (the live router), the busiest GPU's load is an integer: the ceiling of the largest of 1-3.
 
-`imbalance_lower_bound` reports max(1, 2) (or its ceiling) over the mean. For S = 1 it is the optimum under the
+`imbalance_lower_bound` reports the largest of 1-3 (or its ceiling) over the mean. For S = 1 it is the optimum under the
 best per-step split: each GPU holds one replica, so d = replica counts and the best split gives every replica of e
 c_e / d_e. Example (`tests/placement/test_bounds.py`): counts [6, 1, 1] on 2 GPUs x 2 slots: the mean is 4; d =
 (2, 1, 1) gives max(3, 1, 1) = 3, so the bound is 4 / 4 = 1.0. On 4 GPUs x 1 slot: mean 2, d = (2, 1, 1) is all
@@ -83,9 +86,10 @@ def imbalance_lower_bound(
         whole_tokens: loads are whole tokens (the live router): round the busiest GPU's bound up to an integer.
 
     Returns:
-        max(mean, replica-count bound), rounded up with `whole_tokens`, over the mean GPU load; 1.0 for a row
-        without tokens. The replica-count bound is computed only for rows where it exceeds the mean (where the mean
-        needs more than P slots as theta), so it costs one pass over the rows elsewhere.
+        max(mean, replica-count bound, and without redundant slots the pigeonhole bound), rounded up with
+        `whole_tokens`, over the mean GPU load; 1.0 for a row without tokens. The replica-count bound is computed
+        only for rows where it exceeds the mean (where the mean needs more than P slots as theta), so it costs one
+        pass over the rows elsewhere.
     """
     counts = np.asarray(counts_BE, dtype=np.float64)
     mean = counts.sum(axis=1) / num_gpus
@@ -93,6 +97,22 @@ def imbalance_lower_bound(
     above = np.maximum(1.0, np.ceil(counts / safe_mean - CEIL_SLACK)).sum(axis=1) > num_slots
     busiest = mean.copy()
     busiest[above] = np.maximum(mean[above], replica_count_load(counts[above], num_slots, num_gpus))
+    if num_slots == counts.shape[1] and num_gpus < num_slots:
+        busiest = np.maximum(busiest, pigeonhole_load(counts, num_slots // num_gpus, num_gpus))
     if whole_tokens:
         busiest = np.ceil(busiest)
     return np.divide(busiest, mean, out=np.ones_like(mean), where=mean > 0)
+
+
+def pigeonhole_load(counts_BE: np.ndarray, slots_per_gpu: int, num_gpus: int) -> np.ndarray:
+    """[B] the pigeonhole bound (3 in the module docstring) on the busiest GPU's load of a placement without
+    redundant slots (E = G * S): max over k = 1 .. S - 1 of the sum of the k + 1 least busy of the kG + 1 busiest
+    experts."""
+    ordered = -np.sort(-np.asarray(counts_BE, dtype=np.float64), axis=1)
+    best = np.zeros(len(ordered))
+    for k in range(1, slots_per_gpu):
+        last = k * num_gpus + 1
+        if last > ordered.shape[1]:
+            break
+        best = np.maximum(best, ordered[:, last - k - 1:last].sum(axis=1))
+    return best

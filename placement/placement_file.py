@@ -35,7 +35,8 @@ REQUIRED_KEYS = (
 
 
 def placement_to_dict(placement: Placement) -> dict:
-    """The JSON-ready dict of the placement file."""
+    """The JSON-ready dict of the placement file. What the fit measured on the clock (`info["timing"]`) stays out:
+    a file holds what was decided, so the same fit writes the same bytes in any process."""
     return {
         "schema_version": SCHEMA_VERSION,
         "num_layers": placement.num_layers,
@@ -46,7 +47,7 @@ def placement_to_dict(placement: Placement) -> dict:
         "physical_to_logical_map": placement.phy2log_LP.tolist(),
         "replica_weights": np.round(placement.weights_LP, 12).tolist(),
         "policy": placement.policy,
-        "info": placement.info,
+        "info": {key: value for key, value in placement.info.items() if key != "timing"},
     }
 
 

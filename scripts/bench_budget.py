@@ -67,7 +67,7 @@ def timed_fit(counts_TLE: np.ndarray, cluster: ClusterSpec, time_limit: float, b
     info = placement.info
     return {"seconds": seconds, "load_before": load_before, "fitted_all": model_fitted(counts_TLE, placement, cluster),
             "fitted_info": info["fitted_chosen"], "levels": info["levels"], "degraded": info["degraded_layers"],
-            "layer_costs_s": info["layer_costs_s"]}
+            "layer_costs_s": info["layer_costs"]}
 
 
 def print_table(rows: list[dict], time_limit: float) -> None:

@@ -41,7 +41,7 @@ Usage: python scripts/bench_forecast.py [--quick] [--esft-only | --bursts | --re
        [--adopt-layers 1] [--schedule-steps 2000]] [--lags 0 100] [--seeds 0]
        [--policies deepseek cpsat] [--patch-lag 10 [--patch-every 5] [--drift-stride 1] [--burst-lag 8]
        [--sequential-patches]]
-       [--time-limit 2] [--json PATH]
+       [--work-limit 4 | --time-limit 2] [--json PATH]
 """
 
 import argparse
@@ -159,7 +159,7 @@ def oracle_row(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpe
             "fits": len(fits), "seconds": time.perf_counter() - began}
 
 
-def measure(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int, ...] = (0,),
+def measure(quick: bool, lags: list[int], budget: dict, seeds: tuple[int, ...] = (0,),
             policies: tuple[str, ...] = POLICIES, patches: PatchConfig | None = None) -> list[dict]:
     """Every row of every shape, traffic, seed and policy (with `patches`, also the forecast rows with burst
     patches between refits)."""
@@ -174,7 +174,7 @@ def measure(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int,
                 calm_TLE = calm_twin(gpus, tokens_per_gpu, traffic, steps, layers, seed)
                 first_scored = window + max(lags)
                 for policy in policies:
-                    options = {} if policy == "deepseek" else {"time_limit_s": time_limit_s, "routing": "dynamic"}
+                    options = {} if policy == "deepseek" else {**budget, "routing": "dynamic"}
                     found = [rolling_row(counts_TLE, cluster, policy, options, every, window, lag, first_scored,
                                          forecast) for lag in lags for forecast in (False, True)]
                     if patches is not None:
@@ -192,7 +192,7 @@ def measure(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int,
     return rows
 
 
-def burst_rows(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[int, ...],
+def burst_rows(quick: bool, lags: list[int], budget: dict, seeds: tuple[int, ...],
                policies: tuple[str, ...]) -> list[dict]:
     """Per shape, traffic, seed and policy, the "oracle, bursts unknown" placements (each served segment fitted on the
     burst-free twin) scored on the trace: the share q of scored (step, layer) rows with a burst active, the mean
@@ -213,7 +213,7 @@ def burst_rows(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[i
                 bursts_TL = active_bursts_TL(config)[first_scored:]
                 active_TL = bursts_TL > 0
                 for policy in policies:
-                    options = {} if policy == "deepseek" else {"time_limit_s": time_limit_s, "routing": "dynamic"}
+                    options = {} if policy == "deepseek" else {**budget, "routing": "dynamic"}
                     fits = segment_fits(counts_TLE, calm_TLE, cluster, policy, options, every, first_scored)
                     exposure = [burst_exposure(placement, calm_TLE[segment].mean(axis=0), config.burst_factor).mean()
                                 for segment, placement, _ in fits]
@@ -232,7 +232,7 @@ def burst_rows(quick: bool, lags: list[int], time_limit_s: float, seeds: tuple[i
     return rows
 
 
-def schedule_rows(quick: bool, steps: int, lag: int, intervals: list[int], time_limit_s: float,
+def schedule_rows(quick: bool, steps: int, lag: int, intervals: list[int], budget: dict,
                   seeds: tuple[int, ...], adopt_layers: int = 1) -> list[dict]:
     """Per shape, traffic and seed, `cpsat` with the forecast and patches at the shape's live pace (`LIVE_PACES`) on a
     `steps`-step trace, scored on [window + lag, steps): refits every `window` steps back to back with patches never
@@ -243,7 +243,7 @@ def schedule_rows(quick: bool, steps: int, lag: int, intervals: list[int], time_
     without patches; one fit, then patches alone."""
     _, layers, _, window = QUICK_RUN if quick else FULL_RUN
     first_scored = window + lag
-    options = {"time_limit_s": time_limit_s, "routing": "dynamic"}
+    options = {**budget, "routing": "dynamic"}
     rows = []
     for gpus, slots, tokens_per_gpu in ((32, 9, 64),) if quick else SHAPES:
         cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
@@ -297,7 +297,7 @@ def burst_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def esft_rows(time_limit_s: float) -> list[dict]:
+def esft_rows(budget: dict) -> list[dict]:
     """Real routing (ESFT, DeepSeek-V2-Lite, 26 layers x 64 experts, top-6) at 12 x 6 and 512 tokens a step: per task,
     fit on the first half of its steps, score on the rest of the task (the next steps) and on each other task, with
     the window as it is and with the trend forecast to the next steps. Scores under the live router.
@@ -307,7 +307,7 @@ def esft_rows(time_limit_s: float) -> list[dict]:
     scored with the placement fitted on the exact mean ("iid draws: mean known", a perfect forecast). What stays
     between the latter and its fitted score is the steps' own noise, which no placement fitted in advance removes."""
     tasks = {t: load_trace(ESFT, tokens_per_step=ESFT_TOKENS_PER_STEP, tasks=[t]).counts_TLE for t in ESFT_TASKS}
-    options = {"time_limit_s": time_limit_s, "routing": "dynamic"}
+    options = {**budget, "routing": "dynamic"}
     rows = []
     for fit in ("window", "window + forecast", "iid draws: window", "iid draws: mean known"):
         fitted, following, others = [], [], []
@@ -331,7 +331,7 @@ def esft_rows(time_limit_s: float) -> list[dict]:
     return rows
 
 
-def esft_window_rows(time_limit_s: float) -> list[dict]:
+def esft_window_rows(budget: dict) -> list[dict]:
     """Real routing (ESFT) at the windows of `ESFT_WINDOW_RUNS` and the clusters of `ESFT_WINDOW_CLUSTERS`: a rolling
     replay at lag 0 with the window as it is (`--forecast none`) and with the default forecast (the trend where the
     window supports it, `placement.forecast.trend_supported`), `deepseek` under the best split and `cpsat` under the
@@ -341,7 +341,7 @@ def esft_window_rows(time_limit_s: float) -> list[dict]:
         counts_TLE = load_trace(ESFT, tokens_per_step=tokens, tasks=None if task is None else [task]).counts_TLE
         for cluster in ESFT_WINDOW_CLUSTERS:
             for policy, routing in (("deepseek", "dynamic"), ("cpsat", "live")):
-                options = {} if policy == "deepseek" else {"time_limit_s": time_limit_s, "routing": "dynamic"}
+                options = {} if policy == "deepseek" else {**budget, "routing": "dynamic"}
                 found = {}
                 for forecast in (False, True):
                     result = rolling_replay(counts_TLE, cluster, policy, every=every, window=window, routing=routing,
@@ -407,7 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one small shape, short drifting traces (a smoke run)")
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 100], help="lags of the rolling rows (steps)")
-    parser.add_argument("--time-limit", type=float, default=2.0, help="cpsat's budget per fit, seconds")
+    parser.add_argument("--work-limit", type=float, default=4.0,
+                        help="cpsat's deterministic budget per fit, work units (default 4)")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="cpsat's budget per fit as wall-clock seconds instead (its rows then move run to run)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of the synthetic traces")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="policies to fit")
     parser.add_argument("--json", default=None, help="also write the rows here as JSON")
@@ -439,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedule-steps", type=int, default=None, metavar="T",
                         help="with --refit-block, steps of each trace (default 2000; 300 with --quick)")
     args = parser.parse_args(argv)
+    budget = {"work_limit": args.work_limit} if args.time_limit is None else {"time_limit_s": args.time_limit}
     if min(args.lags) < 0 or min(args.seeds) < 0 or (args.patch_lag is not None and args.patch_lag < 0):
         parser.error("--lags, --seeds and --patch-lag must be >= 0")
     if args.esft_only and (args.quick or not ESFT.exists()):
@@ -454,14 +458,14 @@ def main(argv: list[str] | None = None) -> int:
         if min(args.intervals) < 1 or args.adopt_layers < 1 or window + max(args.lags) >= steps:
             parser.error("--intervals and --adopt-layers must be >= 1 and --schedule-steps above the window plus the "
                          "largest of --lags")
-        rows = schedule_rows(args.quick, steps, max(args.lags), args.intervals, args.time_limit, tuple(args.seeds),
+        rows = schedule_rows(args.quick, steps, max(args.lags), args.intervals, budget, tuple(args.seeds),
                              args.adopt_layers)
         print(schedule_table(rows))
         if args.json:
             write_text_atomically(args.json, json.dumps({"schedules": rows}, indent=1) + "\n")
         return 0
     if args.bursts:
-        bursts = burst_rows(args.quick, args.lags, args.time_limit, tuple(args.seeds), tuple(args.policies))
+        bursts = burst_rows(args.quick, args.lags, budget, tuple(args.seeds), tuple(args.policies))
         print(burst_table(bursts))
         if args.json:
             write_text_atomically(args.json, json.dumps({"bursts": bursts}, indent=1) + "\n")
@@ -478,12 +482,12 @@ def main(argv: list[str] | None = None) -> int:
                                                               drift_stride=args.drift_stride,
                                                               sequential=args.sequential_patches,
                                                               burst_lag=args.burst_lag)
-    rows = [] if args.esft_only else measure(args.quick, args.lags, args.time_limit, tuple(args.seeds),
+    rows = [] if args.esft_only else measure(args.quick, args.lags, budget, tuple(args.seeds),
                                              tuple(args.policies), patches)
     if rows:
         print(table(rows))
-    esft = esft_rows(args.time_limit) if ESFT.exists() and not args.quick else []
-    esft_windows = esft_window_rows(args.time_limit) if esft else []
+    esft = esft_rows(budget) if ESFT.exists() and not args.quick else []
+    esft_windows = esft_window_rows(budget) if esft else []
     if esft:
         print("\n" + esft_table(esft))
         print("\n" + esft_window_table(esft_windows))

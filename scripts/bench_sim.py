@@ -88,7 +88,7 @@ def balance(quick: bool) -> None:
     reports, configs = {}, {}
     for policy in ("none", "deepseek", "cpsat"):
         data = SimConfig.model_validate(SATURATED).model_dump()
-        data["balance"].update(policy=policy, time_limit_s=1.0 if quick else 2.0)
+        data["balance"].update(policy=policy, work_limit=1.0 if quick else 2.0)
         if quick:
             data["duration_s"] = 20.0
         configs[policy] = config = SimConfig.model_validate(data)

@@ -169,7 +169,8 @@ class BalanceConfig(_Strict):
                                                            "cyclically).")
     refit_every: int = Field(50, ge=1, le=100_000, description="Steps between refits, as a live rebalancer would.")
     window: int = Field(50, ge=1, le=100_000, description="Steps each fit sees.")
-    time_limit_s: float = Field(1.0, gt=0, le=3600, description="cpsat budget per fit (all layers), seconds.")
+    work_limit: float = Field(1.0, gt=0, le=3600, description="cpsat's deterministic budget per fit (all layers), "
+                              "work units of about a second of one core: the same config gives the same run.")
 
 
 class CapacityConfig(_Strict):

@@ -11,7 +11,7 @@ exceed a budget:
   trace) within half the machine's (`MEMORY_SHARE`);
 - the decode replay (`sim.engine.decode_balance`): the live router's work, steps x layers x expert slots of the unit
   (its water filling runs over every slot of every layer of every step), within `MAX_ROUTED_SLOT_STEPS`; layer
-  fits within `MAX_LAYER_FITS`; and cpsat's time limits within `MAX_SOLVER_S`;
+  fits within `MAX_LAYER_FITS`; and cpsat's work budgets within `MAX_SOLVER_UNITS`;
 - the fleet run (`sim.fleet.run`): its steps within `MAX_FLEET_STEPS` and its expected card failures within
   `MAX_FLEET_FAILURES`.
 
@@ -33,7 +33,7 @@ from traces.request_trace import Request
 MAX_ENGINE_EVENTS = 20_000_000  # SimPy events of one run, so that it ends in reasonable wall time
 MAX_ROUTED_SLOT_STEPS = 4_000_000  # steps x layers x slots the live router splits during the decode replay
 MAX_LAYER_FITS = 500  # refits x layers of the decode replay's policy
-MAX_SOLVER_S = 300.0  # refits x balance.time_limit_s under cpsat
+MAX_SOLVER_UNITS = 300.0  # refits x balance.work_limit under cpsat
 MAX_FLEET_STEPS = 600_000  # steps of one fleet pass: 366 days of minute steps and a drain fit
 MAX_FLEET_FAILURES = 500_000  # card failures expected over the fleet run's passes
 
@@ -138,10 +138,10 @@ def check_replay_work(config: SimConfig, routing_shape: tuple[int, int, int]) ->
     if fits * layers > MAX_LAYER_FITS:
         raise SimConfigError(f"the decode replay would fit {fits * layers:,} layers ({fits:,} refits x {layers} "
                              f"layers; budget {MAX_LAYER_FITS:,}): raise balance.refit_every, or {shorter}")
-    if balance.policy == "cpsat" and fits * balance.time_limit_s > MAX_SOLVER_S:
-        raise SimConfigError(f"the decode replay would give cpsat up to {fits * balance.time_limit_s:,.0f} s "
-                             f"({fits:,} refits x balance.time_limit_s={balance.time_limit_s:g}; budget "
-                             f"{MAX_SOLVER_S:,.0f} s): lower balance.time_limit_s or raise balance.refit_every")
+    if balance.policy == "cpsat" and fits * balance.work_limit > MAX_SOLVER_UNITS:
+        raise SimConfigError(f"the decode replay would give cpsat up to {fits * balance.work_limit:,.0f} work units "
+                             f"({fits:,} refits x balance.work_limit={balance.work_limit:g}; budget "
+                             f"{MAX_SOLVER_UNITS:,.0f}): lower balance.work_limit or raise balance.refit_every")
 
 
 def check_fleet_work(config: SimConfig) -> None:

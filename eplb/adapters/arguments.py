@@ -16,6 +16,10 @@ import torch
 
 from placement import ClusterSpec, PlacementInfeasibleError
 
+# Bounds of the cpsat policy's budget: past them a call would run for days.
+MAX_WORK_LIMIT = 1e6
+MAX_TIME_LIMIT_S = 86400.0
+
 
 def checked_load(weight, num_replicas, num_groups, num_nodes, num_gpus, gpus_name: str) -> np.ndarray:
     """[L, E] float32: the loads as DeepSeek's `eplb.py` and vLLM read them (`weight.float()` on the CPU), after
@@ -102,12 +106,19 @@ def checked_old_map(old, num_layers: int, num_experts: int, slots_per_gpu: int) 
     return old_map
 
 
-def check_solver_options(time_limit_s, seed) -> None:
-    """The cpsat policy's budget (seconds > 0, finite) and seed (an int >= 0)."""
-    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real) or not (
-            math.isfinite(time_limit_s) and time_limit_s > 0):
-        raise ValueError(f"time_limit_s must be a number of seconds > 0; got {time_limit_s!r}")
-    whole_number(seed, "seed", least=0)
+def check_solver_options(work_limit, time_limit_s, seed) -> None:
+    """The cpsat policy's budget (work_limit units > 0, finite, at most MAX_WORK_LIMIT; time_limit_s None or seconds
+    > 0, at most MAX_TIME_LIMIT_S) and seed (an int in [0, 2^31))."""
+    if isinstance(work_limit, bool) or not isinstance(work_limit, numbers.Real) or not (
+            math.isfinite(work_limit) and 0 < work_limit <= MAX_WORK_LIMIT):
+        raise ValueError(f"work_limit must be a number of work units in (0, {MAX_WORK_LIMIT:g}]; got {work_limit!r}")
+    if time_limit_s is not None and (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real)
+                                     or not (math.isfinite(time_limit_s) and 0 < time_limit_s <= MAX_TIME_LIMIT_S)):
+        raise ValueError(f"time_limit_s must be None (the deterministic work_limit) or seconds in (0, "
+                         f"{MAX_TIME_LIMIT_S:g}]; got {time_limit_s!r}")
+    seed = whole_number(seed, "seed", least=0)
+    if seed >= 2**31:
+        raise ValueError(f"seed must be below 2^31 (CP-SAT's seed is a 32-bit int); got {seed}")
 
 
 def cluster_of(num_replicas: int, num_nodes: int, num_gpus: int) -> ClusterSpec:

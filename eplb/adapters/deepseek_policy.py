@@ -8,10 +8,17 @@ dtypes and -1 padding of DeepSeek's public function. With policy="deepseek" its 
 DeepSeek's `eplb.py` returns under the same torch, element for element, including the order of each expert's slots
 in `log2phy`: which of equally loaded replicas gets which slot follows `torch.sort`'s order of equal loads, so the
 policy sums, divides and sorts as `eplb.py` does (float32, torch's CPU sort: `TORCH_ARITHMETIC`). With
-policy="cpsat" this project's OR-Tools policy places the experts, and `log2phy` lists each expert's slots in
-ascending order. The serving engines these adapters plug into (vLLM, SGLang) split an expert's tokens equally over
-its replicas, so the cpsat result is scored against DeepSeek's greedy under equal split on `weight` and the better
-of the two is returned: never worse than the greedy there.
+policy="cpsat" this project's policy places the experts, and `log2phy` lists each expert's slots in ascending
+order. The serving engines these adapters plug into (vLLM, SGLang) split an expert's tokens equally over its
+replicas, so the cpsat policy fits an equal split (`CpSatConfig.routing="equal"`) and its result is scored against
+DeepSeek's greedy under equal split on `weight`, per layer, the better of the two returned: never worse than the
+greedy there. Where DeepSeek's policy is hierarchical (num_nodes divides num_groups), the cpsat policy keeps every
+group's replicas on one node, as the hierarchical greedy does (`CpSatConfig.groups`, `nodes_per_group=1`).
+
+Its budget is deterministic work by default (`work_limit`, `ADAPTER_WORK_LIMIT` units): the same weight gives the
+same placement on every rank, whatever each rank's load, as engines that compute the placement on every rank and
+broadcast nothing need. `time_limit_s` asks for a wall-clock budget instead, for a caller that solves once and
+broadcasts.
 
 Every argument is checked before any work, and a bad one raises `ValueError` (`PlacementInfeasibleError`, a
 subclass, when the shapes cannot be placed) naming the parameter, the rule and the value found.
@@ -26,6 +33,9 @@ from placement.policies.deepseek import Arithmetic, deepseek_rebalance
 from placement.scoring import static_gpu_loads
 
 POLICY_NAMES = ("deepseek", "cpsat")
+# The cpsat policy's default work budget for all layers of one call: DeepSeek-V3's full shape (58-61 layers x 256
+# experts, up to 384 slots) in well under 2 s on one core (figures: docs/adapters.md, 'Budget').
+ADAPTER_WORK_LIMIT = 1.0
 # The cpsat policy fits integer token counts: each layer's loads are scaled to this total (rounded), so that
 # fractional loads (normalised weights summing to 1) keep their ratios to one part in a million of the layer.
 CPSAT_LOAD_TOTAL = 1_000_000
@@ -54,7 +64,8 @@ def rebalance_experts(
     num_gpus: int,
     policy: str = "deepseek",
     *,
-    time_limit_s: float = 10.0,
+    work_limit: float = ADAPTER_WORK_LIMIT,
+    time_limit_s: float | None = None,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Place `num_replicas` physical experts on `num_gpus` GPUs for the loads `weight`.
@@ -68,7 +79,11 @@ def rebalance_experts(
         num_nodes: server nodes (num_gpus a multiple of it).
         num_gpus: G, GPUs in the EP group.
         policy: "deepseek" (DeepSeek's greedy, identical output) or "cpsat".
-        time_limit_s, seed: the cpsat policy's wall-clock budget for all layers and its seed.
+        work_limit: the cpsat policy's deterministic budget for all layers, in work units (about a second of one
+            core each).
+        time_limit_s: a wall-clock budget instead, seconds (None: work_limit); the placement then depends on the
+            machine's speed and load.
+        seed: the cpsat policy's seed.
 
     Returns:
         phy2log: [L, P] int64, the logical expert of each physical slot.
@@ -83,19 +98,23 @@ def rebalance_experts(
     if policy not in POLICY_NAMES:
         raise ValueError(f"policy must be one of {POLICY_NAMES}; got {policy!r}")
     if policy == "cpsat":  # its options and cluster checked before any work too
-        check_solver_options(time_limit_s, seed)
+        check_solver_options(work_limit, time_limit_s, seed)
         cluster = cluster_of(num_replicas, num_nodes, num_gpus)
     phy2log, log2phy, logcnt = deepseek_rebalance(load, num_replicas, num_groups, num_nodes, num_gpus,
                                                   TORCH_ARITHMETIC)
     if policy == "cpsat":
-        placement = _cpsat_or_greedy(load.astype(np.float64), phy2log, cluster, time_limit_s, int(seed))
+        budget = {"work_limit": float(work_limit), "time_limit_s": None if time_limit_s is None else
+                  float(time_limit_s), "seed": int(seed)}
+        if num_groups % num_nodes == 0:  # hierarchical, as DeepSeek's: every group's replicas on one node
+            budget.update({"groups": int(num_groups), "nodes_per_group": 1})
+        placement = _cpsat_or_greedy(load.astype(np.float64), phy2log, cluster, budget)
         phy2log, log2phy, logcnt = placement.phy2log_LP, placement.log2phy_LEX, placement.logcnt_LE
     return tensors(phy2log, log2phy, logcnt)
 
 
-def _cpsat_or_greedy(load_LE: np.ndarray, greedy_LP: np.ndarray, cluster: ClusterSpec, time_limit_s: float,
-                     seed: int) -> Placement:
-    """Per layer, the cpsat fit or the greedy `greedy_LP`, whichever has the lower busiest GPU under equal split.
+def _cpsat_or_greedy(load_LE: np.ndarray, greedy_LP: np.ndarray, cluster: ClusterSpec, options: dict) -> Placement:
+    """Per layer, the cpsat fit (equal routing, `options` its budget, seed and node limits) or the greedy
+    `greedy_LP`, whichever has the lower busiest GPU under equal split.
 
     The fit sees integer loads: each layer scaled to `CPSAT_LOAD_TOTAL`, so the same weights in any unit give it
     the same problem.
@@ -103,7 +122,7 @@ def _cpsat_or_greedy(load_LE: np.ndarray, greedy_LP: np.ndarray, cluster: Cluste
     num_experts = load_LE.shape[1]
     total_L1 = load_LE.sum(axis=1, keepdims=True)
     counts_LE = np.rint(load_LE * (CPSAT_LOAD_TOTAL / np.where(total_L1 > 0, total_L1, 1.0))).astype(np.int64)
-    fitted = fit_placement("cpsat", counts_LE[None], cluster, time_limit_s=time_limit_s, seed=seed, routing="static")
+    fitted = fit_placement("cpsat", counts_LE[None], cluster, routing="equal", **options)
     greedy = Placement.equal_split(greedy_LP, cluster, num_experts)
     candidate = Placement.equal_split(fitted.phy2log_LP, cluster, num_experts)
     better_L = _equal_split_peak_L(candidate, load_LE) < _equal_split_peak_L(greedy, load_LE)

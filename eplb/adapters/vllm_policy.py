@@ -10,12 +10,15 @@ vLLM asks its policy class, never an instance, for a new placement:
 - `LegacyCpsatEplbPolicy` (vLLM 0.14 to 0.18) returns the older 3-tuple (`phy2log` [L, P], `log2phy` [L, E, X]
   padded with -1, `logcnt` [L, E]).
 
-The class attribute `policy` chooses the placement: "cpsat" (this project's OR-Tools policy, never worse than
-DeepSeek's greedy under equal split) or "deepseek" (exactly what vLLM's `DefaultEplbPolicy` returns, see
-`eplb.adapters.vllm_default`). Given the old map, the new placement keeps experts where they are (see
-`eplb.adapters.slot_keeping`): the old map may hold -1 (unused slots) and may have another number of slots than
-num_replicas (ranks left or joined; the surviving ranks come first and keep their slots), and an expert that stays on
-a rank keeps its slot. `configured(...)` makes a subclass with other options, checked when it is made.
+The class attribute `policy` chooses the placement: "cpsat" (this project's policy, fitted for vLLM's equal split
+and never worse than DeepSeek's greedy there, every group's replicas on one node where vLLM's default is
+hierarchical) or "deepseek" (exactly what vLLM's `DefaultEplbPolicy` returns, see `eplb.adapters.vllm_default`).
+vLLM calls the policy on every rank and broadcasts nothing, so the cpsat budget is deterministic work by default
+(`work_limit`): every rank computes the same map, whatever its load. Given the old map, the new placement keeps
+experts where they are (see `eplb.adapters.slot_keeping`): the old map may hold -1 (unused slots) and may have
+another number of slots than num_replicas (ranks left or joined; the surviving ranks come first and keep their
+slots), and an expert that stays on a rank keeps its slot. `configured(...)` makes a subclass with other options,
+checked when it is made.
 
 Both classes subclass vLLM's `AbstractEplbPolicy` when it can be imported, else `object`; only this module tries
 (importing `eplb` never imports vLLM).
@@ -27,7 +30,7 @@ import numpy as np
 import torch
 
 from eplb.adapters.arguments import check_solver_options, checked_load, checked_old_map, cluster_of
-from eplb.adapters.deepseek_policy import POLICY_NAMES, rebalance_experts, tensors
+from eplb.adapters.deepseek_policy import ADAPTER_WORK_LIMIT, POLICY_NAMES, rebalance_experts, tensors
 from eplb.adapters.slot_keeping import keep_in_place, old_map_on_new_ranks, preserve_intragpu_slots
 from eplb.adapters.vllm_default import vllm_default_phy2log
 from placement import Placement
@@ -46,24 +49,29 @@ class CpsatEplbPolicy(_PolicyBase):
     """This project's placement behind vLLM's `AbstractEplbPolicy` (vLLM 0.23 and later).
 
     Attributes:
-        policy: "cpsat" (the OR-Tools policy, per layer the better of its fit and DeepSeek's greedy under equal split)
-            or "deepseek" (vLLM's `DefaultEplbPolicy`, result for result).
-        time_limit_s: the cpsat policy's wall-clock budget for all layers of one call, seconds.
+        policy: "cpsat" (this project's policy, per layer the better of its fit and DeepSeek's greedy under equal
+            split) or "deepseek" (vLLM's `DefaultEplbPolicy`, result for result).
+        work_limit: the cpsat policy's deterministic budget for all layers of one call, work units (about a second
+            of one core each); the same map on every rank.
+        time_limit_s: a wall-clock budget instead, seconds, only for a caller that solves once and broadcasts
+            (None: work_limit).
         seed: the cpsat policy's seed.
     """
 
     policy: str = "cpsat"
-    time_limit_s: float = 10.0
+    work_limit: float = ADAPTER_WORK_LIMIT
+    time_limit_s: float | None = None
     seed: int = 0
 
     @classmethod
-    def configured(cls, *, policy: str | None = None, time_limit_s: float | None = None,
-                   seed: int | None = None) -> type:
+    def configured(cls, *, policy: str | None = None, work_limit: float | None = None,
+                   time_limit_s: float | None = None, seed: int | None = None) -> type:
         """A subclass with the options given (the others inherited), checked now: a ValueError names a bad one."""
         options = {"policy": cls.policy if policy is None else policy,
+                   "work_limit": cls.work_limit if work_limit is None else work_limit,
                    "time_limit_s": cls.time_limit_s if time_limit_s is None else time_limit_s,
                    "seed": cls.seed if seed is None else seed}
-        _check_options(options["policy"], options["time_limit_s"], options["seed"])
+        _check_options(options["policy"], options["work_limit"], options["time_limit_s"], options["seed"])
         return type(f"{cls.__name__}_{options['policy']}", (cls,), options)
 
     @classmethod
@@ -132,16 +140,16 @@ def register_in_vllm() -> None:
     EPLB_POLICIES["default"] = CpsatEplbPolicy
 
 
-def _check_options(policy, time_limit_s, seed) -> None:
+def _check_options(policy, work_limit, time_limit_s, seed) -> None:
     if policy not in POLICY_NAMES:
         raise ValueError(f"policy must be one of {POLICY_NAMES}; got {policy!r}")
-    check_solver_options(time_limit_s, seed)
+    check_solver_options(work_limit, time_limit_s, seed)
 
 
 def _phy2log_LP(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old) -> tuple[np.ndarray, int]:
     """[L, P] int64, the placement of `cls.policy` kept in place against the old map when one is given; and E."""
     load = checked_load(weight, num_replicas, num_groups, num_nodes, num_ranks, "num_ranks")
-    _check_options(cls.policy, cls.time_limit_s, cls.seed)
+    _check_options(cls.policy, cls.work_limit, cls.time_limit_s, cls.seed)
     num_layers, num_experts = load.shape
     old_LP = None
     if old is not None:
@@ -152,7 +160,7 @@ def _phy2log_LP(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old
     else:
         cluster = cluster_of(num_replicas, num_nodes, num_ranks)
         fitted, _, _ = rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks, "cpsat",
-                                         time_limit_s=cls.time_limit_s, seed=cls.seed)
+                                         work_limit=cls.work_limit, time_limit_s=cls.time_limit_s, seed=cls.seed)
         new = Placement.equal_split(fitted.numpy(), cluster, num_experts)
         phy2log = new.phy2log_LP if old_LP is None else keep_in_place(old_LP, new).phy2log_LP
     if old_LP is not None:

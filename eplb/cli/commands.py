@@ -69,8 +69,8 @@ def policy_options(args: argparse.Namespace) -> dict:
     options: dict = {}
     if args.policy == "cpsat":
         # cpsat fits the live router's split when scored with either per-step routing.
-        options = {"time_limit_s": args.time_limit, "workers": args.workers, "seed": args.seed,
-                   "routing": "static" if args.routing == "static" else "dynamic"}
+        options = {"work_limit": args.work_limit, "time_limit_s": args.time_limit, "workers": args.workers,
+                   "seed": args.seed, "routing": "static" if args.routing == "static" else "dynamic"}
         if args.nodes_per_group is not None or args.groups is not None:
             options.update({"groups": args.groups, "nodes_per_group": args.nodes_per_group})
         if args.migration_cost:
@@ -166,7 +166,7 @@ def cmd_place(args: argparse.Namespace) -> int:
     placement = fit_placement(args.policy, trace.counts_TLE, cluster, **options)
     seconds = time.perf_counter() - began
     logger.info("fitted %s on %d steps in %.2f s", args.policy, trace.num_steps, seconds)
-    placement.info.update({"fit_steps": trace.num_steps, "solve_seconds": seconds, "trace": trace.header.source})
+    placement.info.update({"fit_steps": trace.num_steps, "trace": trace.header.source})
     migration_line = ""
     result = {"out": str(args.out), "policy": args.policy, "solve_seconds": seconds}
     if current is not None:

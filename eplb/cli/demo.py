@@ -3,7 +3,7 @@
 It synthesises a full-shape decode trace (61 layers x 256 experts, top-8, 8,192 tokens per step: 128 tokens
 per GPU on 64 GPUs) and replays it on 64 GPUs x 5 slots, refitting every 50 steps on the last 50: with no
 balancing and with DeepSeek's greedy under static and dynamic routing, and with this project's `cpsat` policy
-under dynamic routing (--time-limit seconds per refit of the whole model). Each placement is scored on the steps
+under dynamic routing (--work-limit units per refit of the whole model). Each placement is scored on the steps
 it was fitted on ("fitted") and on the steps that follow ("held-out"); "dynamic" takes each step's best split of
 an expert's tokens over its replicas, "live" the split the live router makes (`route_step`, whole tokens). It
 writes the trace, the last `cpsat` placement, three figures to --out-dir, and prints a table.
@@ -38,7 +38,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     tick = progress.callback()
     jobs = [(policy, routing) for policy in ("trivial", "deepseek") for routing in ("static", "dynamic")]
     jobs.append(("cpsat", "dynamic"))
-    solver = {"routing": "dynamic", "time_limit_s": args.time_limit}
+    solver = {"routing": "dynamic", "work_limit": args.work_limit, "time_limit_s": args.time_limit}
     refit_steps: list[int] = []
     for done, (policy, routing) in enumerate(jobs, 1):
         also = ("live",) if policy == "cpsat" else ()

@@ -49,7 +49,8 @@ DEEPSEEK_V3_EXPERT_BYTES = 3 * 7168 * 2048
 FLAG_OF_PARAMETER = {
     "num_gpus": "--gpus", "slots_per_gpu": "--slots-per-gpu", "gpus_per_node": "--gpus-per-node",
     "tokens_per_step": "--tokens-per-step", "num_experts": "--num-experts", "tasks": "--task",
-    "time_limit_s": "--time-limit", "nodes_per_group": "--nodes-per-group", "num_groups": "--groups",
+    "time_limit_s": "--time-limit", "work_limit": "--work-limit", "nodes_per_group": "--nodes-per-group",
+    "num_groups": "--groups", "groups": "--groups",
     "migration_cost": "--migration-cost", "drift_ratio": "--refit-on-drift", "every": "--every",
     "window": "--window", "lag": "--lag", "workers": "--workers",
 }
@@ -86,6 +87,9 @@ GPUS = _number(int, 1, high=MAX_GPUS)
 SLOTS_PER_GPU = _number(int, 1, high=MAX_SLOTS_PER_GPU)
 DRIFT_RATIO = _number(float, 1, low_open=True)
 BURST_FACTOR = _number(float, 1)
+WORK_LIMIT = _number(float, 0, low_open=True, high=1e6)
+TIME_LIMIT = _number(float, 0, low_open=True, high=86400)
+SEED = _number(int, 0, high=2**31 - 1)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -125,12 +129,23 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
                              "hierarchical policy runs; cpsat: with --nodes-per-group, node-limited placement")
     parser.add_argument("--nodes-per-group", type=POSITIVE_INT, default=None,
                         help="cpsat: most nodes one expert group's replicas may span (needs --groups)")
-    parser.add_argument("--time-limit", type=POSITIVE_FLOAT, default=10.0,
-                        help="cpsat: wall-clock budget per fit for all layers, seconds (default 10)")
-    parser.add_argument("--workers", type=POSITIVE_INT, default=2, help="cpsat: layers solved at once (default 2)")
-    parser.add_argument("--seed", type=NON_NEGATIVE_INT, default=0, help="cpsat: solver and sampling seed (default 0)")
+    _add_budget(parser)
+    parser.add_argument("--workers", type=POSITIVE_INT, default=2,
+                        help="cpsat: layers solved at once (default 2; the placement does not depend on it)")
+    parser.add_argument("--seed", type=SEED, default=0, help="cpsat: solver and sampling seed (default 0)")
     parser.add_argument("--migration-cost", type=NON_NEGATIVE_FLOAT, default=0.0,
                         help="cpsat with --current: penalty per expert copy, in units of imbalance (default 0: off)")
+
+
+def _add_budget(parser: argparse.ArgumentParser, default_work: float = 20.0) -> None:
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--work-limit", type=WORK_LIMIT, default=default_work, metavar="UNITS",
+                        help=f"cpsat: deterministic budget per fit for all layers, in work units of about a second of "
+                             f"one core (default {default_work:g}); the same input gives the same placement in any "
+                             f"process, under any load")
+    budget.add_argument("--time-limit", type=TIME_LIMIT, default=None, metavar="SECONDS",
+                        help="cpsat: a wall-clock budget per fit instead of --work-limit; the placement then depends "
+                             "on the machine's speed and load")
 
 
 def _add_routing(parser: argparse.ArgumentParser) -> None:
@@ -162,8 +177,7 @@ def _add_demo_command(sub: argparse._SubParsersAction) -> None:
                        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default="out/demo", help="where plots, trace and placement go (default out/demo)")
     p.add_argument("--steps", type=_number(int, 51), default=250, help="steps of the synthetic trace (default 250)")
-    p.add_argument("--time-limit", type=POSITIVE_FLOAT, default=10.0,
-                   help="cpsat budget per refit of the whole model, seconds (default 10)")
+    _add_budget(p)
     _add_common(p)
 
 

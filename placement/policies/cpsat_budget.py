@@ -1,5 +1,10 @@
 """The wall-clock budget of a `cpsat` fit: which level of work each layer can afford, from measured costs.
 
+Only for callers that ask for it (`CpSatConfig.time_limit_s`: a caller that solves once and hands the result to
+every rank); by default a fit spends the deterministic `work_budget.WorkBudget` instead, whose result does not depend
+on the clock. Both answer the same questions of `cpsat_layer` (its level, the spare budget of its searches, the
+limits of the ring search, the swap search and CP-SAT), this one in seconds.
+
 A fit shares one deadline among its layers, solved `workers` at a time. Each layer's fixed work (chain starts,
 scoring candidates on the window, the CP-SAT model around its solve) is measured as layers run, and slows down
 when other processes share the cores; a layer takes the best of `LEVELS` at which it and the layers not yet started
@@ -9,6 +14,8 @@ fit the time left (`plan_level`), and the searches (ring search, CP-SAT) get wha
 import threading
 import time
 from collections import deque
+
+from ortools.sat.python import cp_model
 
 # What one layer does, best first. A layer takes a later level when the time left cannot absorb the remaining
 # layers' measured work at a better one (`plan_level`):
@@ -21,8 +28,11 @@ LEVELS = ("full", "starts", "one-chain", "greedy")
 MIN_SOLVE_S = 0.05  # CP-SAT runs only with at least this long
 # Before any layer has built a CP-SAT model, its cost (model, hint, reading back and scoring the solution) in units
 # of scoring one candidate: a round value within the range seen on the synthetic full shape (figures:
-# docs/placement.md, 'CP-SAT time budget').
+# docs/benchmarks.md, 'The cpsat budget under load').
 MODEL_PRIOR = 10.0
+# Candidate evaluations of the swap search (`swap_search`) per second of its budget: about what one core of the
+# machine this was measured on does (5-10e7 at 32-144 GPUs), so a second of budget is about a second of search.
+SWAP_EVALUATIONS_PER_SECOND = 5e7
 
 
 def plan_level(capacity_s: float, layers: int, costs: list[float], first: list[float] | None = None) -> int:
@@ -84,8 +94,9 @@ class FitBudget:
     def start_layer(self, layer: int, num_chains: int, num_others: int, best: str = "full") -> str:
         """Claims `layer`, the next one, and returns its level, no better than `best`. The layers left at the
         greedy are owed a chain start, solved again at the end if the cores free up (`reopen`, best="one-chain"):
-        that gains far more than further chain starts (figures: docs/placement.md, 'CP-SAT time budget'), so no
-        layer takes more than one chain start unless their work fits as well. `finish_layer` must follow."""
+        that gains far more than further chain starts (figures: docs/benchmarks.md, 'The cpsat budget under
+        load'), so no layer takes more than one chain start unless their work fits as well. `finish_layer` must
+        follow."""
         costs = self.costs(num_chains, num_others)
         one_chain = LEVELS.index("one-chain")
         with self._lock:
@@ -118,6 +129,25 @@ class FitBudget:
     def finish_layer(self, layer: int) -> None:
         with self._lock:
             self._running.pop(layer, None)
+
+    def charge(self, layer: int, amount: float) -> None:
+        """Work done by `layer` (seconds of the model): nothing to count, the clock runs by itself."""
+
+    def ring_limits(self, amount: float) -> tuple[float | None, int]:
+        """(deadline, most rounds) of a ring search given `amount` seconds."""
+        return time.perf_counter() + amount, 10**9
+
+    def swap_evaluations(self, amount: float) -> float:
+        """The swap search's candidate evaluations for `amount` seconds."""
+        return amount * SWAP_EVALUATIONS_PER_SECOND
+
+    def limit_solver(self, solver: cp_model.CpSolver, amount: float) -> None:
+        """Gives CP-SAT `amount` seconds (at least MIN_SOLVE_S) of wall clock."""
+        solver.parameters.max_time_in_seconds = max(MIN_SOLVE_S, amount)
+
+    def summary(self) -> dict:
+        return {"budget": "wall clock", "costs_s": {phase: round(self.estimate(phase), 4)
+                                                    for phase in ("chain", "score", "model")}}
 
     def spare(self, layer: int, still_to_do: float, num_chains: int, num_others: int) -> float:
         """Seconds a full layer may search, besides `still_to_do` seconds of its fixed work: its share of the time

@@ -87,20 +87,39 @@ def ring_search(
         num_gpus, slots_per_gpu: G, S.
         speed_G: [G] relative GPU speeds (default all 1).
         seed: seed of the random pairs.
-        deadline: `time.perf_counter()` value to stop at (default none: stop on `patience` / `max_rounds`).
+        deadline: `time.perf_counter()` value to stop at (default none: stop on `patience` / `max_rounds`, the
+            same rounds in any process).
 
     Returns:
-        (phy2log_P [P] int64, its `ring_objective`), never worse than the start's.
+        (phy2log_P [P] int64, its `ring_objective`), never worse than the start's. `ring_search_rounds` also
+        returns the rounds it ran.
     """
+    phy2log, objective, _ = ring_search_rounds(counts_TE, phy2log_P, num_gpus, slots_per_gpu, speed_G, seed,
+                                               deadline, max_rounds, patience)
+    return phy2log, objective
+
+
+def ring_search_rounds(
+    counts_TE: np.ndarray,
+    phy2log_P: np.ndarray,
+    num_gpus: int,
+    slots_per_gpu: int,
+    speed_G: np.ndarray | None = None,
+    seed: int | tuple[int, ...] = 0,
+    deadline: float | None = None,
+    max_rounds: int = MAX_ROUNDS,
+    patience: int = PATIENCE,
+) -> tuple[np.ndarray, float, int]:
+    """`ring_search`, also returning the rounds run (what a deterministic budget charges)."""
     state = _SearchState(counts_TE, phy2log_P, num_gpus, slots_per_gpu, speed_G)
     num_steps, num_arcs = state.loads_TO.shape
     num_experts = counts_TE.shape[1]
     batch = max(1, BATCH_ELEMENTS // (num_steps * num_arcs))
     rng = np.random.default_rng(seed)
     best = state.objective()
-    idle = 0
-    for _ in range(max_rounds):
-        if idle >= patience or (deadline is not None and time.perf_counter() >= deadline):
+    idle = rounds = 0
+    for rounds in range(max_rounds + 1):
+        if rounds == max_rounds or idle >= patience or (deadline is not None and time.perf_counter() >= deadline):
             break
         a = rng.integers(0, num_experts, batch)
         b = rng.integers(0, num_experts, batch)
@@ -115,7 +134,7 @@ def ring_search(
             idle = 0
         else:
             idle += 1
-    return state.phy2log_P, float(best)
+    return state.phy2log_P, float(best), rounds
 
 
 class _SearchState:

@@ -82,7 +82,7 @@ def imbalance_T(config: SimConfig, cards: int, slots_per_card: int, counts_TLE: 
     if balance.policy == "none":
         placement = fit_placement("trivial", counts_TLE[:1], cluster)
         return score_placement(placement, counts_TLE, "static").imbalance_TL.mean(axis=1)
-    options = {"time_limit_s": balance.time_limit_s, "routing": "dynamic"} if balance.policy == "cpsat" else {}
+    options = {"work_limit": balance.work_limit, "routing": "dynamic"} if balance.policy == "cpsat" else {}
     window = min(balance.window, counts_TLE.shape[0] // 2)
     result = rolling_replay(counts_TLE, cluster, balance.policy, every=balance.refit_every, window=window,
                             routing="live", policy_options=options)

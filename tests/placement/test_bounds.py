@@ -93,13 +93,27 @@ def test_bound_is_never_above_the_best_placement_and_exact_with_one_slot_per_gpu
     assert bound[0] > 1.2  # the hot expert lifts the bound above the mean
 
 
-def test_the_bound_has_a_gap_when_two_slots_per_gpu_force_whole_experts_together():
-    # 2 GPUs x 2 slots, counts [6, 6, 6, 2]: no slot to spare, so one GPU holds two 6s: 12 against a mean of 10.
+def test_the_pigeonhole_bound_sees_two_slots_per_gpu_force_whole_experts_together():
+    # 2 GPUs x 2 slots, counts [6, 6, 6, 2]: no slot to spare, so one GPU holds two of the three 6s: 12 against a
+    # mean of 10. The mean and the replica counts alone bound it at 1.0; the pigeonhole term finds 1.2.
     counts = np.array([6, 6, 6, 2])
     cluster = ClusterSpec(num_gpus=2, slots_per_gpu=2)
     best = min(exact_max_load(counts, p, np.arange(4) // 2, 2) for p in every_placement(4, cluster))
     assert best == pytest.approx(12.0)
-    assert imbalance_lower_bound(counts[None], 4, 2)[0] == pytest.approx(1.0)
+    assert imbalance_lower_bound(counts[None], 4, 2)[0] == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize(("num_gpus", "slots_per_gpu"), [(2, 3), (3, 2), (2, 4)], ids=["2x3", "3x2", "2x4"])
+def test_the_pigeonhole_bound_is_never_above_the_best_placement_without_redundant_slots(num_gpus, slots_per_gpu):
+    cluster = ClusterSpec(num_gpus=num_gpus, slots_per_gpu=slots_per_gpu)
+    num_experts = cluster.num_slots
+    rng = np.random.default_rng(num_gpus * slots_per_gpu)
+    counts = rng.poisson(rng.lognormal(2.0, 1.0, size=(4, num_experts))) + 1
+    bound = imbalance_lower_bound(counts, num_experts, num_gpus)
+    gpu_of_slot = np.arange(num_experts) // slots_per_gpu
+    for row, row_bound in zip(counts, bound):
+        best = min(exact_max_load(row, p, gpu_of_slot, num_gpus) for p in every_placement(num_experts, cluster))
+        assert row_bound <= best / (row.sum() / num_gpus) + 1e-9
 
 
 @pytest.mark.parametrize(

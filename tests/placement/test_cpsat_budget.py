@@ -154,7 +154,7 @@ def test_tiny_time_limit_gives_a_valid_placement_no_worse_than_the_greedy_and_re
     assert sum(info["levels"].values()) == 16 and len(info["layer_levels"]) == 16
     assert info["degraded_layers"] == 16 - info["levels"]["full"] > 0
     assert "order full > starts > one-chain > greedy" in info["degraded_reason"]
-    assert set(info["layer_costs_s"]) == {"chain", "score", "model"}
+    assert set(info["layer_costs"]) == {"chain", "score", "model"} and info["budget"] == "wall clock"
 
 
 @pytest.mark.parametrize("level", LEVELS, ids=LEVELS)
@@ -172,8 +172,8 @@ def test_each_level_does_its_share_of_the_work_and_stays_no_worse_than_the_greed
         assert info["scored_layers"] == 0 and info["fitted_chosen"] is None and info["levels"]["greedy"] == 2
     elif level == "one-chain":
         assert candidates == {"chain-random0"} and info["levels"]["one-chain"] == 2
-    elif level == "starts":
-        assert candidates == {"chain-random0", "chain-interleave", "chain-random1"}
+    elif level == "starts":  # every chain start, and the swap search where it finds a better slot map
+        assert candidates - {"swap"} == {"chain-random0", "chain-interleave", "chain-random1"}
         assert info["status"] == {"skipped": 2} and info["levels"]["starts"] == 2
     else:
         # A full layer may still drop its CP-SAT step when the time left cannot take it (a loaded machine).

@@ -26,7 +26,7 @@ def test_a_twin_shares_popularity_but_not_samples():
 def test_the_quick_bench_reports_rolling_rows_at_every_lag_beside_the_oracle(load_script, tmp_path, capsys):
     bench = load_script("bench_forecast")
     out = tmp_path / "forecast.json"
-    assert bench.main(["--quick", "--lags", "0", "20", "--time-limit", "0.2", "--json", str(out)]) == 0
+    assert bench.main(["--quick", "--lags", "0", "20", "--work-limit", "0.2", "--json", str(out)]) == 0
     found_json = json.loads(out.read_text())
     assert found_json["esft"] == []  # --quick leaves the real routing out
     rows = found_json["synthetic"]
@@ -95,7 +95,7 @@ def test_the_burst_rows_split_the_ceiling_placements_score_into_burst_and_calm_r
 def test_the_refit_block_rows_set_the_live_schedule_beside_the_yardstick_s(load_script, tmp_path, capsys):
     bench = load_script("bench_forecast")
     out = tmp_path / "schedules.json"
-    assert bench.main(["--refit-block", "--quick", "--lags", "20", "--intervals", "40", "--time-limit", "0.2",
+    assert bench.main(["--refit-block", "--quick", "--lags", "20", "--intervals", "40", "--work-limit", "0.2",
                        "--json", str(out)]) == 0
     rows = {row["fit"]: row for row in json.loads(out.read_text())["schedules"]}
     assert list(rows) == ["refits every 40 back to back, patches never blocked",

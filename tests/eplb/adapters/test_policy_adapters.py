@@ -34,7 +34,7 @@ def peak(phy2log: torch.Tensor, weight: torch.Tensor, gpus: int, nodes: int) -> 
 def test_cpsat_policy_is_never_worse_than_the_greedy_under_equal_split():
     weight = torch.as_tensor(np.random.default_rng(0).lognormal(3, 1.2, size=(3, 32)).round())
     greedy, _, _ = rebalance_experts(weight, 48, 1, 2, 16)
-    fitted, log2phy, logcnt = rebalance_experts(weight, 48, 1, 2, 16, "cpsat", time_limit_s=2.0)
+    fitted, log2phy, logcnt = rebalance_experts(weight, 48, 1, 2, 16, "cpsat")
     assert (peak(fitted, weight, 16, 2) <= peak(greedy, weight, 16, 2) + 1e-9).all()
     assert (logcnt >= 1).all() and logcnt.sum(1).tolist() == [48] * 3
     for layer in range(3):
@@ -104,7 +104,31 @@ def test_cpsat_fits_fractional_loads_as_the_same_loads_in_any_unit(monkeypatch):
     normalised = raw / raw.sum(-1, keepdim=True)
     for weight in (normalised, normalised * 1e4):
         greedy, _, _ = rebalance_experts(weight, 48, 1, 2, 16)
-        fitted, _, _ = rebalance_experts(weight, 48, 1, 2, 16, "cpsat", time_limit_s=1.0)
+        fitted, _, _ = rebalance_experts(weight, 48, 1, 2, 16, "cpsat")
         assert peak(fitted, weight, 16, 2).sum() < peak(greedy, weight, 16, 2).sum() * 0.99
     np.testing.assert_array_equal(seen[0], seen[1])
     np.testing.assert_allclose(seen[0].sum(-1), deepseek_policy.CPSAT_LOAD_TOTAL, atol=32)
+
+
+def group_nodes(phy2log: torch.Tensor, group_size: int, slots_per_node: int) -> list[set[int]]:
+    """Per (layer, group), the nodes its experts' replicas lie on."""
+    node_of_slot = torch.arange(phy2log.shape[1]) // slots_per_node
+    spans = []
+    for row in phy2log:
+        for group in range(int(row.max()) // group_size + 1):
+            spans.append(set(node_of_slot[row // group_size == group].tolist()))
+    return spans
+
+
+@pytest.mark.parametrize(("experts", "slots", "groups", "nodes", "gpus"), [(64, 96, 8, 4, 16), (64, 64, 4, 2, 16),
+                                                                         (256, 288, 8, 4, 32)],
+                         ids=["redundant-slots", "no-redundant-slot", "deepseek-v3-ep32"])
+def test_cpsat_keeps_every_group_on_one_node_where_deepseeks_policy_is_hierarchical(experts, slots, groups, nodes,
+                                                                                  gpus):
+    weight = torch.as_tensor(np.random.default_rng(experts + gpus).lognormal(3, 1.0, size=(3, experts)))
+    greedy, _, _ = rebalance_experts(weight, slots, groups, nodes, gpus)
+    fitted, _, _ = rebalance_experts(weight, slots, groups, nodes, gpus, "cpsat")
+    by_vllm_class = CpsatEplbPolicy.rebalance_experts(weight, slots, groups, nodes, gpus)
+    for phy2log in (greedy, fitted, by_vllm_class):
+        assert all(len(span) == 1 for span in group_nodes(phy2log, experts // groups, slots // nodes))
+    assert (peak(fitted, weight, gpus, nodes) <= peak(greedy, weight, gpus, nodes) + 1e-9).all()

@@ -20,7 +20,7 @@ README_WEIGHT = torch.tensor([[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86
 README_PHY2LOG = [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
                   [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1]]
 DEEPSEEK = CpsatEplbPolicy.configured(policy="deepseek")
-QUICK_CPSAT = CpsatEplbPolicy.configured(time_limit_s=1.0)
+QUICK_CPSAT = CpsatEplbPolicy.configured(work_limit=0.5)
 
 
 def kept_everything_that_stayed(new: torch.Tensor, old: torch.Tensor, num_ranks: int) -> bool:
@@ -156,11 +156,16 @@ def test_preserving_slots_claims_the_first_match_and_fills_in_new_order():
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"policy": "greedy"}, r"policy must be one of \('deepseek', 'cpsat'\); got 'greedy'"),
-    ({"time_limit_s": 0}, "time_limit_s must be a number of seconds > 0; got 0"),
-    ({"time_limit_s": float("inf")}, "time_limit_s must be a number of seconds > 0; got inf"),
+    ({"time_limit_s": 0}, r"time_limit_s must be None \(the deterministic work_limit\) or seconds in \(0, 86400\]; "
+                          r"got 0"),
+    ({"time_limit_s": float("inf")}, r"time_limit_s must be None .* got inf"),
+    ({"work_limit": 0}, r"work_limit must be a number of work units in \(0, 1e\+06\]; got 0"),
+    ({"work_limit": 1e300}, r"work_limit must be a number of work units in \(0, 1e\+06\]; got 1e\+300"),
     ({"seed": -1}, "seed must be >= 0; got -1"),
     ({"seed": 1.5}, r"seed must be an int; got 1.5 \(float\)"),
-], ids=["unknown-policy", "zero-time", "infinite-time", "negative-seed", "float-seed"])
+    ({"seed": 2**31}, r"seed must be below 2\^31 \(CP-SAT's seed is a 32-bit int\); got 2147483648"),
+], ids=["unknown-policy", "zero-time", "infinite-time", "zero-work", "endless-work", "negative-seed", "float-seed",
+        "huge-seed"])
 def test_bad_options_are_refused_by_name_when_configured_and_when_called(options, message):
     with pytest.raises(ValueError, match=message):
         CpsatEplbPolicy.configured(**options)
@@ -170,8 +175,8 @@ def test_bad_options_are_refused_by_name_when_configured_and_when_called(options
 
 
 def test_configured_keeps_the_options_it_is_not_given():
-    tuned = CpsatEplbPolicy.configured(time_limit_s=2.5).configured(seed=3)
-    assert (tuned.policy, tuned.time_limit_s, tuned.seed) == ("cpsat", 2.5, 3)
+    tuned = CpsatEplbPolicy.configured(work_limit=2.5).configured(seed=3)
+    assert (tuned.policy, tuned.work_limit, tuned.time_limit_s, tuned.seed) == ("cpsat", 2.5, None, 3)
     assert issubclass(tuned, CpsatEplbPolicy)
 
 

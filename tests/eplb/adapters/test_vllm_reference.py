@@ -110,6 +110,23 @@ def test_the_deepseek_option_equals_vllms_default_policy_with_and_without_an_old
             assert torch.equal(DEEPSEEK.rebalance_experts(weight, slots, groups, nodes, ranks, old_map), expected)
 
 
+@pytest.mark.parametrize("shape", [shape for shape in SHAPES if shape[2] % shape[3] == 0 and shape[3] > 1],
+                         ids=[name for name, shape in zip(SHAPE_IDS, SHAPES) if shape[2] % shape[3] == 0
+                              and shape[3] > 1])
+def test_cpsat_keeps_every_group_on_one_node_where_vllms_default_does(vllm_files, expert_loads, shape):
+    experts, slots, groups, nodes, ranks = shape
+    generator = torch.Generator().manual_seed(experts + ranks)
+    node_of_slot = torch.arange(slots) // (slots // nodes)
+    for kind in ("ties", "lognormal", "normalised"):
+        weight = expert_loads(kind, generator, 3, experts)
+        for policy in (vllm_files.DefaultEplbPolicy, CpsatEplbPolicy):
+            phy2log = policy.rebalance_experts(weight, slots, groups, nodes, ranks)
+            for row in phy2log:
+                for group in range(groups):
+                    on_nodes = node_of_slot[row // (experts // groups) == group].unique()
+                    assert len(on_nodes) == 1, (kind, policy.__name__, group, on_nodes.tolist())
+
+
 def policy_option_values(root: pathlib.Path) -> tuple[str, ...]:
     """The values of `EPLBPolicyOption = Literal[...]` in vLLM's config/parallel.py, read without importing it."""
     tree = ast.parse((root / "config" / "parallel.py").read_text())

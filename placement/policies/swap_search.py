@@ -1,0 +1,227 @@
+"""Local search over which slot holds which expert, scored on the window's steps under equal split.
+
+Legend: T window steps, E logical experts, G GPUs, S slots per GPU, P = G * S slots.
+
+Why: at two to four slots per GPU (DeepSeek-V3's EP144 x 2, SGLang's EP72 x 4, vLLM's default of no redundant
+expert), a GPU's load is the sum of a few experts' loads, and DeepSeek's greedy (heaviest replica first onto the
+lightest GPU with a free slot) leaves the sums uneven: with four experts a GPU and no spare slot, the last ones
+packed cannot even out what the first ones left. A GPU whose experts' tokens cannot move (one replica each) is as
+busy as that sum on every step, so the sums must be even step by step, not only on average.
+
+Objective: the mean over the window's steps of the busiest GPU's load (each expert's tokens split equally over its
+replicas, a GPU's load divided by its speed), over the mean GPU load: exact for equal split and for placements
+without replicas; under the per-step split a proxy, which the `cpsat` policy re-scores with the router.
+
+Moves, each kept only if it lowers the objective:
+- swap: two slots on two GPUs trade experts (never putting two replicas of one expert on one GPU; under node
+  limits, only within a node). Candidates: every slot of one of the busiest GPUs against every slot elsewhere,
+  scored at once by broadcasting (the others' busiest load per step comes from each step's three busiest GPUs);
+- recount (with `recount`, one-step windows only): a replica moves from one expert (which keeps at least one) to
+  another, as equal split then re-divides both experts' tokens: a slot of the busiest GPU to an expert it does not
+  hold, or a slot elsewhere to one of the busiest GPU's experts.
+
+The search is deterministic: the same input gives the same moves, and it stops after `max_evaluations` candidate
+evaluations (element-steps), when no move improves, or at the first GPU that no move relieves.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Busiest GPUs tried for an improving move before the search stops.
+GPUS_TRIED = 3
+# A move must lower the objective by this much (relative) to count.
+IMPROVEMENT = 1e-9
+
+
+@dataclass
+class _State:
+    """The slot map being searched and what scoring it needs (arrays as named in the module legend)."""
+
+    counts_TE: np.ndarray  # float64
+    slots_GS: np.ndarray  # int64, expert of each slot
+    replicas_E: np.ndarray  # int64
+    speed_G: np.ndarray
+    mean_T: np.ndarray
+    loads_TG: np.ndarray | None = None
+
+    def refresh(self) -> None:
+        items_TGS = self.counts_TE[:, self.slots_GS] / self.replicas_E[self.slots_GS]
+        self.loads_TG = items_TGS.sum(axis=2) / self.speed_G
+
+    def objective(self) -> float:
+        return float((self.loads_TG.max(axis=1) / self.mean_T).mean())
+
+
+def swap_search(
+    counts_TE: np.ndarray,
+    phy2log_P: np.ndarray,
+    num_gpus: int,
+    slots_per_gpu: int,
+    speed_G: np.ndarray | None = None,
+    max_evaluations: float = 5e7,
+    recount: bool = False,
+    node_of_G: np.ndarray | None = None,
+) -> tuple[np.ndarray, float, float]:
+    """Improve one layer's slot map by swaps (and with `recount`, replica moves) under equal split.
+
+    Args:
+        counts_TE: [T, E] tokens per expert on each step of the window (T >= 1).
+        phy2log_P: [P] int, the starting slot map; slot p lives on GPU p // S.
+        num_gpus, slots_per_gpu: G, S.
+        speed_G: [G] relative GPU speeds (default all 1).
+        max_evaluations: the most candidate-step evaluations (T times the candidates scored), the search's budget.
+        recount: also move replicas between experts (only where T == 1).
+        node_of_G: [G] node of each GPU: swaps only within a node and no recount (keeps node limits), or None.
+
+    Returns:
+        (phy2log_P [P] int64, each GPU's experts in ascending order; its objective; the evaluations spent). Never
+        worse than the start.
+    """
+    counts = np.asarray(counts_TE, dtype=np.float64)
+    num_steps, num_experts = counts.shape
+    speed = np.ones(num_gpus) if speed_G is None else np.asarray(speed_G, dtype=np.float64)
+    slots = np.array(phy2log_P, dtype=np.int64).reshape(num_gpus, slots_per_gpu)
+    state = _State(counts, slots, np.bincount(slots.ravel(), minlength=num_experts).astype(np.int64), speed,
+                   np.maximum(counts.sum(axis=1) / speed.sum(), 1e-12))
+    state.refresh()
+    best = state.objective()
+    spent = 0.0
+    swap_cost = num_steps * slots_per_gpu * num_gpus * slots_per_gpu
+    recount_cost = slots_per_gpu * (num_gpus * num_experts + num_gpus * num_gpus * slots_per_gpu)
+    use_recount = recount and num_steps == 1 and node_of_G is None
+    while spent < max_evaluations:
+        moved = False
+        for gpu in _busiest(state.loads_TG, GPUS_TRIED):
+            spent += swap_cost
+            found = _best_swap(state, int(gpu), node_of_G)
+            if found is not None and found[0] < best * (1 - IMPROVEMENT):
+                best, moved = found[0], True
+                _, slot, other, other_slot = found
+                slots[gpu, slot], slots[other, other_slot] = slots[other, other_slot], slots[gpu, slot]
+                break
+            if use_recount:
+                spent += recount_cost
+                found = _best_recount(state, int(gpu))
+                if found is not None and found[0] < best * (1 - IMPROVEMENT):
+                    best, moved = found[0], True
+                    _, flat, expert = found
+                    flat_slots = slots.reshape(-1)  # a view: the move lands in `slots`
+                    state.replicas_E[flat_slots[flat]] -= 1
+                    state.replicas_E[expert] += 1
+                    flat_slots[flat] = expert
+                    break
+            if spent >= max_evaluations:
+                break
+        if not moved:
+            break
+        state.refresh()
+        best = state.objective()
+    return np.sort(slots, axis=1).reshape(-1), best, spent
+
+
+def _busiest(loads_TG: np.ndarray, count: int) -> np.ndarray:
+    """The `count` GPUs whose load most exceeds each step's runner-up, summed over the steps they top, busiest
+    first (ties by GPU index)."""
+    num_steps, num_gpus = loads_TG.shape
+    if num_gpus == 1:
+        return np.zeros(1, dtype=np.int64)
+    top2 = np.argpartition(-loads_TG, 1, axis=1)[:, :2]
+    values = np.take_along_axis(loads_TG, top2, axis=1)
+    first = np.where(values[:, 0] >= values[:, 1], top2[:, 0], top2[:, 1])
+    excess = np.abs(values[:, 0] - values[:, 1]) + 1e-12
+    score_G = np.bincount(first, weights=excess, minlength=num_gpus) + 1e-9 * loads_TG.sum(axis=0)
+    return np.argsort(-score_G, kind="stable")[:count]
+
+
+def _others_max(loads_TG: np.ndarray, gpu: int) -> np.ndarray:
+    """[T, G] for each step and each GPU h, the busiest load among the GPUs other than `gpu` and h."""
+    num_steps, num_gpus = loads_TG.shape
+    keep = min(3, num_gpus)
+    top = np.argsort(-loads_TG, axis=1, kind="stable")[:, :keep]  # [T, 3]
+    values = np.take_along_axis(loads_TG, top, axis=1)
+    result = np.zeros((num_steps, num_gpus))
+    filled = np.zeros((num_steps, num_gpus), dtype=bool)
+    others = np.arange(num_gpus)
+    for rank in range(keep):
+        ok = (top[:, rank:rank + 1] != gpu) & (top[:, rank:rank + 1] != others[None]) & ~filled
+        result = np.where(ok, values[:, rank:rank + 1], result)
+        filled |= ok
+    return result
+
+
+def _best_swap(state: _State, gpu: int, node_of_G: np.ndarray | None) -> tuple | None:
+    """(objective, slot, other GPU, other slot) of the best swap of a slot of `gpu` with a slot elsewhere, or None."""
+    slots, speed = state.slots_GS, state.speed_G
+    items_TGS = state.counts_TE[:, slots] / state.replicas_E[slots]
+    mine_TS = items_TGS[:, gpu]
+    delta_TSGR = items_TGS[:, None] - mine_TS[:, :, None, None]  # [T, S (mine), G (other), S (theirs)]
+    loads_TG = state.loads_TG
+    new_mine = loads_TG[:, gpu, None, None, None] + delta_TSGR / speed[gpu]
+    new_other = loads_TG[:, None, :, None] - delta_TSGR / speed[None, None, :, None]
+    rest = _others_max(loads_TG, gpu)[:, None, :, None]
+    scores = (np.maximum(np.maximum(new_mine, new_other), rest) / state.mean_T[:, None, None, None]).mean(axis=0)
+    # Not with itself, not making two replicas of one expert share a GPU, under node limits within the node.
+    scores[:, gpu, :] = np.inf
+    on_mine = np.isin(slots, slots[gpu])  # [G, S]: slot holds an expert that `gpu` holds too
+    scores[:, on_mine] = np.inf
+    for slot in range(slots.shape[1]):
+        scores[slot, (slots == slots[gpu, slot]).any(axis=1), :] = np.inf
+    if node_of_G is not None:
+        scores[:, node_of_G != node_of_G[gpu], :] = np.inf
+    pick = int(np.argmin(scores))
+    if not np.isfinite(scores.flat[pick]):
+        return None
+    slot, other, other_slot = np.unravel_index(pick, scores.shape)
+    return float(scores.flat[pick]), int(slot), int(other), int(other_slot)
+
+
+def _best_recount(state: _State, gpu: int) -> tuple | None:
+    """(objective, slot, new expert) of the best replica move that relieves `gpu` (one-step windows: loads are the
+    step's), or None. Two kinds: a slot of `gpu` changes to another expert (its expert keeps a replica elsewhere),
+    or any slot elsewhere changes to one of `gpu`'s experts, which then sheds a share on `gpu` (the slot's expert
+    keeps a replica elsewhere). `slot` is a flat index into the slot map."""
+    slots, replicas, speed = state.slots_GS, state.replicas_E, state.speed_G
+    counts_E = state.counts_TE[0]
+    num_gpus, num_slots = slots.shape
+    num_experts = len(counts_E)
+    holds_GE = np.zeros((num_gpus, num_experts))
+    np.add.at(holds_GE, (np.repeat(np.arange(num_gpus), num_slots), slots.ravel()), 1.0)
+    loads_G = state.loads_TG[0] * speed
+    mean = state.mean_T[0]
+    share_E = counts_E / replicas
+    grow_E = np.where(replicas > 1, counts_E / np.maximum(replicas - 1, 1) - share_E, np.inf)  # one replica less
+    shed_E = share_E - counts_E / (replicas + 1)  # one replica more
+    best = None
+    # A slot of `gpu` changes from its expert to any expert `gpu` does not hold.
+    for slot in range(num_slots):
+        expert = slots[gpu, slot]
+        if replicas[expert] < 2:
+            continue
+        base_G = loads_G + holds_GE[:, expert] * grow_E[expert]
+        base_G[gpu] -= share_E[expert] + grow_E[expert]
+        new_GE = base_G[:, None] - holds_GE * shed_E[None]
+        new_GE[gpu] += counts_E / (replicas + 1)
+        scores = (new_GE / speed[:, None]).max(axis=0) / mean
+        scores[holds_GE[gpu] > 0] = np.inf
+        pick = int(np.argmin(scores))
+        if np.isfinite(scores[pick]) and (best is None or scores[pick] < best[0]):
+            best = (float(scores[pick]), gpu * num_slots + slot, pick)
+    # Any slot elsewhere changes to one of `gpu`'s experts.
+    expert_P = slots.ravel()
+    gpu_P = np.repeat(np.arange(num_gpus), num_slots)
+    movable_P = (replicas[expert_P] > 1) & (gpu_P != gpu)
+    for target in np.unique(slots[gpu]):
+        base_G = loads_G - holds_GE[:, target] * shed_E[target]
+        new_PG = np.repeat(base_G[None], len(expert_P), axis=0)
+        new_PG += holds_GE.T[expert_P] * np.where(np.isfinite(grow_E[expert_P]), grow_E[expert_P], 0.0)[:, None]
+        rows = np.arange(len(expert_P))
+        new_PG[rows, gpu_P] += -share_E[expert_P] - np.where(np.isfinite(grow_E[expert_P]), grow_E[expert_P], 0.0) \
+            + counts_E[target] / (replicas[target] + 1)
+        scores = (new_PG / speed[None]).max(axis=1) / mean
+        ok = movable_P & (expert_P != target) & (holds_GE[gpu_P, target] == 0)
+        scores[~ok] = np.inf
+        pick = int(np.argmin(scores))
+        if np.isfinite(scores[pick]) and (best is None or scores[pick] < best[0]):
+            best = (float(scores[pick]), pick, int(target))
+    return best

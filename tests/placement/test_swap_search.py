@@ -1,0 +1,75 @@
+"""The swap search: never worse than its start, never two replicas of one expert on one GPU, node limits kept,
+replica moves under equal split, the same moves in any process."""
+
+import numpy as np
+import pytest
+
+from placement import ClusterSpec
+from placement.policies.deepseek import place_deepseek
+from placement.policies.swap_search import swap_search
+
+
+def objective(counts_TE: np.ndarray, phy2log_P: np.ndarray, num_gpus: int) -> float:
+    """Mean over steps of max / mean GPU load under equal split (the search's objective, computed plainly)."""
+    replicas = np.bincount(phy2log_P, minlength=counts_TE.shape[1])
+    share_TP = counts_TE[:, phy2log_P] / replicas[phy2log_P]
+    loads_TG = share_TP.reshape(len(counts_TE), num_gpus, -1).sum(axis=2)
+    return float((loads_TG.max(axis=1) / loads_TG.mean(axis=1)).mean())
+
+
+def lognormal_counts(steps: int, experts: int, seed: int, sigma: float = 0.8) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    popularity = rng.lognormal(0, sigma, experts)
+    return rng.multinomial(40 * experts, popularity / popularity.sum(), size=steps)
+
+
+@pytest.mark.parametrize(("gpus", "slots", "experts"), [(16, 4, 64), (24, 2, 40), (8, 5, 32)],
+                         ids=["no-redundant-slot", "two-slots", "five-slots"])
+def test_the_search_lowers_the_greedys_objective_and_keeps_every_rule(gpus, slots, experts):
+    counts = lognormal_counts(20, experts, seed=gpus)
+    start = place_deepseek(counts.sum(axis=0)[None], ClusterSpec(num_gpus=gpus, slots_per_gpu=slots)).phy2log_LP[0]
+    found, score, spent = swap_search(counts, start, gpus, slots, max_evaluations=1e9)
+    assert score == pytest.approx(objective(counts, found, gpus))
+    assert score <= objective(counts, start, gpus) + 1e-12
+    assert np.array_equal(np.bincount(found, minlength=experts), np.bincount(start, minlength=experts))
+    per_gpu = found.reshape(gpus, slots)
+    assert all(len(set(row)) == slots for row in per_gpu) and (np.diff(per_gpu, axis=1) > 0).all()
+    assert 0 < spent
+
+
+def test_without_redundant_slots_it_evens_the_sums_the_greedy_leaves():
+    counts = lognormal_counts(30, 64, seed=5, sigma=0.5)
+    start = place_deepseek(counts.sum(axis=0)[None], ClusterSpec(num_gpus=16, slots_per_gpu=4)).phy2log_LP[0]
+    found, score, _ = swap_search(counts, start, 16, 4, max_evaluations=1e9)
+    assert score < objective(counts, start, 16) - 0.02
+
+
+def test_swaps_stay_within_a_node_under_node_limits():
+    counts = lognormal_counts(10, 64, seed=6)
+    start = np.arange(64)  # expert e on GPU e // 4, node e // 16
+    node_of_G = np.arange(16) // 4
+    found, _, _ = swap_search(counts, start, 16, 4, max_evaluations=1e9, node_of_G=node_of_G)
+    assert (np.sort(found.reshape(4, 16), axis=1) == np.arange(64).reshape(4, 16)).all()
+
+
+def test_replica_moves_relieve_a_gpu_that_swaps_cannot():
+    # Expert 0 carries half the tokens with one replica, expert 1 has two: on 4 GPUs x 2 slots the best swap pairs
+    # expert 0 with a half of expert 1 (65 of a mean of 30), while moving a replica from expert 1 to expert 0
+    # halves expert 0.
+    counts = np.array([[60, 10, 10, 10, 10, 10, 10]])
+    start = np.array([0, 2, 1, 3, 1, 4, 5, 6])
+    _, swap_score, _ = swap_search(counts, start, 4, 2, max_evaluations=1e9)
+    moved, move_score, _ = swap_search(counts, start, 4, 2, max_evaluations=1e9, recount=True)
+    assert swap_score == pytest.approx(65 / 30)
+    assert move_score < swap_score - 0.5 and np.bincount(moved)[0] == 2
+
+
+def test_the_budget_is_counted_work_and_the_search_repeats_itself():
+    counts = lognormal_counts(20, 64, seed=7)
+    start = place_deepseek(counts.sum(axis=0)[None], ClusterSpec(num_gpus=16, slots_per_gpu=4)).phy2log_LP[0]
+    nothing, _, spent = swap_search(counts, start, 16, 4, max_evaluations=0)
+    assert spent == 0 and np.array_equal(nothing, np.sort(start.reshape(16, 4), axis=1).reshape(-1))
+    first = swap_search(counts, start, 16, 4, max_evaluations=2e5)
+    again = swap_search(counts, start, 16, 4, max_evaluations=2e5)
+    assert np.array_equal(first[0], again[0]) and first[1:] == again[1:]
+    assert first[2] <= 2e5 + 20 * 4 * 16 * 4
