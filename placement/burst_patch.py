@@ -24,8 +24,6 @@ refitted to the recent load; the other layers are untouched. A patch is taken fr
 from the last patch, so when the burst is over the layer goes back to the fit.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from placement.drift_swaps import check_ring_order, ring_imbalance
@@ -39,80 +37,6 @@ MIN_GAIN = 0.005  # a move is kept only if it lowers the recent load's imbalance
 CANDIDATES = 2  # bursting experts tried per move: those with the most recent load per replica
 DONORS = 8  # slots tried per bursting expert: those of the experts with the least recent load per replica
 TIE = 1e-12  # trials whose imbalances differ by less than this are equally good (rounding, not balance)
-
-
-def burst_lag_fits(burst_lag: int, lag: int, every: int) -> bool:
-    """True when a patch's burst layers at `burst_lag` land after the last patch's layers (at `lag`, patches `every`
-    steps apart) and no later than its own other layers: lag - every < burst_lag <= lag (`PatchConfig.burst_lag`)."""
-    return lag - every < burst_lag <= lag
-
-
-@dataclass(frozen=True)
-class PatchConfig:
-    """When and how much a replay (or a live group) patches its serving placement between refits.
-
-    Attributes:
-        lag: steps from the last step a patch sees until it serves (detecting, solving, copying a few experts; the
-            default is about what a live group at the full shape takes, docs/rebalancing.md, 'Burst patches').
-        window: recent steps whose mean load a patch is fitted to.
-        every: steps between patches.
-        max_moves: most slots one layer may change per patch.
-        threshold: layers served at or below this imbalance of the recent load are left as fitted.
-        drift_swaps: most replica-set swaps per layer and patch that follow the drifting mix
-            (`placement.drift_swaps`); they stay until the next refit, and the burst moves are made on top of them.
-            0: no drift swaps.
-        drift_window: recent steps whose mean load the drift swaps are fitted to.
-        drift_stride: a layer gets its drift swaps in every `drift_stride`-th patch since the fit, the layers
-            taking turns (`placement.drift_swaps.layers_in_turn`); 1: every layer in every patch.
-        sequential: one patch at a time, as the live `Rebalancer` runs them with `patch_overlap` off: a patch
-            starts `every` steps after the last one started or when it has switched, whichever is later, so a patch
-            that takes `lag` steps to switch also spaces them `lag` apart. False: a patch starts every `every` steps
-            whatever the lag (pipelined, as the replay's refits are; with `patch_overlap` the live one solves the
-            next patch while one moves, which a shorter `every` than `lag` models).
-        refit_blocks: no patch starts while a refit is in flight (from its fit step until its placement serves), as
-            the live `Rebalancer` runs them: a refit's weight moves read and keep the serving slots that a patch
-            would change. False: patches go on while the next refit solves and moves (the yardstick's schedule,
-            whose refits are always in flight).
-        burst_lag: steps from the last step a patch sees until its layers whose burst moves come or go serve, ahead
-            of its other layers at `lag` (a live patch plans those layers' weights first and switches each layer as
-            its weights land); None: every layer at `lag`. Within lag - every < burst_lag <= lag, since a live
-            patch's layers land after the last patch's.
-        adopt_layers: refits adopted by the patches, as the live `Rebalancer` with `refit_adopt_layers` does: a
-            refit, once solved (`lag` steps after its window), never serves whole; each patch replaces up to this
-            many layers of the placement it follows with the refit's, the layers the refit gains most on (on its
-            window) first, and layers it does not improve stay. None: each refit serves whole from its landing.
-    """
-
-    lag: int = 20
-    window: int = 2  # a burst shows in 2 steps' mean sooner than in 5's (docs/benchmarks.md, 'The burst moves' window')
-    every: int = 5
-    max_moves: int = 2
-    threshold: float = THRESHOLD
-    drift_swaps: int = 4
-    drift_window: int = 30
-    drift_stride: int = 1
-    sequential: bool = False
-    refit_blocks: bool = False
-    burst_lag: int | None = None
-    adopt_layers: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.burst_lag is not None and (self.sequential or not burst_lag_fits(self.burst_lag, self.lag, self.every)):
-            raise ValueError(f"burst_lag must lie in (lag - every, lag] = ({self.lag - self.every}, {self.lag}] "
-                             f"(a patch's early layers land after the last patch's), with sequential False; got "
-                             f"burst_lag={self.burst_lag}, sequential={self.sequential}")
-        if self.adopt_layers is not None and (self.adopt_layers < 1 or self.refit_blocks or self.sequential):
-            raise ValueError(f"adopt_layers must be >= 1 (or None), with refit_blocks and sequential False (refits the "
-                             f"patches adopt block none; one patch at a time is not modelled with them); got "
-                             f"adopt_layers={self.adopt_layers}, refit_blocks={self.refit_blocks}, "
-                             f"sequential={self.sequential}")
-        if (self.lag < 0 or self.window < 1 or self.every < 1 or self.max_moves < 0 or not self.threshold >= 1
-                or self.drift_swaps < 0 or self.drift_window < 1 or self.drift_stride < 1):
-            raise ValueError(f"patches need lag >= 0, window >= 1, every >= 1, max_moves >= 0, threshold >= 1, "
-                             f"drift_swaps >= 0, drift_window >= 1 and drift_stride >= 1; got lag={self.lag}, "
-                             f"window={self.window}, every={self.every}, max_moves={self.max_moves}, "
-                             f"threshold={self.threshold}, drift_swaps={self.drift_swaps}, "
-                             f"drift_window={self.drift_window}, drift_stride={self.drift_stride}")
 
 
 def patch_for_bursts(placement: Placement, recent_LE: np.ndarray, max_moves: int = 2,

@@ -8,7 +8,7 @@ fitted on traffic 100-200 steps older. Bursts aside, what it costs is the mix th
 whose experts gained load can no longer shed it, and the live router's exact split on a chain layout then leaves its
 GPUs above the mean on most steps (figures: docs/placement.md, 'Drift swaps'). A swap of two experts' replica sets
 changes a few slots (two experts' weights per replica) and keeps the layout a ring layout, so the live router's
-exact chain split still applies; a handful per layer and patch (`placement.burst_patch.PatchConfig.drift_swaps`),
+exact chain split still applies; a handful per layer and patch (`placement.patch_planner.PatchSettings.drift_swaps`),
 kept from patch to patch, follows the mix until the next refit.
 
 Method, per layer whose experts all lie on consecutive GPUs of the ring (`ring_spans`; `cpsat`'s chain layouts do,

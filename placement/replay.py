@@ -25,21 +25,16 @@ falls after scheduled fits have started (possible only with L > 0), they still l
 f' + L, and the refit on drift follows them, serving from d + 1 + L. Lag 0 is the replay without lag, step for
 step.
 
-Burst patches (`patches`, off by default): between refits, every `patches.every` steps the serving placement is
-patched for the steps seen `patches.lag` steps earlier, and the patch serves until the next one: first a few
-replica-set swaps per layer follow the mix of the last `patches.drift_window` steps (`placement.drift_swaps`), and
-stay until the next refit; then, on top of them, a few replica slots per layer go to the experts the last
-`patches.window` steps overload (`placement.burst_patch`), taken afresh each time so that a layer goes back when its
-burst has passed. `patch_moves` counts the slots that changed between consecutive served
-placements within a fit's service (the weights a live group would copy for them). Patches overlap as the refits do
-(one starts every `patches.every` steps whatever its lag), unless `patches.sequential`: one at a time, as the live
-`Rebalancer` runs them with `patch_overlap` off, each spaced from the last by its lag. With `patches.refit_blocks`, no
-patch starts (its job, `patches.lag` steps before it serves) while a refit is in flight, from the next fit's step
-until its placement serves, as the live `Rebalancer` runs them; the last patch then serves on until the refit lands.
-A refit on drift does not move that block: it follows the scheduled fit. With `patches.adopt_layers` k, a refit never
-serves whole: from its landing each patch adopts up to k of its layers into the placement the patches follow (which
-carries over from the last refit's service), the layers it gains most on first (its window scored under the dynamic
-split), as the live `Rebalancer` with `refit_adopt_layers` does (not with `drift_ratio`).
+Patches (`patches`, off by default): between refits, every `patches.every` steps the serving placement is patched
+from the steps seen `pace.lag` steps earlier, and the patch serves until the next one, planned by the planner the
+live rebalancer runs (`placement.patch_planner.PatchPlanner`): drift swaps toward the last `patches.drift_window`
+steps, kept until the next refit, and burst moves for the last `patches.window` steps on top, taken afresh each time.
+The pace (`PatchPace`) says how a live group meets the clock: a patch serves `pace.lag` steps after the last step it
+saw, its layers whose burst moves come or go `pace.burst_lag` steps after (they switch as their weights land), and
+with `pace.refit_blocks` no patch starts while a refit is in flight (from the next fit's step until its placement
+serves), as a live group runs them; the last patch then serves on until the refit lands. Patches overlap as a live
+group's do (the next one's job starts while one moves). `patch_moves` counts the slots that changed between
+consecutive served placements within a fit's service (the weights a live group would copy for them).
 """
 
 import math
@@ -49,11 +44,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from placement.burst_patch import PatchConfig, patch_for_bursts
 from placement.cluster import ClusterSpec
-from placement.drift_swaps import drift_swaps, layers_in_turn
 from placement.errors import PlacementInfeasibleError
 from placement.forecast import hedged_window
+from placement.patch_planner import PatchPace, PatchPlan, PatchPlanner, PatchSettings, burst_layers_L, plan_patch
 from placement.placement_model import Placement
 from placement.policies import fit_placement
 from placement.scoring import Routing, StepScores, score_placement
@@ -129,7 +123,8 @@ def rolling_replay(
     drift_ratio: float | None = None,
     lag: int = 0,
     forecast: bool = False,
-    patches: PatchConfig | None = None,
+    patches: PatchSettings | None = None,
+    pace: PatchPace = PatchPace(),
 ) -> ReplayResult:
     """Replay `counts_TLE` [T, L, E] with a re-fit every `every` steps on the last `window` steps.
 
@@ -140,17 +135,18 @@ def rolling_replay(
     each placement's first served step by that many steps after its fit window (see the module docstring).
     `forecast` fits each placement on its window moved along each expert's trend to the period it serves
     (`placement.forecast.hedged_window(window, lag, every)`); its fitted score stays on the window. `patches`
-    patches the serving placement for recent bursts between refits (see the module docstring); None: no patches.
+    patches the serving placement between refits at `pace` (see the module docstring); None: no patches.
 
     Raises:
         PlacementInfeasibleError: `every` or `window` below 1, `lag` negative, `window + lag` leaving no step of
             the trace to score, or `drift_ratio` not above 1.
+        ValueError: `pace` out of range (`PatchPace.problems`).
     """
     num_steps = counts_TLE.shape[0]
     first_scored = _check_replay_args(num_steps, every, window, lag, drift_ratio)
-    adoption = None if patches is None or patches.adopt_layers is None else _Adoption()
-    if adoption is not None and drift_ratio is not None:
-        raise ValueError("patches.adopt_layers is not modelled with drift_ratio: give one of them")
+    problems = [] if patches is None else pace.problems(patches.every)
+    if problems:
+        raise ValueError("; ".join(f"pace.{name} {text}" for name, text in problems))
     schedule = _Schedule(fit_step=window)
     parts = _ReplayParts(also={name: [] for name in also_routings})
     hedge = (lag, every) if forecast else None
@@ -162,9 +158,8 @@ def rolling_replay(
         parts.serve_starts.append(serve_from)
         check_drift = drift_ratio is not None and not schedule.upcoming  # else a refit on drift is in flight
         next_fit = schedule.next_fit(every)
-        start = placement if adoption is None else adoption.begin(placement, counts_TLE[first:schedule.fit_step])
-        chunks = _served_placements(start, counts_TLE, serve_from, min(next_fit + lag, num_steps), patches,
-                                    next_fit, adoption)
+        chunks = _served_placements(placement, counts_TLE, serve_from, min(next_fit + lag, num_steps), patches,
+                                    pace, next_fit)
         served = _score_chunks(chunks, counts_TLE, routing)
         if check_drift:
             drifted = _first_drift(served, parts.fitted[-1], drift_ratio, serve_from, num_steps)
@@ -180,86 +175,53 @@ def rolling_replay(
 
 
 def _served_placements(placement: Placement, counts_TLE: np.ndarray, start: int, stop: int,
-                       patches: PatchConfig | None, next_fit: int | None = None,
-                       adoption: "_Adoption | None" = None) -> list[tuple[int, int, Placement]]:
+                       patches: PatchSettings | None, pace: PatchPace,
+                       next_fit: int | None = None) -> list[tuple[int, int, Placement]]:
     """(first step, stop step, placement) of each stretch of steps [start, stop) that one placement serves: the
-    fitted one throughout, or with `patches` the fitted one patched every `patches.every` steps from the steps
-    before t - lag (drift swaps, kept, and burst moves on top; unpatched while no step before t - lag has been
-    seen); consecutive steps that one placement serves form one stretch. With `patches.refit_blocks`, a patch
-    starts only in [start, next_fit): not while a refit is in flight. With `adoption`, each patch first adopts
-    `patches.adopt_layers` more layers of the refit it holds, and the placement followed at `stop` is left there."""
+    fitted one throughout, or with `patches` the fitted one patched every `patches.every` steps by a
+    `PatchPlanner` from the steps before t - `pace.lag` (unpatched while no step before it has been seen);
+    consecutive steps that one placement serves form one stretch. With `pace.refit_blocks`, a patch starts only in
+    [start, next_fit): not while a refit is in flight."""
     if patches is None:
         return [(start, stop, placement)]
-    if not patches.refit_blocks or next_fit is None:
-        open_from, open_until = 0, stop
-    else:
-        open_from, open_until = start, next_fit
-    if patches.sequential:
-        return _one_patch_at_a_time(placement, counts_TLE, start, stop, patches, open_from, open_until)
-    chunks = []
-    followed = served = placement  # the fitted placement with the drift swaps so far, and what serves
-    turn = 0  # patches since the fit: the layers take turns at drift swaps (`patches.drift_stride`)
+    open_from, open_until = (start, next_fit) if pace.refit_blocks and next_fit is not None else (0, stop)
+    planner = PatchPlanner(patches, placement)
+    chunks: list[tuple[int, int, Placement]] = []
+    served = placement
     for first in range(start, stop, patches.every):
-        seen = first - patches.lag  # the patch's job starts here
+        seen = first - pace.lag  # the patch's job starts here
         if seen > 0 and open_from <= seen < open_until:
-            last_followed, last_served = followed, served
-            if adoption is not None:
-                followed = adoption.adopt(followed, patches.adopt_layers)
-            followed, served = _patch(followed, counts_TLE, seen, patches, turn)
-            turn += 1
-            if patches.burst_lag is not None and patches.burst_lag < patches.lag and chunks:
-                _land_burst_layers_early(chunks, first - (patches.lag - patches.burst_lag), first, last_followed,
-                                         last_served, followed, served)
+            start_followed, last_served = planner.followed, served
+            plan = plan_patch(planner.job(*_patch_loads(counts_TLE, seen, patches)))
+            planner.landed(plan.followed)
+            served = plan.target
+            if pace.burst_lag is not None and pace.burst_lag < pace.lag and chunks:
+                early = first - (pace.lag - pace.burst_lag)
+                _land_burst_layers_early(chunks, early, plan, start_followed.placement, last_served)
         _serve(chunks, first, min(first + patches.every, stop), served)
-    if adoption is not None:
-        adoption.followed = followed
     return chunks
 
 
-@dataclass
-class _Adoption:
-    """With `PatchConfig.adopt_layers`: the placement the patches follow, carried from one refit's service to the
-    next, and the layers of the last refit still to adopt, the ones it gains most on first."""
-
-    followed: Placement | None = None
-    fit: Placement | None = None
-    order: list[int] = field(default_factory=list)
-
-    def begin(self, fit: Placement, window_TLE: np.ndarray) -> Placement:
-        """Refit `fit` (fitted on `window_TLE` [T, L, E]) lands: the placement its service starts from, the one
-        followed so far (the fit itself the first time), its layers to adopt in the order of their gain on the
-        window under the dynamic split (only those it improves)."""
-        if self.followed is None:
-            self.followed, self.fit, self.order = fit, None, []
-            return fit
-        serving_L = score_placement(self.followed, window_TLE, "dynamic").imbalance_TL.mean(axis=0)
-        gains_L = serving_L / score_placement(fit, window_TLE, "dynamic").imbalance_TL.mean(axis=0) - 1
-        self.fit = fit
-        self.order = [int(layer) for layer in np.argsort(-gains_L, kind="stable") if gains_L[layer] > 0]
-        return self.followed
-
-    def adopt(self, followed: Placement, count: int) -> Placement:
-        """`followed` with up to `count` more layers of the refit (itself when none are left)."""
-        if not self.order:
-            return followed
-        layers, self.order = self.order[:count], self.order[count:]
-        return followed.with_layers_of(self.fit, layers)
+def _patch_loads(counts_TLE: np.ndarray, seen: int, patches: PatchSettings) -> tuple[np.ndarray, np.ndarray | None]:
+    """The mean loads [L, E] of a patch that sees the steps before `seen`: the burst moves' window and the drift
+    swaps' (None without drift swaps)."""
+    recent_LE = counts_TLE[max(0, seen - patches.window):seen].mean(axis=0)
+    if not patches.drift_swaps:
+        return recent_LE, None
+    return recent_LE, counts_TLE[max(0, seen - patches.drift_window):seen].mean(axis=0)
 
 
-def _land_burst_layers_early(chunks: list[tuple[int, int, Placement]], early: int, first: int,
-                             last_followed: Placement, last_served: Placement, followed: Placement,
-                             served: Placement) -> None:
-    """With `PatchConfig.burst_lag`: the layers of the patch landing at `first` whose burst moves come (`served`
-    against `followed`) or go (`last_served` against `last_followed`), and which it changes, serve from `early`
-    on: the last stretch, which ends at `first`, is split there."""
-    changed_L = (served.phy2log_LP != last_served.phy2log_LP).any(axis=1)
-    burst_L = ((served.phy2log_LP != followed.phy2log_LP).any(axis=1)
-               | (last_served.phy2log_LP != last_followed.phy2log_LP).any(axis=1))
-    layers = np.flatnonzero(changed_L & burst_L).tolist()
+def _land_burst_layers_early(chunks: list[tuple[int, int, Placement]], early: int, plan: PatchPlan,
+                             last_followed: Placement, last_served: Placement) -> None:
+    """With `PatchPace.burst_lag`: the layers of the patch `plan` whose burst moves come or go
+    (`placement.patch_planner.burst_layers_L`), and which it changes, serve from `early` on: the last stretch, which
+    ends where the patch lands, is split there."""
+    changed_L = (plan.target.phy2log_LP != last_served.phy2log_LP).any(axis=1)
+    layers = np.flatnonzero(changed_L & burst_layers_L(plan, last_followed, last_served)).tolist()
     if not layers:
         return
     begin, stop, placement = chunks[-1]
-    mixed = placement.with_layers_of(served, layers)
+    mixed = placement.with_layers_of(plan.target, layers)
     if early > begin:
         chunks[-1] = (begin, early, placement)
         chunks.append((early, stop, mixed))
@@ -274,50 +236,6 @@ def _serve(chunks: list[tuple[int, int, Placement]], first: int, stop: int, plac
         chunks[-1] = (chunks[-1][0], stop, placement)
     else:
         chunks.append((first, stop, placement))
-
-
-def _patch(followed: Placement, counts_TLE: np.ndarray, seen: int, patches: PatchConfig,
-           turn: int) -> tuple[Placement, Placement]:
-    """Patch number `turn` since the fit, from the steps before `seen`: (`followed` with its drift swaps, in the
-    layers whose turn it is, toward the last `patches.drift_window` steps; that with the burst moves for the last
-    `patches.window` steps on top). Each is the placement given when it changes nothing."""
-    drift_LE = counts_TLE[max(0, seen - patches.drift_window):seen].mean(axis=0)
-    swapped, _ = drift_swaps(followed, drift_LE, patches.drift_swaps,
-                             layers_in_turn(len(drift_LE), patches.drift_stride, turn))
-    recent_LE = counts_TLE[max(0, seen - patches.window):seen].mean(axis=0)
-    patched, _ = patch_for_bursts(swapped, recent_LE, patches.max_moves, patches.threshold)
-    return swapped, patched
-
-
-def _one_patch_at_a_time(placement: Placement, counts_TLE: np.ndarray, start: int, stop: int, patches: PatchConfig,
-                         open_from: int = 0, open_until: int | None = None) -> list[tuple[int, int, Placement]]:
-    """`_served_placements` with one patch at a time (the live `Rebalancer` without `patch_overlap`): a patch started
-    at step t sees the steps before t and serves from t + `patches.lag` (its switch); the next starts at that switch or
-    `patches.every` steps after t, whichever is later. A patch that would change no slot of the placement serving
-    ends at once (the live one comes back kept), its drift swaps dropped with it. Patches start only in
-    [open_from, open_until)."""
-    open_until = stop if open_until is None else open_until
-    chunks: list[tuple[int, int, Placement]] = []
-    followed = served = placement
-    landing: tuple[int, Placement, Placement] | None = None  # (switch step, followed, served) of the patch in flight
-    next_start = start
-    turn = 0  # patches started since the fit (`patches.drift_stride`)
-    for step in range(start, stop):
-        if landing is not None and landing[0] <= step:
-            _, followed, served = landing
-            landing = None
-        if landing is None and step >= next_start and step > 0 and open_from <= step < open_until:
-            swapped, patched = _patch(followed, counts_TLE, step, patches, turn)
-            turn += 1
-            next_start = step + patches.every
-            if not np.array_equal(patched.phy2log_LP, served.phy2log_LP):
-                landing = (step + patches.lag, swapped, patched)
-                next_start = max(next_start, step + patches.lag)
-                if patches.lag == 0:  # it serves the step it started at
-                    _, followed, served = landing
-                    landing = None
-        _serve(chunks, step, step + 1, served)
-    return chunks
 
 
 def _score_chunks(chunks: list[tuple[int, int, Placement]], counts_TLE: np.ndarray, routing: Routing) -> StepScores:

@@ -4,7 +4,7 @@ every arc, in the same process, on the same layers.
 Per cluster (64 GPUs x 5 slots and 128 x 3 by default; 61 layers x 256 experts, top-8, 128 tokens per GPU a step,
 `traces.synthetic`'s drifting trace with bursts): `cpsat` fitted with the `RebalanceConfig` defaults (4 s budget,
 good_enough 1.001, dynamic routing) on steps [0, W), then each ring layer's drift swaps (`placement.drift_swaps`, up
-to `patch_swaps` per layer) toward the mean of the `patch_drift_window` steps ending `--later` steps after the
+to `patches.drift_swaps` per layer) toward the mean of the `patches.drift_window` steps ending `--later` steps after the
 window, as a patch that long after the fit sees them:
 
 - bounded: `drift_swaps.swap_layer`, what every patch runs (`_Ring.best_swap`: bounds, then exact scores in their
@@ -101,11 +101,11 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, later: int, repeats:
     cluster = ClusterSpec(num_gpus=num_gpus, slots_per_gpu=slots)
     fit = fit_placement("cpsat", trace.counts_TLE[:window], cluster, time_limit_s=config.time_limit_s,
                         routing=config.routing, workers=config.solve_threads, good_enough=config.good_enough)
-    drift_LE = trace.counts_TLE[stop - config.patch_drift_window:stop].mean(axis=0).astype(np.float64)
+    drift_LE = trace.counts_TLE[stop - config.patches.drift_window:stop].mean(axis=0).astype(np.float64)
     layers = [(fit.phy2log_LP[layer], drift_LE[layer]) for layer in range(shape["layers"])
               if ring_spans(fit.phy2log_LP[layer], shape["experts"], num_gpus, slots) is not None]
-    bounded, bounded_s = timed_layers(swap_layer, layers, num_gpus, slots, config.patch_swaps, repeats)
-    exhaustive, exhaustive_s = timed_layers(exhaustive_swap_layer, layers, num_gpus, slots, config.patch_swaps,
+    bounded, bounded_s = timed_layers(swap_layer, layers, num_gpus, slots, config.patches.drift_swaps, repeats)
+    exhaustive, exhaustive_s = timed_layers(exhaustive_swap_layer, layers, num_gpus, slots, config.patches.drift_swaps,
                                             repeats)
     moved = sum(len(np.unique(before[after != before])) for (before, _), after in zip(layers, bounded))
     return {"gpus": num_gpus, "slots_per_gpu": slots, "layers": len(layers), "later": later,

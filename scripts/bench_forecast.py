@@ -10,10 +10,10 @@ decode worker runs):
   ended (`placement.replay.rolling_replay`, what `eplb replay --lag` runs);
 - rolling + forecast, lag L: the same, each fit on its window moved along each expert's trend to the period it
   serves (`placement.forecast`, `eplb replay --forecast trend`);
-- with --patch-lag P, rolling + forecast + patches, lag L: the forecast rows with the serving placement patched
-  between refits for the bursts seen P steps before (`placement.burst_patch`, `eplb replay --patch-lag`); one every
-  5 steps whatever P, or with --sequential-patches one at a time, as the live rebalancer runs them without
-  patch_overlap;
+- with --patch-lag P (or --live-pace), rolling + forecast + patches, lag L: the forecast rows with the serving
+  placement patched between refits by the live rebalancer's planner (`placement.patch_planner`, `eplb replay
+  --patch-lag`), each patch serving P steps after the steps it saw; with --live-pace at the pace a live group keeps at
+  each shape on this machine, measured first (`scripts/bench_patch.py`'s `live_pace`);
 - oracle: each served segment's placement fitted on the twin's counts of that segment;
 - oracle, bursts unknown: the same fitted on a twin without the bursts (same domain mix): what a perfect forecast of
   the mix alone can serve, the bursts still to come unforeseen.
@@ -31,21 +31,19 @@ their imbalance on the steps a burst touched and on the calm ones, against their
 (`placement.burst_exposure`: the expected imbalance while a uniformly chosen expert bursts).
 
 With --refit-block, instead of those rows, what a refit in flight costs the patches (`schedule_rows`): `cpsat` with
-the forecast and patches at each shape's live pace (`LIVE_PACES`), on longer traces, under the yardstick's schedule
-(a refit every `every` steps, back to back, patches never blocked) and under the live rebalancer's (a refit
-`interval` steps after the last one landed, `lag` steps in flight, no patch starting meanwhile:
-`PatchConfig.refit_blocks`) or adopting each refit a few layers a patch (`PatchConfig.adopt_layers`), and with one
-fit and patches alone.
+the forecast and patches at each shape's live pace (measured first, as with --live-pace), on longer traces, under the
+yardstick's schedule (a refit every `every` steps, back to back, patches never blocked) and under the live
+rebalancer's (a refit `interval` steps after the last one landed, `lag` steps in flight, no patch starting
+meanwhile: `PatchPace.refit_blocks`), and with one fit and patches alone.
 
 Usage: python scripts/bench_forecast.py [--quick] [--esft-only | --bursts | --refit-block [--intervals 100 500]
-       [--adopt-layers 1] [--schedule-steps 2000]] [--lags 0 100] [--seeds 0]
-       [--policies deepseek cpsat] [--patch-lag 10 [--patch-every 5] [--drift-stride 1] [--burst-lag 8]
-       [--sequential-patches]]
+       [--schedule-steps 2000]] [--lags 0 100] [--seeds 0] [--policies deepseek cpsat]
+       [--live-pace | --patch-lag 10 [--patch-every 5] [--drift-stride 1] [--burst-lag 8]]
        [--work-limit 4 | --time-limit 2] [--json PATH]
 """
 
 import argparse
-import dataclasses
+import importlib.util
 import json
 import sys
 import time
@@ -55,8 +53,8 @@ import numpy as np
 
 from placement import ClusterSpec, Placement, fit_placement
 from placement.burst_exposure import burst_exposure
-from placement.burst_patch import PatchConfig, burst_lag_fits
 from placement.forecast import hedged_window, trend_supported
+from placement.patch_planner import PatchPace, PatchSettings
 from placement.replay import rolling_replay
 from placement.scoring import score_placement
 from traces import load_trace
@@ -84,11 +82,24 @@ ESFT_WINDOW_RUNS = (("summary", 512, 4, 4), (None, 256, 4, 4), (None, 256, 8, 8)
 ESFT_WINDOW_CLUSTERS = (ClusterSpec(num_gpus=12, slots_per_gpu=6, gpus_per_node=4),
                         ClusterSpec(num_gpus=24, slots_per_gpu=4, gpus_per_node=8))
 IID_FRESH_STEPS = 64  # fresh draws each iid row is scored on
-# Patches at the pace a live group makes them on this machine (docs/benchmarks.md, "Patches at a live group's pace":
-# `scripts/bench_patch.py`'s steady rows), per (GPUs, slots per GPU); the quick shape's is nominal.
-LIVE_PACES = {(64, 5): PatchConfig(lag=8, every=5, burst_lag=6),
-              (128, 3): PatchConfig(lag=10, every=5, drift_stride=2, burst_lag=8),
-              (32, 9): PatchConfig(lag=5, every=4)}
+Patching = tuple[PatchSettings, PatchPace]  # the planner's settings and the replay's pace
+
+
+def live_paces(shapes, quick: bool) -> dict[tuple[int, int], Patching]:
+    """Per (GPUs, slots per GPU), the patch settings and pace a live group's steady patches keep at that shape on this
+    machine, measured by `scripts/bench_patch.py` (`live_pace`: the live rebalancer's jobs at the full shape, or its
+    quick shape with `quick`)."""
+    spec = importlib.util.spec_from_file_location("bench_patch", Path(__file__).with_name("bench_patch.py"))
+    bench_patch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_patch)
+    bench_patch.import_solving_modules("cpsat", None)  # as the helper does at start: no import inside a timed job
+    paces = {}
+    for gpus, slots, _ in shapes:
+        paces[(gpus, slots)] = bench_patch.live_pace(gpus, slots, quick=quick)
+        settings, pace = paces[(gpus, slots)]
+        print(f"live pace at {gpus} x {slots}: a patch every {settings.every} steps, drift stride "
+              f"{settings.drift_stride}, lag {pace.lag}, burst layers' lag {pace.burst_lag}", file=sys.stderr)
+    return paces
 
 
 def trace_config(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: int, seed: int
@@ -114,20 +125,21 @@ def calm_twin(gpus: int, tokens_per_gpu: int, traffic: str, steps: int, layers: 
 
 
 def rolling_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, options: dict, every: int, window: int,
-                lag: int, first_scored: int, forecast: bool = False, patches: PatchConfig | None = None) -> dict:
+                lag: int, first_scored: int, forecast: bool = False, patches: Patching | None = None) -> dict:
     """Held-out live imbalance of the rolling replay at `lag` (fitting the trend forecast if `forecast`, patching
     for bursts between refits with `patches`), over steps [first_scored, T)."""
     began = time.perf_counter()
+    settings, pace = patches if patches else (None, PatchPace())
     result = rolling_replay(counts_TLE, cluster, policy, every=every, window=window, routing="live",
-                            policy_options=options, lag=lag, forecast=forecast, patches=patches)
+                            policy_options=options, lag=lag, forecast=forecast, patches=settings, pace=pace)
     imbalance_TL = result.held_out.imbalance_TL[first_scored - (window + lag):]
     patch_name = ""
     if patches:
-        every = f", every {patches.every}" if patches.every != PatchConfig().every else ""
-        stride = f", drift stride {patches.drift_stride}" if patches.drift_stride != 1 else ""
-        early = f", burst layers at lag {patches.burst_lag}" if patches.burst_lag is not None else ""
-        patch_name = (f" (patch lag {patches.lag}{every}{stride}{early}"
-                      f"{', one at a time' if patches.sequential else ''})")
+        every = f", every {settings.every}" if settings.every != PatchSettings().every else ""
+        stride = f", drift stride {settings.drift_stride}" if settings.drift_stride != 1 else ""
+        early = f", burst layers at lag {pace.burst_lag}" if pace.burst_lag is not None else ""
+        blocked = ", blocked by refits in flight" if pace.refit_blocks else ""
+        patch_name = f" (patch lag {pace.lag}{every}{stride}{early}{blocked})"
     name = f"rolling{' + forecast' if forecast else ''}{' + patches' if patches else ''}, lag {lag}{patch_name}"
     row = {"fit": name, "imbalance_mean": float(imbalance_TL.mean()),
            "fits": len(result.refit_steps), "seconds": time.perf_counter() - began}
@@ -160,9 +172,9 @@ def oracle_row(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpe
 
 
 def measure(quick: bool, lags: list[int], budget: dict, seeds: tuple[int, ...] = (0,),
-            policies: tuple[str, ...] = POLICIES, patches: PatchConfig | None = None) -> list[dict]:
-    """Every row of every shape, traffic, seed and policy (with `patches`, also the forecast rows with burst
-    patches between refits)."""
+            policies: tuple[str, ...] = POLICIES, patches: Patching | dict | None = None) -> list[dict]:
+    """Every row of every shape, traffic, seed and policy (with `patches`, also the forecast rows with patches
+    between refits: one settings and pace for every shape, or a dict of them per (GPUs, slots per GPU))."""
     steps, layers, every, window = QUICK_RUN if quick else FULL_RUN
     shapes = ((32, 9, 64),) if quick else SHAPES
     rows = []
@@ -178,8 +190,9 @@ def measure(quick: bool, lags: list[int], budget: dict, seeds: tuple[int, ...] =
                     found = [rolling_row(counts_TLE, cluster, policy, options, every, window, lag, first_scored,
                                          forecast) for lag in lags for forecast in (False, True)]
                     if patches is not None:
+                        patching = patches[(gpus, slots)] if isinstance(patches, dict) else patches
                         found += [rolling_row(counts_TLE, cluster, policy, options, every, window, lag, first_scored,
-                                              True, patches) for lag in lags]
+                                              True, patching) for lag in lags]
                     found.append(oracle_row(counts_TLE, calm_TLE, cluster, policy, options, every, first_scored,
                                             "oracle, bursts unknown"))
                     found.append(oracle_row(counts_TLE, twin_TLE, cluster, policy, options, every, first_scored))
@@ -233,31 +246,28 @@ def burst_rows(quick: bool, lags: list[int], budget: dict, seeds: tuple[int, ...
 
 
 def schedule_rows(quick: bool, steps: int, lag: int, intervals: list[int], budget: dict,
-                  seeds: tuple[int, ...], adopt_layers: int = 1) -> list[dict]:
-    """Per shape, traffic and seed, `cpsat` with the forecast and patches at the shape's live pace (`LIVE_PACES`) on a
+                  seeds: tuple[int, ...]) -> list[dict]:
+    """Per shape, traffic and seed, `cpsat` with the forecast and patches at the shape's live pace (`live_paces`) on a
     `steps`-step trace, scored on [window + lag, steps): refits every `window` steps back to back with patches never
     blocked (the yardstick's schedule); for each interval, a refit `interval` steps after the last one landed (every
-    interval + lag steps) with no patch starting while one is in flight (`PatchConfig.refit_blocks`, the live
-    rebalancer by default), the same with each refit adopted by the patches `adopt_layers` layers a patch
-    (`PatchConfig.adopt_layers`, the live rebalancer's `refit_adopt_layers`; `lag` then stands for its solve), and
-    without patches; one fit, then patches alone."""
+    interval + lag steps) with no patch starting while one is in flight (`PatchPace.refit_blocks`, as a live group
+    runs them), and without patches; one fit, then patches alone."""
     _, layers, _, window = QUICK_RUN if quick else FULL_RUN
     first_scored = window + lag
     options = {**budget, "routing": "dynamic"}
+    shapes = ((32, 9, 64),) if quick else SHAPES
+    paces = live_paces(shapes, quick)
     rows = []
-    for gpus, slots, tokens_per_gpu in ((32, 9, 64),) if quick else SHAPES:
+    for gpus, slots, tokens_per_gpu in shapes:
         cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
-        pace = LIVE_PACES[(gpus, slots)]
-        blocked = dataclasses.replace(pace, refit_blocks=True)
-        schedules = [(f"refits every {window} back to back, patches never blocked", window, pace)]
-        adopting = dataclasses.replace(pace, adopt_layers=adopt_layers)
+        settings, pace = paces[(gpus, slots)]
+        blocked = (settings, PatchPace(pace.lag, pace.burst_lag, refit_blocks=True))
+        schedules = [(f"refits every {window} back to back, patches never blocked", window, (settings, pace))]
         for interval in intervals:
             schedules += [(f"a refit {interval} after the last landed, patches blocked while one is in flight",
                            interval + lag, blocked),
-                          (f"a refit {interval} after the last landed, adopted by the patches, {adopt_layers} "
-                           f"layer{'s' if adopt_layers > 1 else ''} each", interval + lag, adopting),
                           (f"a refit {interval} after the last landed, no patches", interval + lag, None)]
-        schedules.append(("one fit, then patches alone", steps, pace))
+        schedules.append(("one fit, then patches alone", steps, (settings, pace)))
         for traffic in (("drift",) if quick else TRAFFICS):
             for seed in seeds:
                 counts_TLE, _ = traces(gpus, tokens_per_gpu, traffic, steps, layers, seed)
@@ -266,9 +276,9 @@ def schedule_rows(quick: bool, steps: int, lag: int, intervals: list[int], budge
                                       patches)
                     row.update({"fit": name, "shape": f"{gpus} x {slots}, {tokens_per_gpu} tokens/GPU",
                                 "traffic": traffic, "seed": seed, "policy": "cpsat", "lag": lag,
-                                "patch_lag": None if patches is None else patches.lag,
-                                "patch_every": None if patches is None else patches.every,
-                                "drift_stride": None if patches is None else patches.drift_stride,
+                                "patch_lag": None if patches is None else patches[1].lag,
+                                "patch_every": None if patches is None else patches[0].every,
+                                "drift_stride": None if patches is None else patches[0].drift_stride,
                                 "scored_steps": steps - first_scored})
                     rows.append(row)
     return rows
@@ -403,6 +413,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def patching_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Patching | None:
+    """The patch rows' settings and pace from the flags (None without --patch-lag); exits on flags out of range."""
+    if args.patch_lag is None:
+        if args.burst_lag is not None:
+            parser.error("--burst-lag needs --patch-lag")
+        return None
+    if args.live_pace:
+        parser.error("--live-pace measures the pace: give it or --patch-lag, not both")
+    if args.patch_every < 1 or args.drift_stride < 1:
+        parser.error("--patch-every and --drift-stride must be >= 1")
+    pace = PatchPace(lag=args.patch_lag, burst_lag=args.burst_lag)
+    flags = {"lag": "--patch-lag", "burst_lag": "--burst-lag"}
+    problems = pace.problems(args.patch_every)
+    if problems:
+        parser.error("; ".join(f"{flags[name]} {what}" for name, what in problems))
+    return PatchSettings(every=args.patch_every, drift_stride=args.drift_stride), pace
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one small shape, short drifting traces (a smoke run)")
@@ -416,20 +444,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the rows here as JSON")
     parser.add_argument("--esft-only", action="store_true", help="only the ESFT rows (needs ../shared/data)")
     parser.add_argument("--patch-lag", type=int, default=None, metavar="STEPS",
-                        help="also the forecast rows with burst patches between refits, each serving STEPS after "
-                             "the steps it saw (placement.burst_patch)")
-    parser.add_argument("--patch-every", type=int, default=PatchConfig().every, metavar="STEPS",
+                        help="also the forecast rows with patches between refits, each serving STEPS after the steps "
+                             "it saw (placement.patch_planner)")
+    parser.add_argument("--patch-every", type=int, default=PatchSettings().every, metavar="STEPS",
                         help="with --patch-lag, steps between patch starts (default %(default)s)")
-    parser.add_argument("--drift-stride", type=int, default=PatchConfig().drift_stride, metavar="K",
+    parser.add_argument("--drift-stride", type=int, default=PatchSettings().drift_stride, metavar="K",
                         help="with --patch-lag, each layer's drift swaps in every K-th patch (default %(default)s)")
     parser.add_argument("--burst-lag", type=int, default=None, metavar="STEPS",
                         help="with --patch-lag, the layers whose burst moves come or go serve STEPS after the steps "
-                             "a patch saw, ahead of its other layers (PatchConfig.burst_lag; within (patch lag - "
-                             "patch every, patch lag])")
-    parser.add_argument("--sequential-patches", action="store_true",
-                        help="with --patch-lag, one patch at a time, as the live rebalancer runs them without "
-                             "patch_overlap (each spaced from the last by its lag; default: one every 5 steps "
-                             "whatever the lag)")
+                             "a patch saw, ahead of its other layers (within (patch lag - patch every, patch lag])")
+    parser.add_argument("--live-pace", action="store_true",
+                        help="also the forecast rows with patches, at the pace a live group keeps at each shape on "
+                             "this machine, measured first (scripts/bench_patch.py)")
     parser.add_argument("--bursts", action="store_true",
                         help="only what the bursts cost the placements fitted without them (no ESFT)")
     parser.add_argument("--refit-block", action="store_true",
@@ -437,8 +463,6 @@ def main(argv: list[str] | None = None) -> int:
                              "the yardstick's, at the largest of --lags (no ESFT)")
     parser.add_argument("--intervals", type=int, nargs="+", default=[100, 500], metavar="STEPS",
                         help="with --refit-block, steps from a refit's landing to the next refit's start")
-    parser.add_argument("--adopt-layers", type=int, default=1, metavar="K",
-                        help="with --refit-block, layers of a refit each patch adopts in the adopted rows")
     parser.add_argument("--schedule-steps", type=int, default=None, metavar="T",
                         help="with --refit-block, steps of each trace (default 2000; 300 with --quick)")
     args = parser.parse_args(argv)
@@ -455,11 +479,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--esft-only, --bursts and --refit-block choose different rows: give one of them")
     if args.refit_block:
         steps = args.schedule_steps or (300 if args.quick else 2000)
-        if min(args.intervals) < 1 or args.adopt_layers < 1 or window + max(args.lags) >= steps:
-            parser.error("--intervals and --adopt-layers must be >= 1 and --schedule-steps above the window plus the "
-                         "largest of --lags")
-        rows = schedule_rows(args.quick, steps, max(args.lags), args.intervals, budget, tuple(args.seeds),
-                             args.adopt_layers)
+        if min(args.intervals) < 1 or window + max(args.lags) >= steps:
+            parser.error("--intervals must be >= 1 and --schedule-steps above the window plus the largest of --lags")
+        rows = schedule_rows(args.quick, steps, max(args.lags), args.intervals, budget, tuple(args.seeds))
         print(schedule_table(rows))
         if args.json:
             write_text_atomically(args.json, json.dumps({"schedules": rows}, indent=1) + "\n")
@@ -470,18 +492,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_text_atomically(args.json, json.dumps({"bursts": bursts}, indent=1) + "\n")
         return 0
-    if args.patch_every < 1 or args.drift_stride < 1:
-        parser.error("--patch-every and --drift-stride must be >= 1")
-    if (args.sequential_patches or args.burst_lag is not None) and args.patch_lag is None:
-        parser.error("--sequential-patches and --burst-lag need --patch-lag")
-    if args.burst_lag is not None and (args.sequential_patches
-                                       or not burst_lag_fits(args.burst_lag, args.patch_lag, args.patch_every)):
-        parser.error(f"--burst-lag must lie in (--patch-lag - --patch-every, --patch-lag] = "
-                     f"({args.patch_lag - args.patch_every}, {args.patch_lag}], without --sequential-patches")
-    patches = None if args.patch_lag is None else PatchConfig(lag=args.patch_lag, every=args.patch_every,
-                                                              drift_stride=args.drift_stride,
-                                                              sequential=args.sequential_patches,
-                                                              burst_lag=args.burst_lag)
+    patches = patching_from(parser, args)
+    if args.live_pace and not args.esft_only:
+        patches = live_paces(((32, 9, 64),) if args.quick else SHAPES, args.quick)
     rows = [] if args.esft_only else measure(args.quick, args.lags, budget, tuple(args.seeds),
                                              tuple(args.policies), patches)
     if rows:

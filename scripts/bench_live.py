@@ -346,7 +346,7 @@ def placebo_runs(labels: list[list[bool]], demo_args: tuple[str, ...]) -> list[t
     parser.add_argument("--time-limit", type=float, default=2.0)
     parser.add_argument("--solve-in", default="process")
     shape, _ = parser.parse_known_args(list(demo_args))
-    config = RebalanceConfig(window=30, interval=10**9, refit_on_drift=None, patch_every=None, solve_in=shape.solve_in)
+    config = RebalanceConfig(window=30, interval=10**9, refit_on_drift=None, patches=None, solve_in=shape.solve_in)
     split = []
     for labels_of_run in labels:
         steps = len(labels_of_run)

@@ -56,7 +56,7 @@ RANK_IMPORTS = ["transformers", "transformers.generation.utils",
 # switched (min_gain 0: the demo shows weights moving mid-generation), no drift trigger and no burst patches (the
 # demo's forwards are few).
 DEMO_REBALANCE = dict(window=256, interval=1_000_000, policy="cpsat", time_limit_s=0.5, min_gain=0.0,
-                      refit_on_drift=None, patch_every=None)
+                      refit_on_drift=None, patches=None)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,6 +41,7 @@ from eplb.harness.rebalancing_summary import group_step_times, summarize_rebalan
 from eplb.harness.synthetic_decode import DecodeSetup, run_decode_loop, summarize
 from placement import ClusterSpec, fit_placement
 from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
+from placement.patch_planner import PatchSettings
 from traces.atomic_file import write_text_atomically
 from traces.synthetic import SyntheticConfig, generate_trace
 
@@ -88,13 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "paced, only at a low priority)")
     parser.add_argument("--max-bytes-per-step", type=count, default=512 << 10,
                         help="expert bytes a rank sends or receives between two steps (default 512 KiB)")
-    parser.add_argument("--patch-every", type=index, default=RebalanceConfig().patch_every, metavar="STEPS",
+    parser.add_argument("--patch-every", type=index, default=PatchSettings().every, metavar="STEPS",
                         help="with a rebalancer: a burst patch every STEPS steps between refits (a few slots moved "
                              "to the experts the last steps overload; default %(default)s; 0: none)")
-    parser.add_argument("--refit-adopt-layers", type=count, default=None, metavar="K",
-                        help="with a rebalancer and patches: refits solved beside the patches and adopted by them, K "
-                             "layers a patch (RebalanceConfig.refit_adopt_layers; default: a refit moves whole and "
-                             "no patch starts meanwhile)")
     parser.add_argument("--shift-at-step", type=index, default=None, metavar="N",
                         help="with a rebalancer: the step at which the traffic's expert mix changes (default: half "
                              "of --rebalance-every, at most a third of --steps, so that the first attempt's window "
@@ -139,8 +136,6 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      f"--hidden-size = {row_bytes} bytes); got {args.max_bytes_per_step}")
     if args.solve_cpu_share < 1 and args.solve_in != "process":
         parser.error("--solve-cpu-share below 1 needs --solve-in process (a thread cannot be paused)")
-    if args.refit_adopt_layers is not None and not args.patch_every:
-        parser.error("--refit-adopt-layers hands refits to the patches: give --patch-every above 0")
     if args.fail_rank is not None and not 0 <= args.fail_rank < args.world_size:
         parser.error(f"--fail-rank must be a rank in [0, {args.world_size}); got {args.fail_rank}")
     if args.fail_rank is not None and args.world_size < 2:
@@ -218,8 +213,7 @@ def rebalancing_demo(args) -> int:
                                 solve_cpu_share=args.solve_cpu_share,
                                 routing="static" if args.routing == "static" else "dynamic",
                                 max_bytes_per_step=args.max_bytes_per_step,
-                                patch_every=args.patch_every or None,
-                                refit_adopt_layers=args.refit_adopt_layers,
+                                patches=PatchSettings(every=args.patch_every) if args.patch_every else None,
                                 transfer_timeout_s=min(5.0, args.timeout / 2))
     fail_at = args.fail_at_step if args.fail_at_step is not None else args.steps // 2
     faults = Faults(kills=((args.fail_rank, fail_at),) if args.fail_rank is not None else ())

@@ -25,8 +25,8 @@ from placement import (
     score_placement,
     static_gpu_loads,
 )
-from placement.burst_patch import PatchConfig, burst_lag_fits
 from placement.migration import oblivious_moves, plan_migration
+from placement.patch_planner import PatchPace, PatchSettings
 from placement.scoring import check_compatible
 from traces import RoutingTrace, TraceFormatError, load_trace, save_trace
 from traces.synthetic import SyntheticConfig, generate_trace
@@ -235,7 +235,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         result = rolling_replay(
             trace.counts_TLE, cluster, args.policy, args.every, args.window, args.routing,
             policy_options(args), on_refit=progress.callback(), drift_ratio=args.refit_on_drift, lag=args.lag,
-            forecast=args.forecast == "trend", patches=patches_from(args),
+            forecast=args.forecast == "trend", patches=patches_from(args), pace=pace_from(args),
         )
     finally:
         progress.close()
@@ -245,10 +245,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                "patch_lag": args.patch_lag if args.patch_every else None,
                "drift_swaps": args.drift_swaps if args.patch_every else None,
                "drift_stride": args.drift_stride if args.patch_every else None,
-               "sequential_patches": args.sequential_patches if args.patch_every else None,
                "patch_burst_lag": args.patch_burst_lag if args.patch_every else None,
                "refit_blocks_patches": args.refit_blocks_patches if args.patch_every else None,
-               "adopt_layers": args.adopt_layers if args.patch_every else None,
                **result.summary()}
     if args.plot:
         plots.plot_imbalance_over_time(
@@ -267,26 +265,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def patches_from(args: argparse.Namespace) -> PatchConfig | None:
+def patches_from(args: argparse.Namespace) -> PatchSettings | None:
     """`eplb replay`'s patches (drift swaps and burst moves): None with --patch-every 0."""
     if args.patch_every == 0:
-        if args.adopt_layers is not None:
-            raise ValueError("--adopt-layers hands refits to the patches: give --patch-every above 0")
         return None
-    clashing = [flag for flag, on in (("--refit-on-drift", args.refit_on_drift is not None),
-                                      ("--refit-blocks-patches", args.refit_blocks_patches),
-                                      ("--sequential-patches", args.sequential_patches)) if on]
-    if args.adopt_layers is not None and clashing:
-        raise ValueError(f"--adopt-layers is not modelled with {' or '.join(clashing)}: drop one of them")
-    burst_lag = args.patch_burst_lag
-    if burst_lag is not None and (args.sequential_patches
-                                  or not burst_lag_fits(burst_lag, args.patch_lag, args.patch_every)):
-        raise ValueError(f"--patch-burst-lag must lie in (--patch-lag - --patch-every, --patch-lag] = "
-                         f"({args.patch_lag - args.patch_every}, {args.patch_lag}] and is not modelled with "
-                         f"--sequential-patches; got {burst_lag}")
-    return PatchConfig(lag=args.patch_lag, every=args.patch_every, drift_swaps=args.drift_swaps,
-                       drift_stride=args.drift_stride, sequential=args.sequential_patches,
-                       refit_blocks=args.refit_blocks_patches, burst_lag=burst_lag, adopt_layers=args.adopt_layers)
+    return PatchSettings(every=args.patch_every, drift_swaps=args.drift_swaps, drift_stride=args.drift_stride)
+
+
+PACE_FLAGS = {"lag": "--patch-lag", "burst_lag": "--patch-burst-lag"}
+
+
+def pace_from(args: argparse.Namespace) -> PatchPace:
+    """`eplb replay`'s patch pace; ValueError naming the flags when it does not fit --patch-every."""
+    pace = PatchPace(lag=args.patch_lag, burst_lag=args.patch_burst_lag, refit_blocks=args.refit_blocks_patches)
+    problems = pace.problems(args.patch_every) if args.patch_every else []
+    if problems:
+        text = "; ".join(f"{PACE_FLAGS[name]} {what}" for name, what in problems)
+        raise ValueError(text.replace("(lag - every, lag]", "(--patch-lag - --patch-every, --patch-lag]"))
+    return pace
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from eplb.cli import commands, demo, sim_command
 from eplb.cli.output_paths import check_paths
 from placement import POLICIES, ROUTINGS
-from placement.burst_patch import PatchConfig
+from placement.patch_planner import PatchPace, PatchSettings
 from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
 from traces import EplbError
 from traces.atomic_file import all_or_nothing
@@ -253,40 +253,29 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                         "on its window moved along each expert's load trend to the steps it will serve (--lag and "
                         "--every set how far), else on the window as it is (windows under 8 steps, noise, a level "
                         "shift such as a switch of task); none: always fit the window as it is")
-    p.add_argument("--patch-lag", type=NON_NEGATIVE_INT, default=PatchConfig().lag, metavar="STEPS",
-                   help="steps from the last steps a burst patch sees until it serves (detecting, solving, copying a "
-                        "few experts; default %(default)s)")
-    p.add_argument("--patch-every", type=NON_NEGATIVE_INT, default=PatchConfig().every, metavar="STEPS",
-                   help="between refits, patch the serving placement for bursts every STEPS steps, as the live "
-                        f"rebalancer does: move a few replica slots per layer to the experts the last "
-                        f"{PatchConfig().window} steps seen overload (default %(default)s; 0: no patches)")
-    p.add_argument("--drift-swaps", type=NON_NEGATIVE_INT, default=PatchConfig().drift_swaps, metavar="N",
-                   help="with patches, also up to N swaps of two experts' replica sets per layer and patch toward the "
-                        f"mix of the last {PatchConfig().drift_window} steps seen, kept until the next refit, as the "
-                        "live rebalancer's patch_swaps (ring layouts, as cpsat fits them; default %(default)s; "
-                        "0: none)")
-    p.add_argument("--drift-stride", type=POSITIVE_INT, default=PatchConfig().drift_stride, metavar="K",
-                   help="with drift swaps, each layer gets them in every K-th patch, the layers taking turns, as the "
-                        "live rebalancer's patch_drift_stride (default %(default)s)")
-    p.add_argument("--sequential-patches", action="store_true",
-                   help="one patch at a time, as the live rebalancer runs them with patch_overlap off: the next "
-                        "starts when the last has switched (--patch-lag steps after it started) or --patch-every "
-                        "steps after it, whichever is later (default: one every --patch-every steps whatever the lag, "
-                        "as the refits overlap)")
+    p.add_argument("--patch-every", type=NON_NEGATIVE_INT, default=PatchSettings().every, metavar="STEPS",
+                   help="between refits, patch the serving placement every STEPS steps with the live rebalancer's "
+                        "planner: drift swaps toward the last steps' mix, kept until the next refit, and a few replica "
+                        f"slots per layer moved to the experts the last {PatchSettings().window} steps overload "
+                        "(default %(default)s; 0: no patches)")
+    p.add_argument("--patch-lag", type=NON_NEGATIVE_INT, default=PatchPace().lag, metavar="STEPS",
+                   help="steps from the last step a patch sees until it serves (its job, weight rounds and switch; "
+                        "scripts/bench_patch.py measures a live group's; default %(default)s)")
     p.add_argument("--patch-burst-lag", type=NON_NEGATIVE_INT, default=None, metavar="STEPS",
                    help="the layers whose burst moves come or go serve STEPS after the steps a patch saw, ahead of "
-                        "its other layers at --patch-lag, as the live rebalancer switches a patch's layers as their "
-                        "weights land (within (--patch-lag - --patch-every, --patch-lag]; default: all at "
-                        "--patch-lag)")
+                        "its other layers at --patch-lag, as a live patch switches its layers as their weights land "
+                        "(within (--patch-lag - --patch-every, --patch-lag]; default: all at --patch-lag)")
+    p.add_argument("--drift-swaps", type=NON_NEGATIVE_INT, default=PatchSettings().drift_swaps, metavar="N",
+                   help="with patches, up to N swaps of two experts' replica sets per layer and patch toward the mix "
+                        f"of the last {PatchSettings().drift_window} steps seen (ring layouts, as cpsat fits them; "
+                        "default %(default)s; 0: none)")
+    p.add_argument("--drift-stride", type=POSITIVE_INT, default=PatchSettings().drift_stride, metavar="K",
+                   help="with drift swaps, each layer gets them in every K-th patch, the layers taking turns "
+                        "(default %(default)s)")
     p.add_argument("--refit-blocks-patches", action="store_true",
                    help="start no patch while a refit is in flight (from its fit until it serves, --lag steps), as "
-                        "the live rebalancer runs them; the last patch serves on until the refit lands (default: "
-                        "patches go on while refits solve and move)")
-    p.add_argument("--adopt-layers", type=POSITIVE_INT, default=None, metavar="K",
-                   help="refits adopted by the patches, K layers a patch (the ones each refit gains most on first), "
-                        "never served whole, as the live rebalancer's refit_adopt_layers (default: each refit serves "
-                        "whole from its --lag; not with --refit-on-drift, --refit-blocks-patches or "
-                        "--sequential-patches)")
+                        "a live group runs them; the last patch serves on until the refit lands (default: patches "
+                        "go on while refits solve and move)")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
     _add_common(p)
 

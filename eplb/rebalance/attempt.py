@@ -27,6 +27,7 @@ from eplb.rebalance.stats import RebalanceStats
 from eplb.rebalance.transfer import Staging, WeightMover
 from eplb.rebalance.weight_moves import PendingRound
 from placement import Placement
+from placement.patch_planner import Followed
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +42,10 @@ class Attempt:
         fit_step: the step the attempt started at (the end of its fit window).
         patch: a patch (drift swaps and burst moves, `placement.burst_patch`), which a due refit may replace while
             it solves.
-        queued: a patch whose job started while the patch before it moved (`RebalanceConfig.patch_overlap`): its
-            answer may have waited for that patch's switch.
+        queued: a patch whose job started while the patch before it moved (`PatchClock`): its answer may have
+            waited for that patch's switch.
         followed: what the next patches start from once this attempt switches (rank 0 only; None otherwise): a
-            refit's placement as relabelled, or a patch's fitted placement with its drift swaps.
-        ring_order_LG: [L, G] the order of the GPUs each layer of `followed` is a ring layout in (rank 0 only).
-        adopted: a patch's (refit number, layers) adopted from a refit (`refit_adoption`; rank 0 only).
+            refit's placement as relabelled, or a patch's start with its drift swaps, with their rings' GPU orders.
         fit_time: `time.perf_counter()` at the start, for the lag to the switch.
         broadcast_step: the step rank 0's answer was broadcast at (None while solving).
         fitted_imbalance: the target's fitted level on the window (None: a loaded placement), for the drift check.
@@ -72,9 +71,7 @@ class Attempt:
     fit_step: int
     patch: bool = False
     queued: bool = False
-    followed: Placement | None = None
-    ring_order_LG: np.ndarray | None = None
-    adopted: tuple[int, np.ndarray] | None = None
+    followed: Followed | None = None
     fit_time: float = field(default_factory=time.perf_counter)
     broadcast_step: int | None = None
     fitted_imbalance: float | None = None

@@ -14,7 +14,6 @@ process ends when its parent does, however the parent ends and also in the middl
 `close` ends it sooner, by closing its socket.
 """
 import dataclasses
-import math
 import os
 import pickle
 import socket
@@ -33,8 +32,7 @@ from collectives.lifeline import end_with_parent, parent_of_child
 from eplb.rebalance.cpu_pacer import Pacer, stop_process
 from eplb.rebalance.move_plan import TransferShape, encode_fills, encode_rounds, plan_rebalance
 from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, plan_migration
-from placement.burst_patch import patch_for_bursts
-from placement.drift_swaps import drift_swaps
+from placement.patch_planner import Followed, PatchJob, burst_layers_L, plan_patch
 from placement.scoring import score_placement
 
 LOW_PRIORITY_NICE = 10  # low, yet the solve still progresses beside busy decode processes (19 starves it)
@@ -63,16 +61,11 @@ class SolveResult:
             None for a placement given); with `fit_skipped`, the most any placement could gain (serving / the
             window's lower bound - 1).
         fit_skipped: kept without fitting: the serving placement is within min_gain of the window's lower bound.
-        followed: what the patches after this answer start from once it switches, in the serving GPUs' labels: a
-            refit's placement as relabelled (without burst moves, `placement` itself), a patch's `fitted` with its
-            drift swaps.
-        ring_order_LG: [L, G] the order of the GPUs each layer of `followed` is a ring layout in, which its drift
-            swaps follow (a refit relabelled by `plan_migration` is one in the order of its `gpu_map_G`).
-        layer_gains_L: a refit's gain per layer on the scored steps (serving / new - 1, under the routing the
-            layers run), the order in which patches adopt its layers (`RebalanceConfig.refit_adopt_layers`).
-        adopted: (refit number, layers) of a refit a patch adopted (`PatchRequest.adopt_layers`; None: none).
+        followed: what the patches after this answer start from once it switches, in the serving GPUs' labels, with
+            the order of the GPUs each layer is a ring in: a refit's placement as relabelled (in the order of its GPU
+            map), a patch's start with its drift swaps (`placement.patch_planner`).
         swap_seconds_per_layer: a patch's drift swaps, seconds per layer they ran in (None: none ran), which sets
-            how many layers the next patches swap in (`drift_stride_for`).
+            how many layers the next patches swap in (`PatchPlanner.measured`).
         first_layers: a patch's layers whose burst moves come or go, planned first (their fills take the first
             rounds, and a live patch switches each layer as its weights land); None for a refit.
     """
@@ -85,52 +78,14 @@ class SolveResult:
     kept: bool = False
     gain: float | None = None
     fit_skipped: bool = False
-    followed: Placement | None = None
+    followed: Followed | None = None
     swap_seconds_per_layer: float | None = None
-    ring_order_LG: np.ndarray | None = None
-    layer_gains_L: np.ndarray | None = None
-    adopted: tuple[int, np.ndarray] | None = None
     first_layers: np.ndarray | None = None
-
-
-@dataclass(frozen=True)
-class PatchRequest:
-    """A patch job: `fitted` with up to `max_swaps` drift swaps per layer for the mean load of the last steps
-    (`placement.drift_swaps`), then patched for their bursts (`placement.burst_patch.patch_for_bursts`).
-
-    Attributes:
-        recent_LE: [L, E] mean tokens per expert over the last steps (the burst moves').
-        fitted: the last fitted (or loaded) placement with the drift swaps of the patches since, which every patch
-            starts from.
-        max_moves: the most slots one layer may change for bursts.
-        threshold: layers served at or below this imbalance of `recent_LE` get no burst moves.
-        drift_LE: [L, E] mean tokens per expert over the drift swaps' (longer) window; None: no drift swaps.
-        max_swaps: the most drift swaps per layer.
-        drift_layers: the layers that get drift swaps (None: every layer).
-        ring_order_LG: [L, G] the order of the GPUs each layer of `fitted` is a ring layout in (None: 0, 1, ..., G-1);
-            `fitted` is in the serving GPUs' labels, so the patch is planned without relabelling GPUs.
-        adopt: a refit's placement as relabelled against the placement serving (`SolveResult.followed`), whose
-            layers `adopt_layers` replace `fitted`'s before the drift swaps, rings in the order `adopt_ring_order_G`;
-            `adopt_number` says which refit (the answer's `adopted` carries it back).
-    """
-
-    recent_LE: np.ndarray
-    fitted: Placement
-    max_moves: int
-    threshold: float
-    drift_LE: np.ndarray | None = None
-    max_swaps: int = 0
-    drift_layers: np.ndarray | None = None
-    ring_order_LG: np.ndarray | None = None
-    adopt: Placement | None = None
-    adopt_layers: np.ndarray | None = None
-    adopt_ring_order_G: np.ndarray | None = None
-    adopt_number: int = 0
 
 
 def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, options: dict, policy_fn: PolicyFn | None,
           shape: TransferShape, target: Placement | None = None, min_gain: float = 0.0,
-          patch: PatchRequest | None = None) -> SolveResult:
+          patch: PatchJob | None = None) -> SolveResult:
     """Fit a placement on the window `counts_TLE` (or take `target` as it is, or patch for bursts), relabel it to
     move the fewest experts from `current`, and plan the weight moves; with `min_gain` > 0, a fit that beats
     `current` on the window by less than that (relative) is not worth moving weights for, and comes back `kept`, as
@@ -157,74 +112,30 @@ def solve(counts_TLE: np.ndarray | None, current: Placement, policy: str, option
         else:
             target = fit_placement(policy, counts_TLE, current.cluster, **(options if policy == "cpsat" else {}))
     plan = plan_migration(current, target)
-    layer_gains = None
     if scored is not None:
-        fitted_L = score_placement(plan.realised, scored, routing).imbalance_TL.mean(axis=0)
-        layer_gains = scores.imbalance_TL.mean(axis=0) / fitted_L - 1
-        fitted = float(fitted_L.mean())
+        fitted = float(score_placement(plan.realised, scored, routing).imbalance_TL.mean())
         gain = serving / fitted - 1
         if min_gain > 0 and gain < min_gain:
             return _kept(current, serving, gain)
     fills, rounds = plan_rebalance(current, plan.realised, shape)
     return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), fitted,
-                       encode_fills(fills), encode_rounds(rounds), gain=gain, followed=plan.realised,
-                       ring_order_LG=np.tile(plan.gpu_map_G, (target.num_layers, 1)), layer_gains_L=layer_gains)
+                       encode_fills(fills), encode_rounds(rounds), gain=gain,
+                       followed=Followed.of(plan.realised, np.tile(plan.gpu_map_G, (target.num_layers, 1))))
 
 
-def _patch(current: Placement, patch: PatchRequest, shape: TransferShape) -> SolveResult:
-    """The patch of `patch.fitted` (drift swaps in each layer's ring order, then burst moves), each GPU's experts
-    matched to the slots of the same GPU of `current`, and its weight moves; `kept` when it holds every slot's expert
-    where `current` does (new static weights alone are not worth a switch)."""
-    followed, per_layer = patch.fitted, None
-    ring_order_LG = patch.ring_order_LG
-    if ring_order_LG is None:
-        ring_order_LG = np.tile(np.arange(followed.cluster.num_gpus), (followed.num_layers, 1))
-    adopted = None
-    if patch.adopt is not None and patch.adopt_layers is not None and len(patch.adopt_layers):
-        adopted = np.asarray(patch.adopt_layers, dtype=np.int64)
-        followed = followed.with_layers_of(patch.adopt, adopted)
-        ring_order_LG = ring_order_LG.copy()
-        ring_order_LG[adopted] = patch.adopt_ring_order_G
-    if patch.drift_LE is not None:
-        layers = patch.fitted.num_layers if patch.drift_layers is None else len(patch.drift_layers)
-        began = time.perf_counter()
-        followed, _ = drift_swaps(followed, patch.drift_LE, patch.max_swaps, patch.drift_layers, ring_order_LG)
-        per_layer = (time.perf_counter() - began) / layers if layers else None
-    target, _ = patch_for_bursts(followed, patch.recent_LE, patch.max_moves, patch.threshold, ring_order_LG)
-    plan = plan_migration(current, target, relabel_gpus=False)
+def _patch(current: Placement, job: PatchJob, shape: TransferShape) -> SolveResult:
+    """The patch `job` plans (`placement.patch_planner.plan_patch`), each GPU's experts matched to the slots of the
+    same GPU of `current`, and its weight moves, the layers whose burst moves come or go first; `kept` when it holds
+    every slot's expert where `current` does (new static weights alone are not worth a switch)."""
+    planned = plan_patch(job)
+    plan = plan_migration(current, planned.target, relabel_gpus=False)
     if np.array_equal(plan.realised.phy2log_LP, current.phy2log_LP):
-        kept = dataclasses.replace(_kept(current, None, None), swap_seconds_per_layer=per_layer)
-        if adopted is None:
-            return kept
-        # The adopted layers already serve as the refit has them: adopted all the same, nothing to move.
-        return dataclasses.replace(kept, followed=followed, ring_order_LG=ring_order_LG,
-                                   adopted=(patch.adopt_number, adopted))
-    # The layers whose burst moves come or go (the target's burst moves, or the serving placement's that leave)
-    # take the first rounds: they switch first.
-    urgent = np.flatnonzero(_gpus_differ_L(target, followed) | _gpus_differ_L(current, patch.fitted))
+        return dataclasses.replace(_kept(current, None, None), swap_seconds_per_layer=planned.swap_seconds_per_layer)
+    urgent = np.flatnonzero(burst_layers_L(planned, job.start.placement, current))
     fills, rounds = plan_rebalance(current, plan.realised, shape, urgent.tolist())
-    return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, target)), None, encode_fills(fills),
-                       encode_rounds(rounds), followed=followed, swap_seconds_per_layer=per_layer,
-                       ring_order_LG=ring_order_LG,
-                       adopted=None if adopted is None else (patch.adopt_number, adopted), first_layers=urgent)
-
-
-def _gpus_differ_L(first: Placement, second: Placement) -> np.ndarray:
-    """[L] bool: the layers where some GPU holds other experts in `first` than in `second` (the slots' order within
-    a GPU aside)."""
-    shape = (first.num_layers, first.cluster.num_gpus, first.cluster.slots_per_gpu)
-    return (np.sort(first.phy2log_LP.reshape(shape), axis=2) != np.sort(second.phy2log_LP.reshape(shape), axis=2)
-            ).any(axis=(1, 2))
-
-
-def drift_stride_for(seconds_per_layer: float | None, num_layers: int, budget_s: float | None, minimum: int) -> int:
-    """The layers' turns at drift swaps (`placement.drift_swaps.layers_in_turn`) that keep one patch's swaps within
-    `budget_s` at `seconds_per_layer` (the last patch's): every layer in every patch where the swaps are quick, every
-    k-th where they are not, since a patch lands only when its job is done; never below `minimum`, and as
-    `minimum` without a measurement or a budget."""
-    if seconds_per_layer is None or budget_s is None:
-        return minimum
-    return max(minimum, min(num_layers, math.ceil(seconds_per_layer * num_layers / budget_s)))
+    return SolveResult(plan.realised, (plan.num_moves, oblivious_moves(current, planned.target)), None,
+                       encode_fills(fills), encode_rounds(rounds), followed=planned.followed,
+                       swap_seconds_per_layer=planned.swap_seconds_per_layer, first_layers=urgent)
 
 
 def _kept(current: Placement, serving: float | None, gain: float | None, fit_skipped: bool = False) -> SolveResult:
@@ -273,7 +184,7 @@ class BackgroundSolver:
             import_solving_modules(policy, policy_fn)
 
     def submit(self, counts_TLE: np.ndarray | None, current: Placement, target: Placement | None = None,
-               patch: PatchRequest | None = None) -> None:
+               patch: PatchJob | None = None) -> None:
         """Start a job: fit on the window `counts_TLE`, or take `target` (a loaded placement), or patch for bursts,
         and plan the moves from `current` (a job still running is abandoned: its answer will be ignored)."""
         self._job += 1
@@ -322,7 +233,7 @@ class BackgroundSolver:
             self._process = None
 
     def _solve_in_thread(self, box: dict, counts_TLE: np.ndarray | None, current: Placement,
-                         target: Placement | None, patch: PatchRequest | None) -> None:
+                         target: Placement | None, patch: PatchJob | None) -> None:
         low_priority()
         try:
             box["result"] = solve(counts_TLE, current, self.policy, self.options, self.policy_fn, self.shape, target,

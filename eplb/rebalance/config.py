@@ -4,9 +4,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from placement.burst_patch import PatchConfig
-
-PATCH = PatchConfig()  # the burst patch's defaults, which the replay's `eplb replay` shares
+from placement.patch_planner import PatchSettings
 
 
 class RebalanceConfig(BaseModel):
@@ -62,55 +60,12 @@ class RebalanceConfig(BaseModel):
         1.4, gt=1, description="Rebalance at once when a served step's imbalance exceeds this times the placement's "
                                "fitted imbalance (the replay's trigger; None: fixed interval only)."
     )
-    patch_every: int | None = Field(
-        PATCH.every, ge=1,
-        description="Steps between burst patches while no refit is under way (None: never patch): rank 0 checks the "
-                    "last patch_window steps' load and, in layers the live router would serve above patch_threshold, "
-                    "moves up to patch_moves slots to the experts that burst (`placement.burst_patch`), taken from "
-                    "the last fitted placement (with its drift swaps, patch_swaps) so that a layer goes back when the "
-                    "burst ends. A patch moves a few experts, not a model."
-    )
-    refit_adopt_layers: int | None = Field(
-        None, ge=1,
-        description="With patches: a refit is solved in a helper of its own while patches go on, and its placement is "
-                    "not moved as one attempt but adopted by the patches, up to this many layers each, the layers it "
-                    "gains most on first (each patch planned against the placement serving, so no patch waits for a "
-                    "refit's moves). None: a refit moves as one attempt, and no patch starts while it is under way.",
-    )
-    patch_swaps: int = Field(
-        PATCH.drift_swaps, ge=0,
-        description="Most replica-set swaps per layer and patch that follow the drifting mix of the last "
-                    "patch_drift_window steps (`placement.drift_swaps`, ring layouts only); they stay in the fitted "
-                    "placement patches start from until the next refit (0: none)."
-    )
-    patch_drift_window: int = Field(PATCH.drift_window, ge=1, description="Last steps whose mean load the drift "
-                                                                          "swaps fit (at most the recorder's window).")
-    patch_drift_stride: int = Field(
-        PATCH.drift_stride, ge=1,
-        description="A layer gets its drift swaps in every patch_drift_stride-th patch since the last refit, the "
-                    "layers taking turns (`placement.drift_swaps.layers_in_turn`): a patch's job and weight moves "
-                    "shrink with it, so patches land sooner (1: every layer in every patch). The least stride: "
-                    "patch_swap_budget_s may widen it."
-    )
-    patch_swap_budget_s: float | None = Field(
-        0.13, gt=0,
-        description="Seconds a patch's drift swaps may take on rank 0: from the last patch's seconds per layer, the "
-                    "next patches swap in every k-th layer so that one patch's swaps take about this long (k at least "
-                    "patch_drift_stride), since a patch lands only when its job is done (None: the fixed stride)."
-    )
-    patch_window: int = Field(PATCH.window, ge=1, description="Last steps whose mean load a patch fits (at most the "
-                                                    "recorder's window).")
-    patch_moves: int = Field(PATCH.max_moves, ge=1, description="Most slots one layer may change in one patch.")
-    patch_threshold: float = Field(
-        PATCH.threshold, ge=1,
-        description="Layers whose recent load the live router serves at or below this imbalance (max / mean GPU "
-                    "load) are left as fitted."
-    )
-    patch_overlap: bool = Field(
-        True, description="Start the next patch's job as soon as a patch's answer is broadcast, from its target, so "
-                          "it solves while that patch's weights move and its answer is often ready at the switch "
-                          "(False: the next patch starts patch_every steps after the last one started, once it "
-                          "has switched)."
+    patches: PatchSettings | None = Field(
+        PatchSettings(),
+        description="Patches between refits (None: none): every `patches.every` steps while no refit is under way, "
+                    "rank 0 swaps a few replica sets per layer of the placement the patches follow toward the drifting "
+                    "mix, and on top moves a few slots to the experts the last steps overload "
+                    "(`placement.patch_planner`). A patch moves a few experts, not a model."
     )
     drift_steps: int = Field(8, ge=1, description="Served steps that set the level of a placement with no fitted "
                                                   "imbalance (the one at start, or one loaded from a file).")
@@ -147,9 +102,6 @@ class RebalanceConfig(BaseModel):
         if self.solve_cpu_share < 1 and self.solve_in != "process":
             raise ValueError(f"solve_cpu_share={self.solve_cpu_share:g} paces a helper process: set "
                              "solve_in='process' (a thread cannot be paused)")
-        if self.refit_adopt_layers is not None and self.patch_every is None:
-            raise ValueError(f"refit_adopt_layers={self.refit_adopt_layers} hands refits to the patches: set "
-                             "patch_every, or refit_adopt_layers=None")
         if self.heartbeat_timeout_s < 3 * self.heartbeat_interval_s:
             raise ValueError(f"heartbeat_timeout_s={self.heartbeat_timeout_s:g} must be at least 3 x "
                              f"heartbeat_interval_s={self.heartbeat_interval_s:g}")

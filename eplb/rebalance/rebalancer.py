@@ -32,26 +32,14 @@ rank reads the same messages and takes the same decision. Over the steps (`proto
 A failure or timeout anywhere (solve, transfer, a refusal) drops the staged state on every rank at the same step,
 leaves the old placement serving, is logged once, and the next attempt comes at the next interval.
 
-Patches (one every `patch_every` steps while no refit is under way, when the last has ended): a patch is an
-attempt like the others, whose solve first swaps up to `patch_swaps` replica sets per layer (in the layers whose turn it
-is, each every k-th patch: k at least `patch_drift_stride`, wider where the last patch's swaps would exceed
-`patch_swap_budget_s` in every layer) of the last fitted
-placement toward the last `patch_drift_window` steps' mean load (`placement.drift_swaps`: the mix drifts between
-refits; rank 0 keeps the swaps of each patch that switches as the fitted placement the next ones start from, in the
-serving GPUs' labels with the order each layer is a ring layout in: a refit's GPU map), then runs
-`placement.burst_patch.patch_for_bursts` on the last `patch_window` steps' mean load on top (so a layer goes back once
-its burst has passed); it comes back kept when no slot would change, else it moves a few experts and switches the
-same way, and only the layers it changes get new tables. With `patch_overlap` (the default) rank 0 starts the next
-patch's job from a patch's target while that patch's weights move (timed to be done the step before the switch if
-it takes as long as the last job did; rank 0's message carries the queued job's status meanwhile), so a slow job no
-longer adds to the time between patches; the next attempt begins at the switch, on every rank at the same step, and
-when its answer is ready it is broadcast and its first round posted in that step: a patch of R rounds follows the last
-every R + 1 steps. A failed patch drops the queued one. A refit that comes due while a patch is still solving
-replaces it; one that comes due while a patch moves waits the few steps to its switch. A refit lands `lag` steps after
-its window, and a burst that begins after the window would otherwise be served by a placement that never saw it until
-the next refit. No patch starts while a refit is under way (its moves read and keep serving slots a patch would
-change), unless `refit_adopt_layers` is set: then no refit is an attempt; rank 0 solves it in a helper of its own and
-the patches adopt its layers a few at a time (`refit_adoption`), each planned against the placement serving.
+Patches (`RebalanceConfig.patches`; `live_patches`): between refits, every `patches.every` steps while no refit is
+under way, a patch attempt whose job rank 0's `placement.patch_planner.PatchPlanner` makes (the planner the replay
+drives too): drift swaps of the placement the patches follow, burst moves on top; it comes back kept when no slot
+would change, else it moves a few experts and switches the same way, only the layers it changes getting new tables.
+While a patch moves, the next patch's job starts from its target (`patch_clock.PatchClock`), so a patch of R rounds
+follows the last every R + 1 steps. A failed patch drops the queued one. A refit that comes due while a patch is
+still solving replaces it; one that comes due while a patch moves waits the few steps to its switch. No patch starts
+while a refit is under way: its moves read and keep serving slots a patch would change.
 
 A rank that dies surfaces as a `CollectiveError`; `recover` and `mark_failed` re-form the group (`recovery`).
 """
@@ -67,22 +55,22 @@ from collectives.membership import Heartbeat
 from eplb.live.load_recorder import LoadRecorder
 from eplb.live.moe_layer import MoEDecodeLayer
 from eplb.rebalance.attempt import Attempt, last_rounds
-from eplb.rebalance.background_solver import PatchRequest, PolicyFn, SolveResult, drift_stride_for
+from eplb.rebalance.background_solver import PolicyFn, SolveResult
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.drift import DriftWatch
 from eplb.rebalance.host_copies import HostCopies
+from eplb.rebalance.live_patches import LivePatches
 from eplb.rebalance.move_plan import decode_for_rank
 from eplb.rebalance.protocol import Field, Phase, SolveStatus, message
 from eplb.rebalance.recovery import GroupRecovery, RecoveryReport, agree_and_regroup
-from eplb.rebalance.refit_adoption import RefitAdoption
 from eplb.rebalance.settings_checks import check_loadable, check_settings
 from eplb.rebalance.solve_answer import unpack_answer
 from eplb.rebalance.solving import Rank0Solver
 from eplb.rebalance.stats import RebalanceStats
 from eplb.rebalance.transfer import WeightMover, tag_base
 from placement import Placement, PlacementFormatError, load_placement
-from placement.drift_swaps import layers_in_turn
 from placement.forecast import hedged_window
+from placement.patch_planner import Followed
 
 __all__ = ["Rebalancer", "RebalanceStats", "RecoveryReport"]
 
@@ -108,11 +96,6 @@ class Rebalancer:
         check_settings(config, comm, layers, recorder, placement)
         self.config, self.comm, self.layers, self.recorder = config, comm, layers, recorder
         self.placement = placement
-        # The last fitted or loaded placement, which patches start from; on rank 0 (which asks for patches) with the
-        # drift swaps of the patches switched to since, in the serving GPUs' labels, and [L, G] the order of the GPUs
-        # each of its layers is a ring layout in (None: 0, 1, ..., G-1).
-        self.fitted = placement
-        self.ring_order_LG: np.ndarray | None = None
         self.placement_members = list(comm.members)  # original rank of each GPU of the placement
         self.failures_tolerated = config.failures_tolerated_for(comm.world_size)
         self.stats = RebalanceStats()
@@ -120,28 +103,16 @@ class Rebalancer:
         self.mover = WeightMover(comm, layers, self.host_copies.copy_of)
         self.drift = DriftWatch(config)
         self.recovery = GroupRecovery(config, comm, layers, recorder, self.mover, self.host_copies, self.stats)
+        self.patches = None if config.patches is None else LivePatches(config.patches, comm, recorder, placement)
         self._attempt: Attempt | None = None  # None: idle
         self._steps_since_attempt = 0  # steps with no refit under way since the last refit attempt
-        self._steps_since_patch = 0  # steps with no refit under way since the last patch attempt started
-        # With patch_overlap: the step at which the next patch's job is to start while the patch before it moves,
-        # and the step it started at (it solves from that patch's target; the attempt begins at its switch).
-        self._queue_patch_at: int | None = None
-        self._queued_patch_step: int | None = None
-        self._patch_job_steps: int | None = None  # steps the last patch job took to its answer, as every rank saw
-        self._patch_turn = 0  # rank 0: patch jobs since the last refit switched (the layers' turns at drift swaps)
-        self._drift_stride = config.patch_drift_stride  # rank 0: the turns' stride, widened to the swap budget
         self._due_now = False
         shape = self.mover.transfer_shape(config.max_bytes_per_step, self.failures_tolerated)
         self.solver = Rank0Solver(config, comm, shape, policy_fn)
-        # With refit_adopt_layers, rank 0's refits solve in a helper of their own and the patches adopt them.
-        self.adoption = None if config.refit_adopt_layers is None else RefitAdoption(
-            config.refit_adopt_layers, Rank0Solver(config, comm, shape, policy_fn), config.solve_timeout_s)
         if comm.rank == 0:
             # Start the helper process now and let its imports finish before decode starts (the other ranks wait
             # for this rank in the collectives below: at most half their timeout), not beside the first steps.
-            helpers = [self.solver] if self.adoption is None else [self.solver, self.adoption.solver]
-            for helper in helpers:
-                helper.background().wait_ready(comm.timeout_s / 2 / len(helpers))
+            self.solver.background().wait_ready(comm.timeout_s / 2)
         self._heartbeat = _start_heartbeat(comm, config)
         self.host_copies.build(placement, self.mover, config.max_bytes_per_step, self.stats)  # collective
         comm.barrier()  # every rank leaves here together, so no rank's first decode step waits on the start-up
@@ -186,21 +157,20 @@ class Rebalancer:
         if received_G is not None and received_G[:, Field.DRIFTED].any():
             self._due_now = True  # every rank reads the same flags: a refit at the first step that may start one
         drifted = started = False
-        if self.adoption is not None and self.comm.rank == 0:
-            self.adoption.poll(self.stats)
         if not self.refit_in_progress:
             self._steps_since_attempt += 1
-            self._steps_since_patch += 1
+            if self.patches is not None:
+                self.patches.clock.tick()
             if self.phase != Phase.MOVING:  # idle, or a patch still solving, which a due refit replaces
                 drifted, started = self._maybe_start(step)
         if not started and self.phase == Phase.SOLVING:
             self._poll_solve(step, received_G)
         elif not started and self.phase == Phase.MOVING:
-            if self._queue_patch_at is not None and self._queue_patch_at <= step:  # due at the broadcast: now
+            if self.patches is not None and self.patches.clock.queue_due(step):  # due at the broadcast: now
                 self._queue_patch(step, self._attempt)
             self._move_round(step, received_G)
         # Rank 0's solve status: this attempt's job while it solves, the queued patch's while a patch moves.
-        solving = self.phase == Phase.SOLVING or self._queued_patch_step is not None
+        solving = self.phase == Phase.SOLVING or (self.patches is not None and self.patches.clock.job_queued)
         status, sizes = self.solver.status() if solving else (SolveStatus.RUNNING, (0, 0))
         transfers_ok = self._attempt is None or self._attempt.transfers_ok
         self.layers[0].piggyback = torch.tensor(
@@ -248,8 +218,6 @@ class Rebalancer:
         check_loadable(target, self.placement, self.layers, self.comm.world_size)
         if self.in_progress and self.phase == Phase.SOLVING and self._attempt.patch:
             self._attempt = None  # its answer, when it comes, is about an older attempt and ignored
-            if self.adoption is not None:
-                self.adoption.dropped()
         if self.in_progress:
             raise RuntimeError("a rebalance is under way; load a placement when `in_progress` is False")
         self.stats.attempts += 1
@@ -261,13 +229,14 @@ class Rebalancer:
         solving, else a burst patch if one is due and nothing is under way; return (this rank's drift flag for this
         step's message, whether an attempt started)."""
         if self._refit_due() and self.recorder.steps_recorded > 0:
-            if self.adoption is None:
-                self._start_refit(step)
-                return False, True
-            self._start_refit(step, adopted=True)  # no attempt: the patches go on and adopt it
-        patch_due = self.config.patch_every is not None and self._steps_since_patch >= self.config.patch_every
+            self._start_refit(step)
+            return False, True
+        patch_due = self.patches is not None and self.patches.clock.due
         if patch_due and self._attempt is None and self.recorder.steps_recorded > 0:
-            self._start_patch(step)
+            self.patches.clock.started()
+            self.stats.attempts += 1
+            self.patches.submit(self.solver, None, self.placement)
+            self._attempt = Attempt(fit_step=step, patch=True)
             return self.drift.check(self._steps_since_attempt), True
         return self.drift.check(self._steps_since_attempt), False
 
@@ -275,58 +244,23 @@ class Rebalancer:
         """True when a refit is due (the interval, a request, or drift seen by any rank)."""
         return self._due_now or self._steps_since_attempt >= self.config.interval
 
-    def _start_refit(self, step: int, adopted: bool = False) -> None:
-        """Start a refit attempt on the recorder's window (rank 0 solves in the background); `adopted`: rank 0
-        solves it in the refits' own helper for the patches to adopt (`refit_adoption`), and no attempt starts."""
+    def _start_refit(self, step: int) -> None:
+        """Start a refit attempt on the recorder's window (rank 0 solves in the background)."""
         self._due_now, self._steps_since_attempt = False, 0
         window_TLE = self.recorder.counts_TLE()
         if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
             window_TLE = self.comm.all_reduce_sum(window_TLE)
-        if adopted:
-            if self.comm.rank == 0:
-                self.adoption.start(self._fit_window(window_TLE.cpu().numpy()), self.placement, step)
-            self.drift.restart()  # the drift trigger's level is measured again on the steps served from here
-            return
         self.stats.attempts += 1
         if self.comm.rank == 0:
             self.solver.submit(self._fit_window(window_TLE.cpu().numpy()), self.placement)
         self._attempt = Attempt(fit_step=step)
 
-    def _start_patch(self, step: int) -> None:
-        """Start a patch attempt on the mean load of the last `patch_window` recorded steps (the burst moves') and,
-        with drift swaps, of the last `patch_drift_window` (the swaps')."""
-        self._steps_since_patch = 0
-        self.stats.attempts += 1
-        self._submit_patch(self.fitted, self.ring_order_LG, self.placement)
-        self._attempt = Attempt(fit_step=step, patch=True)
-
-    def _submit_patch(self, fitted: Placement | None, ring_order_LG: np.ndarray | None, current: Placement) -> None:
-        """Read the recent load (an all-reduce on every rank when the recorder keeps this rank's tokens) and, on
-        rank 0, submit the patch job of `fitted` (rank 0's, its layers rings in `ring_order_LG`; None elsewhere)
-        planned from `current`."""
-        config = self.config
-        windows = (config.patch_window, config.patch_drift_window) if config.patch_swaps else (config.patch_window,)
-        recent_TLE = self.recorder.counts_TLE(last=max(windows))  # one read, one all-reduce for both windows
-        sums_WLE = torch.stack([recent_TLE[-window:].sum(0) for window in windows])
-        if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
-            sums_WLE = self.comm.all_reduce_sum(sums_WLE)
-        means = [total.cpu().numpy() / min(window, len(recent_TLE)) for total, window in zip(sums_WLE, windows)]
-        if self.comm.rank == 0:
-            turn = layers_in_turn(len(self.layers), self._drift_stride, self._patch_turn)
-            self._patch_turn += 1
-            adopt = None if self.adoption is None else self.adoption.next_layers()
-            request = PatchRequest(means[0], fitted, config.patch_moves, config.patch_threshold,
-                                   means[1] if config.patch_swaps else None, config.patch_swaps, turn, ring_order_LG,
-                                   *((adopt.placement, adopt.layers, adopt.ring_order_G, adopt.number) if adopt
-                                     else ()))
-            self.solver.submit(None, current, patch=request)
-
     def _queue_patch(self, step: int, moving: Attempt) -> None:
         """Start the next patch's job now, while patch `moving` moves its weights: it starts from that patch's
         drift swaps and is planned from its target, and becomes an attempt at its switch (`_switch`), its answer
         often ready by then. Every rank calls it at the same step."""
-        self._submit_patch(moving.followed, moving.ring_order_LG, moving.target)
-        self._queue_patch_at, self._queued_patch_step = None, step
+        self.patches.submit(self.solver, moving.followed, moving.target)
+        self.patches.clock.queued(step)
 
     def _fit_window(self, window_TLE: np.ndarray) -> np.ndarray:
         """What rank 0 fits: the recorded window, or with `forecast="trend"` the window moved to the steps its
@@ -344,22 +278,21 @@ class Rebalancer:
 
     def _take_answer(self, step: int, rank0_message: np.ndarray) -> None:
         """Act on rank 0's solve status in `rank0_message` (its message, about this attempt's job): wait, fail,
-        keep, or broadcast the answer, start moving and post the first round in this same step (a patch, with
-        patch_overlap: and start the next patch's job from its target once due)."""
+        keep, or broadcast the answer, start moving and post the first round in this same step (a patch: and start
+        the next patch's job from its target once due)."""
         attempt, comm = self._attempt, self.comm
         status = SolveStatus(int(rank0_message[Field.SOLVE_STATUS]))
         if status == SolveStatus.RUNNING:
             return
         job = self.solver.job()
-        if attempt.patch and job.get("result") is not None:  # rank 0: the swaps' cost sets the next patches' stride
-            self._drift_stride = drift_stride_for(job["result"].swap_seconds_per_layer, len(self.layers),
-                                                  self.config.patch_swap_budget_s, self.config.patch_drift_stride)
+        if attempt.patch:
+            self.patches.answered(job.get("result"))
         if status == SolveStatus.FAILED:
             self._fail(f"the solve failed on rank 0: {job.get('error', 'see rank 0 log')}" if comm.rank == 0
                        else "the solve failed on rank 0")
             return
         if status == SolveStatus.KEPT:
-            self._keep(job.get("result"), step)
+            self._keep(job.get("result"))
             return
         num_fills, num_chunks = int(rank0_message[Field.NUM_FILLS]), int(rank0_message[Field.NUM_CHUNKS])
         answer = self.solver.broadcast_answer(self.placement, num_fills, num_chunks)
@@ -372,27 +305,17 @@ class Rebalancer:
             return
         fills, rounds = decode_for_rank(fills_U8, chunks_C6, comm.rank)
         if comm.rank == 0:
-            attempt.followed, attempt.ring_order_LG = job["result"].followed, job["result"].ring_order_LG
-            attempt.adopted = job["result"].adopted
+            attempt.followed = job["result"].followed
         attempt.start_moving(self.placement, target, fitted, fills, rounds,
                              self.mover.staging_for(list(fills.values())),
                              job["result"].moves if comm.rank == 0 else None,
                              last_rounds(fills_U8, chunks_C6) if attempt.patch else {})  # refits switch at once
         attempt.broadcast_step = step
         self._prepare_and_advance(attempt)  # the first round moves during this very step
-        if attempt.patch and self.config.patch_overlap and self.config.patch_every is not None:
-            # The last round and table are done `attempt.moving_steps` steps from here and the switch comes the
-            # step after; the next job starts so that rank 0's message says it is done in the step before the
-            # switch, which then broadcasts its answer (`_switch`), if it takes as long as the last job took to its
-            # broadcast (every rank knows both: the same rounds and answers at the same steps; a queued job's answer
-            # taken at the switch may have waited for it, so it only lowers the estimate, while one taken after the
-            # switch was late and sets it): on the freshest load that lets it be ready then.
-            seen = step - attempt.fit_step
-            last = self._patch_job_steps
-            waited = attempt.queued and bool(self.stats.patch_steps) and self.stats.patch_steps[-1] == step
-            self._patch_job_steps = min(last, seen) if waited and last is not None else seen
-            self._queue_patch_at = step + max(0, attempt.moving_steps + 1 - self._patch_job_steps)
-            if self._queue_patch_at == step:
+        if attempt.patch:
+            switched_now = bool(self.stats.patch_steps) and self.stats.patch_steps[-1] == step
+            if self.patches.clock.broadcast(step, attempt.fit_step, attempt.moving_steps, attempt.queued,
+                                            switched_now):
                 self._queue_patch(step, attempt)
 
     def _move_round(self, step: int, received_G: np.ndarray | None) -> None:
@@ -424,14 +347,7 @@ class Rebalancer:
         attempt.switched_L.update(layers)
         self.stats.early_layer_switches += len(layers)
         self.placement = self.placement.with_layers_of(attempt.target, layers)
-        if attempt.followed is not None:  # rank 0: a failure after this leaves these layers' drift swaps serving
-            self.fitted = self.fitted.with_layers_of(attempt.followed, layers)
-            if attempt.ring_order_LG is not None:
-                order_LG = self.ring_order_LG
-                if order_LG is None:  # 0, 1, ..., G-1 in every layer
-                    order_LG = np.tile(np.arange(self.placement.cluster.num_gpus), (len(self.layers), 1))
-                self.ring_order_LG = order_LG.copy()
-                self.ring_order_LG[layers] = attempt.ring_order_LG[layers]
+        self.patches.landed(attempt.followed, layers)  # a failure after this leaves these layers' swaps serving
 
     def _prepare_and_advance(self, attempt: Attempt) -> None:
         """Prepare a few of `attempt`'s layers, complete the round in flight and post the next."""
@@ -453,41 +369,35 @@ class Rebalancer:
         self.placement = attempt.target
         self._attempt = None
         if attempt.patch:
-            if attempt.followed is not None:  # rank 0: the next patches start from the drift swaps made
-                self.fitted, self.ring_order_LG = attempt.followed, attempt.ring_order_LG
-            if attempt.adopted is not None:  # rank 0: layers of a refit now serve
-                self.adoption.adopted(*attempt.adopted, step, self.stats)
-            self.drift.restart(self.drift.fitted_imbalance)  # the fit's level stays the drift trigger's
-            self.stats.record_patch(step, attempt.fit_step, attempt.moves, attempt.broadcast_step,
-                                    attempt.moving_steps, len(attempt.switched_L))
-            logger.info("switched to a burst patch at step %d (%d fills)", step, len(attempt.fills))
-            queued_step, self._queue_patch_at, self._queued_patch_step = self._queued_patch_step, None, None
-            if queued_step is not None:  # the next patch, solving since this one moved
-                self.stats.attempts += 1
-                self._attempt = Attempt(fit_step=queued_step, patch=True, queued=True)
-                self._steps_since_patch = step - queued_step
-                if not self._refit_due():  # rank 0's message was about the queued job while this patch moved
-                    self._take_answer(step, received_G[0])
+            self._patch_switched(step, attempt, received_G)
             return
-        self.fitted = attempt.target if attempt.followed is None else attempt.followed
-        self.ring_order_LG = attempt.ring_order_LG
-        self._patch_turn = 0
-        if self.adoption is not None:  # a loaded placement replaces the refits solving or being adopted
-            self.adoption.clear()
+        if self.patches is not None:
+            self.patches.refit(attempt.followed or Followed.of(attempt.target))
         self.drift.restart(attempt.fitted_imbalance)
         self.stats.record_switch(step, attempt.fit_step, time.perf_counter() - attempt.fit_time, attempt.moves)
         logger.info("switched to the new placement at step %d (%d fills)", step, len(attempt.fills))
 
-    def _keep(self, answer: SolveResult | None, step: int) -> None:
+    def _patch_switched(self, step: int, attempt: Attempt, received_G: np.ndarray) -> None:
+        """A patch switched: its drift swaps stay for the next patches (rank 0), and the patch queued while it moved
+        becomes the attempt, its answer taken now if rank 0's message said it was done and no refit is due."""
+        self.patches.landed(attempt.followed)
+        self.drift.restart(self.drift.fitted_imbalance)  # the fit's level stays the drift trigger's
+        self.stats.record_patch(step, attempt.fit_step, attempt.moves, attempt.broadcast_step,
+                                attempt.moving_steps, len(attempt.switched_L))
+        logger.info("switched to a burst patch at step %d (%d fills)", step, len(attempt.fills))
+        queued_step = self.patches.clock.take_queued(step)
+        if queued_step is not None:  # the next patch, solving since this one moved
+            self.stats.attempts += 1
+            self._attempt = Attempt(fit_step=queued_step, patch=True, queued=True)
+            if not self._refit_due():  # rank 0's message was about the queued job while this patch moved
+                self._take_answer(step, received_G[0])
+
+    def _keep(self, answer: SolveResult | None) -> None:
         """End the attempt with the placement serving unchanged (the fit gained less than min_gain, or a patch
         would change no slot; `answer` is rank 0's). After a refit, the drift trigger's level is then measured again
         on the steps served from here, so that traffic no placement serves better does not start attempt after
-        attempt. A patch whose adopted layers of a refit already serve as the refit has them adopts them all the
-        same."""
+        attempt."""
         if self._attempt.patch:
-            if answer is not None and answer.adopted is not None:  # rank 0
-                self.fitted, self.ring_order_LG = answer.followed, answer.ring_order_LG
-                self.adoption.adopted(*answer.adopted, step, self.stats)
             self._attempt = None
             return
         self.stats.kept += 1
@@ -501,9 +411,8 @@ class Rebalancer:
         """Drop the attempt: the old placement keeps serving; try again at the next interval (a patch: at the
         next patch)."""
         patch = self._attempt.patch
-        self._queue_patch_at = self._queued_patch_step = None  # planned from a target that will not serve
-        if self.adoption is not None:  # refit layers handed to the patches dropped here go to the next ones
-            self.adoption.dropped()
+        if self.patches is not None:
+            self.patches.clock.drop()  # a job queued from a target that will not serve
         self.stats.failures.append(f"burst patch: {reason}" if patch else reason)
         logger.warning("%s abandoned, the current placement keeps serving: %s", "burst patch" if patch else "rebalance",
                        reason)
@@ -545,9 +454,8 @@ class Rebalancer:
         report, target = self.recovery.regroup(survivors, step, self.placement, self.placement_members, began)
         if target is not None:
             self.placement, self.placement_members = target, list(survivors)
-            self.fitted, self.ring_order_LG, self._patch_turn = target, None, 0
-            if self.adoption is not None:
-                self.adoption.clear()
+            if self.patches is not None:
+                self.patches.regrouped(target)
             self.drift.restart()
             self._due_now = True
         return report
@@ -557,8 +465,6 @@ class Rebalancer:
         if self._heartbeat is not None:
             self._heartbeat.stop()
         self.solver.close()
-        if self.adoption is not None:
-            self.adoption.close()
 
 
 def _start_heartbeat(comm: Communicator, config: RebalanceConfig) -> Heartbeat | None:

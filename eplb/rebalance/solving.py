@@ -12,12 +12,13 @@ import numpy as np
 import torch
 
 from collectives import Communicator
-from eplb.rebalance.background_solver import BackgroundSolver, PatchRequest, PolicyFn
+from eplb.rebalance.background_solver import BackgroundSolver, PolicyFn
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.move_plan import TransferShape
 from eplb.rebalance.protocol import SolveStatus
 from eplb.rebalance.solve_answer import pack_answer, packed_size
 from placement import Placement
+from placement.patch_planner import PatchJob
 
 
 class Rank0Solver:
@@ -46,7 +47,7 @@ class Rank0Solver:
         return self._solver
 
     def submit(self, counts_TLE: np.ndarray | None, current: Placement, target: Placement | None = None,
-               patch: PatchRequest | None = None) -> None:
+               patch: PatchJob | None = None) -> None:
         """On rank 0, start a job: fit on the window counts_TLE [T, L, E] (or take `target`, or patch for bursts)
         and plan the moves from `current`; nothing on the other ranks."""
         if self.comm.rank == 0:

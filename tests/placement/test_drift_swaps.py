@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from placement import ClusterSpec, Placement, rolling_replay
-from placement.burst_patch import PatchConfig
+from placement.patch_planner import PatchPace, PatchSettings
 from placement.drift_swaps import MIN_GAIN, _Ring, drift_swaps, layers_in_turn, ring_imbalance, ring_spans, swap_layer
 from placement.policies.chain_layout import chain_layout
 from placement.policies.deepseek import replicate_greedy
@@ -179,12 +179,13 @@ def test_the_replay_keeps_drift_swaps_between_patches_and_serves_a_drifting_mix_
     counts_TLE = rng.poisson((1 - mix_T) * start_E + mix_T * end_E)[:, None, :]
     common = dict(every=120, window=40, routing="live", lag=40,
                   policy_options={"routing": "dynamic", "time_limit_s": 0.5})
-    without = rolling_replay(counts_TLE, CLUSTER, "cpsat", patches=PatchConfig(lag=5, drift_swaps=0), **common)
-    with_swaps = rolling_replay(counts_TLE, CLUSTER, "cpsat", patches=PatchConfig(lag=5), **common)
+    without = rolling_replay(counts_TLE, CLUSTER, "cpsat", patches=PatchSettings(drift_swaps=0), pace=PatchPace(lag=5),
+                             **common)
+    with_swaps = rolling_replay(counts_TLE, CLUSTER, "cpsat", patches=PatchSettings(), pace=PatchPace(lag=5), **common)
     assert with_swaps.held_out.imbalance_TL.mean() < without.held_out.imbalance_TL.mean()
     assert with_swaps.patch_moves > without.patch_moves
     with pytest.raises(ValueError, match="drift_swaps"):
-        PatchConfig(drift_swaps=-1)
+        PatchSettings(drift_swaps=-1)
 
 
 def test_a_bursting_one_gpu_expert_takes_the_longer_arc_of_a_colder_expert_beyond_the_coldest():

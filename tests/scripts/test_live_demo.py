@@ -118,8 +118,6 @@ BAD_FLAGS = [  # (id, argv, what the one line says)
      "--fail-at-step must be in [0, --steps=5)"),
     ("move-budget-below-one-row", ["--rebalance-every", "5", "--max-bytes-per-step", "100"],
      "--max-bytes-per-step must be >= one row of an expert's weights"),
-    ("adopted-refits-without-patches", ["--rebalance-every", "5", "--patch-every", "0", "--refit-adopt-layers", "1"],
-     "--refit-adopt-layers hands refits to the patches: give --patch-every above 0"),
 ]
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from placement import burst_exposure, load_placement, score_placement
+from placement.patch_planner import PatchPace
 from traces import RoutingTrace, load_trace, save_trace
 
 ESFT = Path(__file__).resolve().parents[3].parent / "shared/data/esft-dsv2lite/esft_vanilla_lite_routing.npz"
@@ -243,19 +244,11 @@ def test_replay_patches_a_burst_between_refits_and_reports_the_slots_moved(run_e
     assert patched["patch_lag"] == 2 and patched["patch_moves"] > 0
     assert patched["imbalance_mean"] < plain["imbalance_mean"]
     default = ok_json(run_eplb(*args))  # patches are on by default, as in the live rebalancer
-    assert default["patch_lag"] == 20 and default["patch_moves"] > 0 and default["sequential_patches"] is False
-    one_at_a_time = ok_json(run_eplb(*args, "--patch-lag", "2", "--patch-every", "2", "--sequential-patches"))
-    assert one_at_a_time["sequential_patches"] is True and one_at_a_time["patch_moves"] > 0
-    assert one_at_a_time["imbalance_mean"] < plain["imbalance_mean"]
+    assert default["patch_lag"] == PatchPace().lag and default["patch_moves"] > 0
     assert default["refit_blocks_patches"] is False and plain["refit_blocks_patches"] is None
     blocked = ok_json(run_eplb(*args, "--patch-lag", "2", "--patch-every", "2", "--refit-blocks-patches"))
     assert blocked["refit_blocks_patches"] is True and 0 < blocked["patch_moves"] <= patched["patch_moves"]
     assert blocked["imbalance_mean"] < plain["imbalance_mean"]
-    adopted = ok_json(run_eplb(*args, "--patch-lag", "2", "--patch-every", "2", "--adopt-layers", "1"))
-    assert adopted["adopt_layers"] == 1 and adopted["patch_moves"] > 0 and default["adopt_layers"] is None
-    assert adopted["imbalance_mean"] < plain["imbalance_mean"]
-    clash = run_eplb(*args, "--adopt-layers", "1", "--sequential-patches")
-    assert clash.returncode == 2 and "--adopt-layers is not modelled with --sequential-patches" in clash.stderr
     # The burst's layer served a step sooner than the patches' other layers, as a live patch switches it.
     later, sooner = (ok_json(run_eplb(*args, "--patch-lag", "4", "--patch-every", "2", *more))
                      for more in ((), ("--patch-burst-lag", "3")))

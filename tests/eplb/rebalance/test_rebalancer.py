@@ -16,6 +16,7 @@ from eplb.harness.rebalancing_loop import Faults, LoopReport, run_rebalancing_lo
 from eplb.harness.rebalancing_summary import summarize_rebalancing
 from eplb.harness.synthetic_decode import DecodeSetup
 from placement import ClusterSpec, fit_placement, save_placement
+from placement.patch_planner import PatchSettings
 from traces.synthetic import SyntheticConfig, generate_trace
 
 EXPERTS, TOP_K, TOKENS, FIT = 16, 4, 128, 20
@@ -27,8 +28,8 @@ TIMEOUT_S = 3.0
 # defaults).
 CONFIG = RebalanceConfig(window=8, interval=8, policy="deepseek", max_bytes_per_step=16 << 10, solve_in="thread",
                          transfer_timeout_s=1.0, heartbeat_interval_s=0.1, heartbeat_timeout_s=0.5, min_gain=0.0,
-                         patch_every=None)
-PATCHES = {"patch_every": RebalanceConfig().patch_every}
+                         patches=None)
+PATCHES = {"patches": PatchSettings()}
 
 
 def setup_for(world_size: int, steps: int, slots: int | None = None) -> DecodeSetup:
@@ -237,8 +238,8 @@ def bursty_setup(world_size: int, steps: int, bursts: list[tuple[int, int, int]]
 def test_burst_patches_switch_between_refits_and_serve_the_burst_better_with_exact_outputs():
     steps = 40
     setup = bursty_setup(4, steps, [(0, 6, 22)])
-    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 3,
-                                       "patch_window": 6, "max_bytes_per_step": 1 << 20})
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None,
+                                       "patches": PatchSettings(every=3, window=6), "max_bytes_per_step": 1 << 20})
     setup, reports, summary = run(4, steps, config=config, setup=setup)
     assert_exact_and_complete(summary, steps)
     assert summary["rebalances"] == 0 and summary["patches"] >= 1 and not summary["rebalance_failures"]
@@ -253,16 +254,16 @@ def test_burst_patches_switch_between_refits_and_serve_the_burst_better_with_exa
     assert patched["steps"] >= 3 and patched["after"] < patched["before"] - 0.005, patched
 
 
-@pytest.mark.parametrize("overlap, max_bytes", [(True, 16 << 10), (True, 1 << 20), (False, 16 << 10)])
-def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_outputs(overlap, max_bytes):
-    """With patch_overlap the next patch's job starts while a patch's weights move (late in many rounds, or at once
-    when the job took as long as the rounds: one round of 1 MiB), so some patch starts before the one before it has
-    switched, and its answer, ready by then, is broadcast at that switch; without, each starts after the last
-    switched. Either way every patch switches the step after its last round and tables are done (its answer's
-    broadcast posts the first round), every rank at the same steps, serving exact outputs."""
+@pytest.mark.parametrize("max_bytes", [16 << 10, 1 << 20])
+def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_outputs(max_bytes):
+    """The next patch's job starts while a patch's weights move (late in many rounds, or at once when the job took
+    as long as the rounds: one round of 1 MiB), so some patch starts before the one before it has switched, and its
+    answer, ready by then, is broadcast at that switch. Every patch switches the step after its last round and
+    tables are done (its answer's broadcast posts the first round), every rank at the same steps, serving exact
+    outputs."""
     steps = 40
-    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 3,
-                                       "max_bytes_per_step": max_bytes, "patch_overlap": overlap})
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None,
+                                       "patches": PatchSettings(every=2, window=3), "max_bytes_per_step": max_bytes})
     # The three busiest single-replica experts burst one after the other: patch after patch has something to move.
     staggered = bursty_setup(4, steps, [(0, 4, steps), (1, 12, steps), (2, 20, steps)])
     setup, reports, summary = run(4, steps, config=config, setup=staggered)
@@ -272,12 +273,12 @@ def test_overlapping_patches_solve_the_next_patch_while_one_moves_with_exact_out
     switches, lags = reports[0].stats["patch_steps"], reports[0].stats["patch_lag_steps"]
     starts = [switch - lag for switch, lag in zip(switches, lags)]
     before_last_switch = [start < previous for start, previous in zip(starts[1:], switches)]
-    assert any(before_last_switch) == overlap, (switches, lags)
+    assert any(before_last_switch), (switches, lags)
     broadcasts, moving = reports[0].stats["patch_broadcast_steps"], reports[0].stats["patch_moving_steps"]
     assert all(m >= 1 for m in moving) and (max(moving) > 1) == (max_bytes < 1 << 20), moving
     assert [switch - broadcast for switch, broadcast in zip(switches, broadcasts)] == [m + 1 for m in moving]
     at_last_switch = [broadcast == previous for broadcast, previous in zip(broadcasts[1:], switches)]
-    assert any(at_last_switch) == overlap, (switches, broadcasts)
+    assert any(at_last_switch), (switches, broadcasts)
     assert summary["burst_patches"]["after"] < summary["burst_patches"]["before"] - 0.05
 
 
@@ -305,8 +306,8 @@ def test_a_patch_s_layers_switch_as_their_weights_land_with_exact_outputs():
     serving exact outputs, each slot holding the expert the serving placement names."""
     steps = 24
     setup = three_layer_bursts(4, steps, (0, 2), 6.0, 4)
-    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 2,
-                                       "max_bytes_per_step": 16 << 10})
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None,
+                                       "patches": PatchSettings(every=2, window=2), "max_bytes_per_step": 16 << 10})
     setup, reports, summary = run(4, steps, config=config, setup=setup)
     assert_exact_and_complete(summary, steps)
     assert summary["rebalances"] == 0 and summary["patches"] >= 2 and not summary["rebalance_failures"]
@@ -323,8 +324,8 @@ def test_a_rank_killed_while_a_patch_s_layers_switch_one_by_one_leaves_the_survi
     its others (on this machine): the survivors drop the patch, keep what switched, re-form and finish exactly."""
     steps = 24
     setup = three_layer_bursts(4, steps, (0, 2), 6.0, 4)
-    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 2,
-                                       "max_bytes_per_step": 16 << 10})
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None,
+                                       "patches": PatchSettings(every=2, window=2), "max_bytes_per_step": 16 << 10})
     setup, reports, summary = run(4, steps, Faults(kills=((3, 13),)), config=config, setup=setup)
     assert_exact_and_complete(summary, steps)
     assert summary["survivors"] == [0, 1, 2] and [rec["lost_ranks"] for rec in summary["recoveries"]] == [[3]]
@@ -336,8 +337,8 @@ def test_a_rank_refusing_switches_stops_a_patch_s_early_layers_too():
     start placement serves to the end on every rank, outputs exact."""
     steps = 16
     setup = three_layer_bursts(4, steps, (0, 2), 6.0, 4)
-    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 2, "patch_window": 2,
-                                       "max_bytes_per_step": 16 << 10})
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None,
+                                       "patches": PatchSettings(every=2, window=2), "max_bytes_per_step": 16 << 10})
     setup, reports, summary = run(4, steps, Faults(refuse_switch_rank=2), config=config, setup=setup)
     assert_exact_and_complete(summary, steps)
     assert summary["patches"] == 0 and summary["rebalance_failures"]
@@ -357,10 +358,10 @@ def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs(stri
                                              tokens_per_step=TOKENS, seed=3)).counts_TLE
     ring = fit_placement("cpsat", old_TLE, setup.placement.cluster, routing="dynamic", work_limit=1.0)
     setup = dataclasses.replace(setup, placement=ring)
-    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patch_every": 3, "patch_window": 6,
-                                       "patch_drift_window": 6, "patch_threshold": 100.0,
-                                       "max_bytes_per_step": 1 << 20, "patch_drift_stride": stride,
-                                       "patch_swap_budget_s": budget_s})
+    patches = PatchSettings(every=3, window=6, drift_window=6, threshold=100.0, drift_stride=stride,
+                            swap_budget_s=budget_s)
+    config = CONFIG.model_copy(update={"interval": 1000, "refit_on_drift": None, "patches": patches,
+                                       "max_bytes_per_step": 1 << 20})
     setup, reports, summary = run(4, steps, config=config, setup=setup)
     assert_exact_and_complete(summary, steps)
     assert summary["rebalances"] == 0 and summary["patches"] >= 1 and not summary["rebalance_failures"]
@@ -370,34 +371,3 @@ def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs(stri
     assert patched["after"] < patched["before"], patched
 
 
-def test_refits_adopted_by_the_patches_never_stop_them_with_exact_outputs():
-    """With refit_adopt_layers, rank 0 solves each refit in a helper of its own and the patches adopt its layers one
-    a patch: the patches go on while it solves and while it is adopted (no refit attempt on any rank), a refit
-    counts as switched on rank 0 when its last layer serves, every rank switches at the same steps to the same
-    placement, and the outputs stay exact."""
-    steps = 48  # the mix changes at step 16; the first refit starts at step 20, on a window mostly of the new mix
-    setup = setup_for(4, steps)
-    old_TLE = generate_trace(SyntheticConfig(num_steps=FIT, num_layers=2, num_experts=EXPERTS, top_k=TOP_K,
-                                             tokens_per_step=TOKENS, seed=3)).counts_TLE
-    ring = fit_placement("cpsat", old_TLE, setup.placement.cluster, routing="dynamic", work_limit=1.0)
-    setup = dataclasses.replace(setup, placement=ring)
-    config = CONFIG.model_copy(update={"policy": "cpsat", "time_limit_s": 0.3, "interval": 20, "refit_on_drift": None,
-                                       "patch_every": 3, "patch_window": 6, "patch_drift_window": 6,
-                                       "max_bytes_per_step": 1 << 20, "refit_adopt_layers": 1})
-    setup, reports, summary = run(4, steps, config=config, setup=setup)
-    assert_exact_and_complete(summary, steps)
-    assert not summary["rebalance_failures"] and summary["patches"] >= 2
-    rank0 = reports[0].stats
-    assert rank0["rebalances"] >= 1, rank0  # a refit adopted to its last layer
-    assert all(r.stats["rebalances"] == 0 for r in reports[1:])  # the others only ever saw patches
-    assert len({tuple(r.stats["patch_steps"]) for r in reports}) == 1
-    assert all(np.array_equal(r.final_phy2log_LP, reports[0].final_phy2log_LP) for r in reports)
-    adopted_at, started_at = rank0["switch_steps"][0], rank0["switch_steps"][0] - rank0["lag_steps"][0]
-    # The patches that adopted it switched while it was in flight, one layer each, and patches went on after.
-    assert any(started_at < step <= adopted_at for step in rank0["patch_steps"]), rank0
-
-
-def test_refits_for_the_patches_to_adopt_need_patches():
-    with pytest.raises(ValueError, match="refit_adopt_layers"):
-        RebalanceConfig(refit_adopt_layers=2, patch_every=None)
-    assert RebalanceConfig(refit_adopt_layers=2).refit_adopt_layers == 2
