@@ -298,20 +298,9 @@ def init_communicator(
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    store = None
-    if store_address is not None:
-        if init_method is not None:
-            raise ValueError("give init_method or store_address, not both")
-        host, _, port = store_address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"store_address must be 'host:port'; got {store_address!r}")
-        if device.type == "cuda":
-            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
-        try:
-            store = dist.TCPStore(host, int(port), None, False, timeout=datetime.timedelta(seconds=timeout_s))
-        except Exception as exc:
-            raise CollectiveTimeoutError(f"rank {rank} could not reach the store at {store_address} within "
-                                         f"timeout_s={timeout_s:g}: {' '.join(str(exc).split())[:160]}") from exc
+    if store_address is not None and init_method is not None:
+        raise ValueError("give init_method or store_address, not both")
+    store = None if store_address is None else _join_store(store_address, rank, device, timeout_s)
     if dist.is_initialized():
         if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
             raise ValueError(
@@ -334,6 +323,21 @@ def init_communicator(
             ) from exc
     logger.info("rank %d of %d joined the %s group on %s", rank, world_size, backend, device)
     return Communicator(rank, world_size, device, timeout_s, store=store)
+
+
+def _join_store(store_address: str, rank: int, device: torch.device, timeout_s: float) -> dist.TCPStore:
+    """A client of the TCPStore at `store_address` ("host:port"); on CUDA, NCCL set to abort a broken communicator
+    without ending the process (unless set), so that survivors can regroup."""
+    host, _, port = store_address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"store_address must be 'host:port'; got {store_address!r}")
+    if device.type == "cuda":
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+    try:
+        return dist.TCPStore(host, int(port), None, False, timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as exc:
+        raise CollectiveTimeoutError(f"rank {rank} could not reach the store at {store_address} within "
+                                     f"timeout_s={timeout_s:g}: {' '.join(str(exc).split())[:160]}") from exc
 
 
 def _num_chunks(flat: torch.Tensor, max_chunk_bytes: int) -> int:

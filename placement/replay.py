@@ -143,10 +143,7 @@ def rolling_replay(
         ValueError: `pace` out of range (`PatchPace.problems`).
     """
     num_steps = counts_TLE.shape[0]
-    first_scored = _check_replay_args(num_steps, every, window, lag, drift_ratio)
-    problems = [] if patches is None else pace.problems(patches.every)
-    if problems:
-        raise ValueError("; ".join(f"pace.{name} {text}" for name, text in problems))
+    first_scored = _check_replay_args(num_steps, every, window, lag, drift_ratio, patches, pace)
     schedule = _Schedule(fit_step=window)
     parts = _ReplayParts(also={name: [] for name in also_routings})
     hedge = (lag, every) if forecast else None
@@ -250,8 +247,13 @@ def _moved_slots(chunks: list[tuple[int, int, Placement]]) -> int:
     return sum(int((after.phy2log_LP != before.phy2log_LP).sum()) for before, after in zip(served, served[1:]))
 
 
-def _check_replay_args(num_steps: int, every: int, window: int, lag: int, drift_ratio: float | None) -> int:
-    """The first scored step, `window + lag`, or `PlacementInfeasibleError` naming the argument out of range."""
+def _check_replay_args(num_steps: int, every: int, window: int, lag: int, drift_ratio: float | None,
+                       patches: PatchSettings | None, pace: PatchPace) -> int:
+    """The first scored step, `window + lag`, or `PlacementInfeasibleError` naming the argument out of range
+    (`ValueError` for the patches' pace)."""
+    problems = [] if patches is None else pace.problems(patches.every)
+    if problems:
+        raise ValueError("; ".join(f"pace.{name} {text}" for name, text in problems))
     if every < 1 or window < 1:
         raise PlacementInfeasibleError(f"every and window must be >= 1; got every={every}, window={window}")
     if lag < 0:

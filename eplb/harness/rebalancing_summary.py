@@ -43,11 +43,6 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
     served_by = {step: [r for r in served if step in r.steps] for step in steps}
     measured, lost = _measured_and_lost(served_by)
     times = {row["step"]: row for row in group_step_times(reports) if row["step"] in served_by}
-    quiet = [row["seconds"] for row in times.values() if not row["rebalancing"]]
-    busy = [row["seconds"] for row in times.values() if row["rebalancing"]]
-    median_quiet = float(np.median(quiet)) if quiet else 0.0
-    # A step waited if the rebalancer's work before it outlasted a whole quiet decode step.
-    waited = sum(any(r.steps[step]["pause_seconds"] > median_quiet for r in served_by[step]) for step in steps)
     stats = finished[0].stats
     switches = stats["switch_steps"]
     last_switch = max(switches + stats["patch_steps"], default=None)  # of a refit, a load or a burst patch
@@ -78,11 +73,7 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "failed_rank": failed_rank,
         "recoveries": [{k: v for k, v in rec.items() if k not in ("detected_at", "killed_at")} for rec in recoveries],
         "seconds_from_kill_to_first_step": _kill_to_first_step(finished),
-        "decode_steps_waiting_on_rebalance": int(waited),
-        "step_time_p99_ratio": p99_ratio(busy, quiet),
-        "step_time_p99_ratio_interval": p99_ratio_interval(busy, quiet),
-        "step_time_ms": {"p50_quiet": _ms(quiet, 50), "p99_quiet": _ms(quiet, 99), "p50_rebalancing": _ms(busy, 50),
-                         "p99_rebalancing": _ms(busy, 99), "steps_rebalancing": len(busy)},
+        **_step_times(times, served_by),
         "step_time_ms_by_phase": _by_phase(finished[0], {step: row["seconds"] for step, row in times.items()}),
         "switch_steps": switches,
         "first_switch": first_switch,
@@ -95,6 +86,20 @@ def summarize_rebalancing(reports: list, setup: DecodeSetup, failed_rank: int | 
         "failures_tolerated": finished[0].failures_tolerated,
         "host_copy_bytes_max": max(r.host_copy_bytes for r in finished),
     }
+
+
+def _step_times(times: dict[int, dict], served_by: dict[int, list[LoopReport]]) -> dict:
+    """The step-time figures: steps whose start the rebalancer delayed by more than a whole quiet step (median), the
+    p99 ratio of rebalancing steps to quiet ones (and its interval), and their milliseconds."""
+    quiet = [row["seconds"] for row in times.values() if not row["rebalancing"]]
+    busy = [row["seconds"] for row in times.values() if row["rebalancing"]]
+    median_quiet = float(np.median(quiet)) if quiet else 0.0
+    waited = sum(any(r.steps[step]["pause_seconds"] > median_quiet for r in ranks) for step, ranks in served_by.items())
+    return {"decode_steps_waiting_on_rebalance": int(waited), "step_time_p99_ratio": p99_ratio(busy, quiet),
+            "step_time_p99_ratio_interval": p99_ratio_interval(busy, quiet),
+            "step_time_ms": {"p50_quiet": _ms(quiet, 50), "p99_quiet": _ms(quiet, 99),
+                             "p50_rebalancing": _ms(busy, 50), "p99_rebalancing": _ms(busy, 99),
+                             "steps_rebalancing": len(busy)}}
 
 
 def _measured_and_lost(served_by: dict[int, list[LoopReport]]) -> tuple[dict[int, float], int]:

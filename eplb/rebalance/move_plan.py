@@ -203,45 +203,55 @@ def schedule_chunks(
                          f"({max(row_bytes.values())} bytes); raise it")
     local = [Chunk(index, matrix, 0, rows[matrix], 0) for index, fill in enumerate(fills) if fill.is_local
              for matrix in range(3)]
-    rounds: list[list[Chunk]] = [local]
-    sent: list[dict[int, int]] = [{}]
-    received: list[dict[int, int]] = [{}]
-    # Rounds before first_open[(side, rank)] have no room for even the smallest row at that end: the first-fit
-    # scan starts after them (the same rounds as scanning from 0, without the quadratic cost at the full shape).
-    smallest = min(row_bytes.values())
-    first_open: dict[tuple[int, int], int] = {}
+    filler = _RoundFiller(max_bytes_per_round, min(row_bytes.values()), local)
+    for index, fill in enumerate(fills):
+        if not fill.is_local:
+            for matrix in range(3):
+                filler.place(index, fill, matrix, rows[matrix], row_bytes[matrix])
+    return [chunks for chunks in filler.rounds if chunks] or [[]]
 
-    def open_from(side: int, rank: int, used: list[dict[int, int]]) -> int:
-        r = first_open.get((side, rank), 0)
-        while r < len(rounds) and used[r].get(rank, 0) + smallest > max_bytes_per_round:
+
+class _RoundFiller:
+    """Rounds filled first fit (`schedule_chunks`): the chunks of each round, and the bytes each rank sends and
+    receives in it."""
+
+    def __init__(self, budget: int, smallest_row: int, local: list[Chunk]) -> None:
+        self.budget, self.smallest_row = budget, smallest_row
+        self.rounds: list[list[Chunk]] = [local]
+        self.sent: list[dict[int, int]] = [{}]
+        self.received: list[dict[int, int]] = [{}]
+        # Rounds before first_open[(side, rank)] have no room for even the smallest row at that end: the first-fit
+        # scan starts after them (the same rounds as scanning from 0, without the quadratic cost at the full shape).
+        self.first_open: dict[tuple[int, int], int] = {}
+
+    def _open_from(self, side: int, rank: int, used: list[dict[int, int]]) -> int:
+        r = self.first_open.get((side, rank), 0)
+        while r < len(self.rounds) and used[r].get(rank, 0) + self.smallest_row > self.budget:
             r += 1
-        first_open[(side, rank)] = r
+        self.first_open[(side, rank)] = r
         return r
 
-    def room(r: int, fill: Fill) -> int:
-        return max_bytes_per_round - max(sent[r].get(fill.src_rank, 0), received[r].get(fill.dst_rank, 0))
+    def _room(self, r: int, fill: Fill) -> int:
+        return self.budget - max(self.sent[r].get(fill.src_rank, 0), self.received[r].get(fill.dst_rank, 0))
 
-    for index, fill in enumerate(fills):
-        if fill.is_local:
-            continue
-        for matrix in range(3):
-            start, row = 0, row_bytes[matrix]
-            while start < rows[matrix]:
-                # First fit: the earliest round where both ends still have room for a row.
-                begin = max(open_from(0, fill.src_rank, sent), open_from(1, fill.dst_rank, received))
-                slot = next((r for r in range(begin, len(rounds)) if room(r, fill) >= row), None)
-                if slot is None:
-                    rounds.append([])
-                    sent.append({})
-                    received.append({})
-                    slot = len(rounds) - 1
-                end = min(rows[matrix], start + room(slot, fill) // row)
-                nbytes = (end - start) * row
-                rounds[slot].append(Chunk(index, matrix, start, end, nbytes))
-                sent[slot][fill.src_rank] = sent[slot].get(fill.src_rank, 0) + nbytes
-                received[slot][fill.dst_rank] = received[slot].get(fill.dst_rank, 0) + nbytes
-                start = end
-    return [chunks for chunks in rounds if chunks] or [[]]
+    def place(self, index: int, fill: Fill, matrix: int, num_rows: int, row: int) -> None:
+        """Weight matrix `matrix` of fill `index` (`num_rows` rows of `row` bytes), in chunks, each in the earliest
+        round where both its ranks still have room for a row, as many rows as that room takes."""
+        start = 0
+        while start < num_rows:
+            begin = max(self._open_from(0, fill.src_rank, self.sent), self._open_from(1, fill.dst_rank, self.received))
+            slot = next((r for r in range(begin, len(self.rounds)) if self._room(r, fill) >= row), None)
+            if slot is None:
+                self.rounds.append([])
+                self.sent.append({})
+                self.received.append({})
+                slot = len(self.rounds) - 1
+            end = min(num_rows, start + self._room(slot, fill) // row)
+            nbytes = (end - start) * row
+            self.rounds[slot].append(Chunk(index, matrix, start, end, nbytes))
+            self.sent[slot][fill.src_rank] = self.sent[slot].get(fill.src_rank, 0) + nbytes
+            self.received[slot][fill.dst_rank] = self.received[slot].get(fill.dst_rank, 0) + nbytes
+            start = end
 
 
 def holders_of(experts_GS: np.ndarray, failures_tolerated: int | None,

@@ -44,7 +44,6 @@ while a refit is under way: its moves read and keep serving slots a patch would 
 A rank that dies surfaces as a `CollectiveError`; `recover` and `mark_failed` re-form the group (`recovery`).
 """
 
-import logging
 import time
 
 import numpy as np
@@ -54,27 +53,24 @@ from collectives import Communicator
 from collectives.membership import Heartbeat
 from eplb.live.load_recorder import LoadRecorder
 from eplb.live.moe_layer import MoEDecodeLayer
-from eplb.rebalance.attempt import Attempt, last_rounds
-from eplb.rebalance.background_solver import PolicyFn, SolveResult
+from eplb.rebalance.attempt import Attempt
+from eplb.rebalance.attempt_runner import AttemptRunner
+from eplb.rebalance.background_solver import PolicyFn
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.drift import DriftWatch
 from eplb.rebalance.host_copies import HostCopies
 from eplb.rebalance.live_patches import LivePatches
-from eplb.rebalance.move_plan import decode_for_rank
 from eplb.rebalance.protocol import Field, Phase, SolveStatus, message
 from eplb.rebalance.recovery import GroupRecovery, RecoveryReport, agree_and_regroup
+from eplb.rebalance.refit_clock import RefitClock
 from eplb.rebalance.settings_checks import check_loadable, check_settings
-from eplb.rebalance.solve_answer import unpack_answer
 from eplb.rebalance.solving import Rank0Solver
 from eplb.rebalance.stats import RebalanceStats
-from eplb.rebalance.transfer import WeightMover, tag_base
-from placement import Placement, PlacementFormatError, load_placement
+from eplb.rebalance.transfer import WeightMover
+from placement import Placement, load_placement
 from placement.forecast import hedged_window
-from placement.patch_planner import Followed
 
 __all__ = ["Rebalancer", "RebalanceStats", "RecoveryReport"]
-
-logger = logging.getLogger(__name__)
 
 
 class Rebalancer:
@@ -95,7 +91,6 @@ class Rebalancer:
                  recorder: LoadRecorder, placement: Placement, *, policy_fn: PolicyFn | None = None) -> None:
         check_settings(config, comm, layers, recorder, placement)
         self.config, self.comm, self.layers, self.recorder = config, comm, layers, recorder
-        self.placement = placement
         self.placement_members = list(comm.members)  # original rank of each GPU of the placement
         self.failures_tolerated = config.failures_tolerated_for(comm.world_size)
         self.stats = RebalanceStats()
@@ -103,12 +98,12 @@ class Rebalancer:
         self.mover = WeightMover(comm, layers, self.host_copies.copy_of)
         self.drift = DriftWatch(config)
         self.recovery = GroupRecovery(config, comm, layers, recorder, self.mover, self.host_copies, self.stats)
+        self.refits = RefitClock(config.interval)
         self.patches = None if config.patches is None else LivePatches(config.patches, comm, recorder, placement)
-        self._attempt: Attempt | None = None  # None: idle
-        self._steps_since_attempt = 0  # steps with no refit under way since the last refit attempt
-        self._due_now = False
         shape = self.mover.transfer_shape(config.max_bytes_per_step, self.failures_tolerated)
         self.solver = Rank0Solver(config, comm, shape, policy_fn)
+        self.run = AttemptRunner(config, comm, layers, (self.mover, self.host_copies, self.solver, self.stats,
+                                                        self.drift), self.refits, self.patches, placement)
         if comm.rank == 0:
             # Start the helper process now and let its imports finish before decode starts (the other ranks wait
             # for this rank in the collectives below: at most half their timeout), not beside the first steps.
@@ -118,27 +113,32 @@ class Rebalancer:
         comm.barrier()  # every rank leaves here together, so no rank's first decode step waits on the start-up
 
     @property
+    def placement(self) -> Placement:
+        """The placement serving now."""
+        return self.run.placement
+
+    @property
     def phase(self) -> Phase:
         """"idle", "solving" (waiting on the background solve) or "moving" (weights in flight, then the switch)."""
-        if self._attempt is None:
+        if self.run.attempt is None:
             return Phase.IDLE
-        return Phase.SOLVING if self._attempt.target is None else Phase.MOVING
+        return Phase.SOLVING if self.run.attempt.target is None else Phase.MOVING
 
     @property
     def transfer_in_flight(self) -> bool:
         """True while a round of a rebalance's weights is posted and not yet completed (it moves during the decode
         step that follows `step`)."""
-        return self._attempt is not None and self._attempt.in_flight is not None
+        return self.run.attempt is not None and self.run.attempt.in_flight is not None
 
     @property
     def in_progress(self) -> bool:
         """True while a rebalance or a burst patch is under way (solving, moving or about to switch)."""
-        return self._attempt is not None
+        return self.run.attempt is not None
 
     @property
     def refit_in_progress(self) -> bool:
         """True while a refit or a loaded placement is under way (not a burst patch)."""
-        return self._attempt is not None and not self._attempt.patch
+        return self.run.attempt is not None and not self.run.attempt.patch
 
     @property
     def host_copy_bytes(self) -> int:
@@ -155,24 +155,24 @@ class Rebalancer:
         self.drift.note_step(self.layers)
         received_G = self._received_G()
         if received_G is not None and received_G[:, Field.DRIFTED].any():
-            self._due_now = True  # every rank reads the same flags: a refit at the first step that may start one
+            self.refits.request()  # every rank reads the same flags: a refit at the first step that may start one
         drifted = started = False
         if not self.refit_in_progress:
-            self._steps_since_attempt += 1
+            self.refits.tick()
             if self.patches is not None:
                 self.patches.clock.tick()
             if self.phase != Phase.MOVING:  # idle, or a patch still solving, which a due refit replaces
                 drifted, started = self._maybe_start(step)
         if not started and self.phase == Phase.SOLVING:
-            self._poll_solve(step, received_G)
+            self.run.poll_solve(step, received_G)
         elif not started and self.phase == Phase.MOVING:
             if self.patches is not None and self.patches.clock.queue_due(step):  # due at the broadcast: now
-                self._queue_patch(step, self._attempt)
-            self._move_round(step, received_G)
+                self.run.queue_patch(step)
+            self.run.move_round(step, received_G)
         # Rank 0's solve status: this attempt's job while it solves, the queued patch's while a patch moves.
         solving = self.phase == Phase.SOLVING or (self.patches is not None and self.patches.clock.job_queued)
         status, sizes = self.solver.status() if solving else (SolveStatus.RUNNING, (0, 0))
-        transfers_ok = self._attempt is None or self._attempt.transfers_ok
+        transfers_ok = self.run.attempt is None or self.run.attempt.transfers_ok
         self.layers[0].piggyback = torch.tensor(
             message(self.stats.attempts, status, sizes, transfers_ok=transfers_ok, accepts_switch=accept_switch,
                     drifted=drifted), dtype=torch.int64)
@@ -182,7 +182,7 @@ class Rebalancer:
         trigger does, e.g. SGLang's rebalance request; after a burst patch that is moving, when it has switched).
         Call on every rank at the same step; no-op while a refit is under way."""
         if not self.refit_in_progress:
-            self._due_now = True
+            self.refits.request()
 
     def wait_for_solve(self, timeout_s: float | None = None) -> None:
         """On rank 0, while an attempt is solving, block until the solve has finished (done, kept or failed; at most
@@ -216,51 +216,40 @@ class Rebalancer:
         """
         target = placement if isinstance(placement, Placement) else load_placement(placement)
         check_loadable(target, self.placement, self.layers, self.comm.world_size)
-        if self.in_progress and self.phase == Phase.SOLVING and self._attempt.patch:
-            self._attempt = None  # its answer, when it comes, is about an older attempt and ignored
+        if self.in_progress and self.phase == Phase.SOLVING and self.run.attempt.patch:
+            self.run.attempt = None  # its answer, when it comes, is about an older attempt and ignored
         if self.in_progress:
             raise RuntimeError("a rebalance is under way; load a placement when `in_progress` is False")
         self.stats.attempts += 1
         self.solver.submit(None, self.placement, target)
-        self._attempt = Attempt(fit_step=step)
+        self.run.attempt = Attempt(fit_step=step)
 
     def _maybe_start(self, step: int) -> tuple[bool, bool]:
         """Start a refit if one is due (interval, a request, or drift seen by any rank), replacing a patch still
         solving, else a burst patch if one is due and nothing is under way; return (this rank's drift flag for this
         step's message, whether an attempt started)."""
-        if self._refit_due() and self.recorder.steps_recorded > 0:
+        if self.refits.due and self.recorder.steps_recorded > 0:
             self._start_refit(step)
             return False, True
         patch_due = self.patches is not None and self.patches.clock.due
-        if patch_due and self._attempt is None and self.recorder.steps_recorded > 0:
+        started = patch_due and self.run.attempt is None and self.recorder.steps_recorded > 0
+        if started:
             self.patches.clock.started()
             self.stats.attempts += 1
             self.patches.submit(self.solver, None, self.placement)
-            self._attempt = Attempt(fit_step=step, patch=True)
-            return self.drift.check(self._steps_since_attempt), True
-        return self.drift.check(self._steps_since_attempt), False
-
-    def _refit_due(self) -> bool:
-        """True when a refit is due (the interval, a request, or drift seen by any rank)."""
-        return self._due_now or self._steps_since_attempt >= self.config.interval
+            self.run.attempt = Attempt(fit_step=step, patch=True)
+        return self.drift.check(self.refits.steps_since_attempt), started
 
     def _start_refit(self, step: int) -> None:
         """Start a refit attempt on the recorder's window (rank 0 solves in the background)."""
-        self._due_now, self._steps_since_attempt = False, 0
+        self.refits.started()
         window_TLE = self.recorder.counts_TLE()
         if self.recorder.scope == "rank":  # this rank's tokens: all-reduce (a collective, on every rank)
             window_TLE = self.comm.all_reduce_sum(window_TLE)
         self.stats.attempts += 1
         if self.comm.rank == 0:
             self.solver.submit(self._fit_window(window_TLE.cpu().numpy()), self.placement)
-        self._attempt = Attempt(fit_step=step)
-
-    def _queue_patch(self, step: int, moving: Attempt) -> None:
-        """Start the next patch's job now, while patch `moving` moves its weights: it starts from that patch's
-        drift swaps and is planned from its target, and becomes an attempt at its switch (`_switch`), its answer
-        often ready by then. Every rank calls it at the same step."""
-        self.patches.submit(self.solver, moving.followed, moving.target)
-        self.patches.clock.queued(step)
+        self.run.attempt = Attempt(fit_step=step)
 
     def _fit_window(self, window_TLE: np.ndarray) -> np.ndarray:
         """What rank 0 fits: the recorded window, or with `forecast="trend"` the window moved to the steps its
@@ -269,156 +258,6 @@ class Rebalancer:
             return window_TLE
         lag = self.stats.lag_steps[-1] if self.stats.lag_steps else 0
         return hedged_window(window_TLE, lag, self.config.interval)
-
-    def _poll_solve(self, step: int, received_G: np.ndarray | None) -> None:
-        """Act on rank 0's solve status once it is about this attempt (`_take_answer`)."""
-        if received_G is None or received_G[0, Field.ATTEMPT] != self.stats.attempts:
-            return  # rank 0's status for this attempt arrives with the next step
-        self._take_answer(step, received_G[0])
-
-    def _take_answer(self, step: int, rank0_message: np.ndarray) -> None:
-        """Act on rank 0's solve status in `rank0_message` (its message, about this attempt's job): wait, fail,
-        keep, or broadcast the answer, start moving and post the first round in this same step (a patch: and start
-        the next patch's job from its target once due)."""
-        attempt, comm = self._attempt, self.comm
-        status = SolveStatus(int(rank0_message[Field.SOLVE_STATUS]))
-        if status == SolveStatus.RUNNING:
-            return
-        job = self.solver.job()
-        if attempt.patch:
-            self.patches.answered(job.get("result"))
-        if status == SolveStatus.FAILED:
-            self._fail(f"the solve failed on rank 0: {job.get('error', 'see rank 0 log')}" if comm.rank == 0
-                       else "the solve failed on rank 0")
-            return
-        if status == SolveStatus.KEPT:
-            self._keep(job.get("result"))
-            return
-        num_fills, num_chunks = int(rank0_message[Field.NUM_FILLS]), int(rank0_message[Field.NUM_CHUNKS])
-        answer = self.solver.broadcast_answer(self.placement, num_fills, num_chunks)
-        # Every rank holds the same bytes now, so every rank reaches the same verdict: no agreement needed.
-        try:
-            target, fitted, fills_U8, chunks_C6 = unpack_answer(answer, self.placement, num_fills, num_chunks,
-                                                                self.config.policy)
-        except PlacementFormatError as exc:
-            self._fail(f"the solved placement is invalid: {exc}")
-            return
-        fills, rounds = decode_for_rank(fills_U8, chunks_C6, comm.rank)
-        if comm.rank == 0:
-            attempt.followed = job["result"].followed
-        attempt.start_moving(self.placement, target, fitted, fills, rounds,
-                             self.mover.staging_for(list(fills.values())),
-                             job["result"].moves if comm.rank == 0 else None,
-                             last_rounds(fills_U8, chunks_C6) if attempt.patch else {})  # refits switch at once
-        attempt.broadcast_step = step
-        self._prepare_and_advance(attempt)  # the first round moves during this very step
-        if attempt.patch:
-            switched_now = bool(self.stats.patch_steps) and self.stats.patch_steps[-1] == step
-            if self.patches.clock.broadcast(step, attempt.fit_step, attempt.moving_steps, attempt.queued,
-                                            switched_now):
-                self._queue_patch(step, attempt)
-
-    def _move_round(self, step: int, received_G: np.ndarray | None) -> None:
-        """Switch when every rank reported all rounds moved; else prepare a few layers, complete the round posted
-        before the last decode step (it moved meanwhile) and post the next."""
-        attempt, comm = self._attempt, self.comm
-        current = received_G is not None and bool((received_G[:, Field.ATTEMPT] == self.stats.attempts).all())
-        if current and not received_G[:, Field.TRANSFERS_OK].all():
-            failed = np.flatnonzero(received_G[:, Field.TRANSFERS_OK] == 0).tolist()
-            self._fail(f"a weight transfer failed or timed out on rank(s) {[comm.members[r] for r in failed]}")
-            return
-        if current and attempt.reported_all:
-            # Every round moved and every rank said so with the last step: switch, if every rank accepts.
-            self._switch(step, bool(received_G[:, Field.ACCEPTS_SWITCH].all()), received_G)
-            return
-        if current and attempt.patch and received_G[:, Field.ACCEPTS_SWITCH].all():
-            # A patch's layers switch as their weights land: round r completes at the broadcast's step + r + 1, and
-            # every rank's message of that step says whether it succeeded.
-            landed = attempt.layers_landed(step - attempt.broadcast_step - 1)
-            if landed:
-                self._switch_layers(attempt, landed)
-        self._prepare_and_advance(attempt)
-
-    def _switch_layers(self, attempt: Attempt, layers: list[int]) -> None:
-        """Install `layers` of a patch's target ahead of its other layers (every rank at the same step): their
-        staged experts, tables and host copies; the placement serving (and on rank 0 the one the patches follow)
-        takes those layers."""
-        attempt.install(layers, self.layers, self.mover, self.host_copies)
-        attempt.switched_L.update(layers)
-        self.stats.early_layer_switches += len(layers)
-        self.placement = self.placement.with_layers_of(attempt.target, layers)
-        self.patches.landed(attempt.followed, layers)  # a failure after this leaves these layers' swaps serving
-
-    def _prepare_and_advance(self, attempt: Attempt) -> None:
-        """Prepare a few of `attempt`'s layers, complete the round in flight and post the next."""
-        attempt.prepare_layers(self.comm.device, self.host_copies)
-        tags = tag_base(self.stats.attempts, attempt.next_round)
-        attempt.advance(self.mover, self.config.transfer_timeout_s, tags, self.stats)
-
-    def _switch(self, step: int, accept: bool, received_G: np.ndarray) -> None:
-        """Install the target on every layer (staged experts into their slots, its tables, its host copies); after a
-        patch, the queued patch becomes the attempt, and when rank 0's last message said its job was done (and no
-        refit is due, which would replace it), its answer is taken in this same step."""
-        attempt = self._attempt
-        if not accept:
-            self._fail("a rank refused the switch")
-            return
-        # A patch's layers switched as their weights landed are installed already.
-        attempt.install([index for index in range(len(self.layers)) if index not in attempt.switched_L], self.layers,
-                        self.mover, self.host_copies)
-        self.placement = attempt.target
-        self._attempt = None
-        if attempt.patch:
-            self._patch_switched(step, attempt, received_G)
-            return
-        if self.patches is not None:
-            self.patches.refit(attempt.followed or Followed.of(attempt.target))
-        self.drift.restart(attempt.fitted_imbalance)
-        self.stats.record_switch(step, attempt.fit_step, time.perf_counter() - attempt.fit_time, attempt.moves)
-        logger.info("switched to the new placement at step %d (%d fills)", step, len(attempt.fills))
-
-    def _patch_switched(self, step: int, attempt: Attempt, received_G: np.ndarray) -> None:
-        """A patch switched: its drift swaps stay for the next patches (rank 0), and the patch queued while it moved
-        becomes the attempt, its answer taken now if rank 0's message said it was done and no refit is due."""
-        self.patches.landed(attempt.followed)
-        self.drift.restart(self.drift.fitted_imbalance)  # the fit's level stays the drift trigger's
-        self.stats.record_patch(step, attempt.fit_step, attempt.moves, attempt.broadcast_step,
-                                attempt.moving_steps, len(attempt.switched_L))
-        logger.info("switched to a burst patch at step %d (%d fills)", step, len(attempt.fills))
-        queued_step = self.patches.clock.take_queued(step)
-        if queued_step is not None:  # the next patch, solving since this one moved
-            self.stats.attempts += 1
-            self._attempt = Attempt(fit_step=queued_step, patch=True, queued=True)
-            if not self._refit_due():  # rank 0's message was about the queued job while this patch moved
-                self._take_answer(step, received_G[0])
-
-    def _keep(self, answer: SolveResult | None) -> None:
-        """End the attempt with the placement serving unchanged (the fit gained less than min_gain, or a patch
-        would change no slot; `answer` is rank 0's). After a refit, the drift trigger's level is then measured again
-        on the steps served from here, so that traffic no placement serves better does not start attempt after
-        attempt."""
-        if self._attempt.patch:
-            self._attempt = None
-            return
-        self.stats.kept += 1
-        if answer is not None:
-            logger.info("kept the placement serving: a new fit would gain %s%.2f%% on the window (min_gain %.2f%%)",
-                        "at most " if answer.fit_skipped else "", 100 * answer.gain, 100 * self.config.min_gain)
-        self.drift.restart()
-        self._attempt, self._steps_since_attempt = None, 0
-
-    def _fail(self, reason: str) -> None:
-        """Drop the attempt: the old placement keeps serving; try again at the next interval (a patch: at the
-        next patch)."""
-        patch = self._attempt.patch
-        if self.patches is not None:
-            self.patches.clock.drop()  # a job queued from a target that will not serve
-        self.stats.failures.append(f"burst patch: {reason}" if patch else reason)
-        logger.warning("%s abandoned, the current placement keeps serving: %s", "burst patch" if patch else "rebalance",
-                       reason)
-        self._attempt = None
-        if not patch:
-            self._steps_since_attempt = 0
 
     def recover(self, step: int, max_attempts: int | None = None) -> RecoveryReport:
         """After a `CollectiveError` on this rank (a peer died): agree with the other survivors on who is left,
@@ -449,15 +288,15 @@ class Rebalancer:
         group."""
         began = time.perf_counter()
         if self.in_progress:
-            broken = "a weight transfer failed, " if not self._attempt.transfers_ok else ""
-            self._fail(f"{broken}the group is re-forming")
+            broken = "a weight transfer failed, " if not self.run.attempt.transfers_ok else ""
+            self.run.fail(f"{broken}the group is re-forming")
         report, target = self.recovery.regroup(survivors, step, self.placement, self.placement_members, began)
         if target is not None:
-            self.placement, self.placement_members = target, list(survivors)
+            self.run.placement, self.placement_members = target, list(survivors)
             if self.patches is not None:
                 self.patches.regrouped(target)
             self.drift.restart()
-            self._due_now = True
+            self.refits.request()
         return report
 
     def close(self) -> None:

@@ -91,33 +91,40 @@ def swap_search(
     recount_cost = slots_per_gpu * (num_gpus * num_experts + num_gpus * num_gpus * slots_per_gpu)
     use_recount = recount and num_steps == 1 and node_of_G is None
     while spent < max_evaluations:
-        moved = False
-        for gpu in _busiest(state.loads_TG, GPUS_TRIED):
-            spent += swap_cost
-            found = _best_swap(state, int(gpu), node_of_G)
-            if found is not None and found[0] < best * (1 - IMPROVEMENT):
-                best, moved = found[0], True
-                _, slot, other, other_slot = found
-                slots[gpu, slot], slots[other, other_slot] = slots[other, other_slot], slots[gpu, slot]
-                break
-            if use_recount:
-                spent += recount_cost
-                found = _best_recount(state, int(gpu))
-                if found is not None and found[0] < best * (1 - IMPROVEMENT):
-                    best, moved = found[0], True
-                    _, flat, expert = found
-                    flat_slots = slots.reshape(-1)  # a view: the move lands in `slots`
-                    state.replicas_E[flat_slots[flat]] -= 1
-                    state.replicas_E[expert] += 1
-                    flat_slots[flat] = expert
-                    break
-            if spent >= max_evaluations:
-                break
+        moved, spent = _one_move(state, slots, best, spent, max_evaluations, (swap_cost, recount_cost),
+                                 use_recount, node_of_G)
         if not moved:
             break
         state.refresh()
         best = state.objective()
     return np.sort(slots, axis=1).reshape(-1), best, spent
+
+
+def _one_move(state: "_State", slots: np.ndarray, best: float, spent: float, max_evaluations: float,
+              costs: tuple[float, float], use_recount: bool, node_of_G: np.ndarray | None) -> tuple[bool, float]:
+    """Apply to `slots` [G, S] the first improving move found from the busiest GPUs on (a swap, else with
+    `use_recount` a replica moved between experts); return (whether one was applied, evaluations spent so far)."""
+    swap_cost, recount_cost = costs
+    for gpu in _busiest(state.loads_TG, GPUS_TRIED):
+        spent += swap_cost
+        found = _best_swap(state, int(gpu), node_of_G)
+        if found is not None and found[0] < best * (1 - IMPROVEMENT):
+            _, slot, other, other_slot = found
+            slots[gpu, slot], slots[other, other_slot] = slots[other, other_slot], slots[gpu, slot]
+            return True, spent
+        if use_recount:
+            spent += recount_cost
+            found = _best_recount(state, int(gpu))
+            if found is not None and found[0] < best * (1 - IMPROVEMENT):
+                _, flat, expert = found
+                flat_slots = slots.reshape(-1)  # a view: the move lands in `slots`
+                state.replicas_E[flat_slots[flat]] -= 1
+                state.replicas_E[expert] += 1
+                flat_slots[flat] = expert
+                return True, spent
+        if spent >= max_evaluations:
+            break
+    return False, spent
 
 
 def _busiest(loads_TG: np.ndarray, count: int) -> np.ndarray:

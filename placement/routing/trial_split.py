@@ -41,32 +41,11 @@ def trial_imbalances(phy2log_BP: np.ndarray, gpu_of_slot_P: np.ndarray, load_E: 
     """
     phy2log = np.asarray(phy2log_BP, dtype=np.int64)
     load = np.asarray(load_E, dtype=np.float64)
-    num_trials, num_experts = phy2log.shape[0], len(load)
-    pairs_BP = phy2log * num_gpus + np.asarray(gpu_of_slot_P, dtype=np.int64)
-    # The distinct (expert, GPU) pairs of all trials, ascending, and which of them each trial holds.
-    index_of_pair = np.zeros(num_experts * num_gpus, dtype=np.int64)
-    index_of_pair[pairs_BP.ravel()] = 1  # a flag first, then the pair's index in union_pairs
-    union_pairs = np.flatnonzero(index_of_pair)
-    index_of_pair[union_pairs] = np.arange(len(union_pairs))
-    present_BU = np.zeros((num_trials, len(union_pairs)), dtype=bool)
-    present_BU[np.arange(num_trials)[:, None], index_of_pair[pairs_BP]] = True
-    expert_U, gpu_U = union_pairs // num_gpus, union_pairs % num_gpus
-    spans_E = np.bincount(expert_U, minlength=num_experts)
-    fixed_U = (spans_E[expert_U] == 1) & present_BU.all(axis=0)
-    fixed_G = np.bincount(gpu_U[fixed_U], load[expert_U[fixed_U]], minlength=num_gpus)
-    if fixed_U.all():
+    num_trials = phy2log.shape[0]
+    fixed_G, movable = _union_of_trials(phy2log, np.asarray(gpu_of_slot_P, dtype=np.int64), len(load), num_gpus, load)
+    if movable is None:
         return np.full(num_trials, fixed_G.max() / max(fixed_G.mean(), 1e-12))
-
-    # The union's movable experts, their GPUs in ascending order as columns, and which of them each trial holds.
-    multi_U = np.flatnonzero(~fixed_U)
-    multi_expert = expert_U[multi_U]
-    movable_M, first_of_M = np.unique(multi_expert, return_index=True)
-    row = np.searchsorted(movable_M, multi_expert)
-    column = np.arange(len(multi_U)) - first_of_M[row]
-    gpus_MY = np.full((len(movable_M), int(column.max()) + 1), num_gpus, dtype=np.int64)
-    gpus_MY[row, column] = gpu_U[multi_U]
-    valid_BMY = np.zeros((num_trials, *gpus_MY.shape), dtype=bool)
-    valid_BMY[:, row, column] = present_BU[:, multi_U]
+    movable_M, gpus_MY, valid_BMY = movable
 
     # entry_BMY: where entry (b, m, y) lands in a flattened [B, G + 1] table of GPU loads (column G: the padding), so
     # loads are one bincount and each entry's GPU load one take. Not a matrix product: on shared cores a threaded
@@ -98,3 +77,34 @@ def trial_imbalances(phy2log_BP: np.ndarray, gpu_of_slot_P: np.ndarray, load_E: 
         share_BMY = ahead + step_BM1 * (water_fill(tokens_BM, base) - ahead)
     loads_BG = (fixed_BG1 + loads_of(share_BMY))[:, :num_gpus]
     return loads_BG.max(axis=1) / np.maximum(loads_BG.mean(axis=1), 1e-12)
+
+
+def _union_of_trials(phy2log: np.ndarray, gpu_of_slot_P: np.ndarray, num_experts: int, num_gpus: int,
+                     load: np.ndarray) -> tuple[np.ndarray, tuple | None]:
+    """The distinct (expert, GPU) pairs of all trials: [G] tokens of the experts on one GPU in every trial (fixed
+    there), and for the others (None when there are none) the movable experts [M], their GPUs in ascending order as
+    columns [M, Y] (padded with G), and which of them each trial holds [B, M, Y]."""
+    num_trials = phy2log.shape[0]
+    pairs_BP = phy2log * num_gpus + gpu_of_slot_P
+    index_of_pair = np.zeros(num_experts * num_gpus, dtype=np.int64)
+    index_of_pair[pairs_BP.ravel()] = 1  # a flag first, then the pair's index in union_pairs
+    union_pairs = np.flatnonzero(index_of_pair)
+    index_of_pair[union_pairs] = np.arange(len(union_pairs))
+    present_BU = np.zeros((num_trials, len(union_pairs)), dtype=bool)
+    present_BU[np.arange(num_trials)[:, None], index_of_pair[pairs_BP]] = True
+    expert_U, gpu_U = union_pairs // num_gpus, union_pairs % num_gpus
+    spans_E = np.bincount(expert_U, minlength=num_experts)
+    fixed_U = (spans_E[expert_U] == 1) & present_BU.all(axis=0)
+    fixed_G = np.bincount(gpu_U[fixed_U], load[expert_U[fixed_U]], minlength=num_gpus)
+    if fixed_U.all():
+        return fixed_G, None
+    multi_U = np.flatnonzero(~fixed_U)
+    multi_expert = expert_U[multi_U]
+    movable_M, first_of_M = np.unique(multi_expert, return_index=True)
+    row = np.searchsorted(movable_M, multi_expert)
+    column = np.arange(len(multi_U)) - first_of_M[row]
+    gpus_MY = np.full((len(movable_M), int(column.max()) + 1), num_gpus, dtype=np.int64)
+    gpus_MY[row, column] = gpu_U[multi_U]
+    valid_BMY = np.zeros((num_trials, *gpus_MY.shape), dtype=bool)
+    valid_BMY[:, row, column] = present_BU[:, multi_U]
+    return fixed_G, (movable_M, gpus_MY, valid_BMY)
