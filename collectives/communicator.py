@@ -75,31 +75,36 @@ class Communicator:
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """[G, *tensor.shape]: `tensor` of every rank, in rank order (same shape and dtype on every rank)."""
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self._wait(dist.all_gather(parts, tensor.contiguous(), group=self.group, async_op=True), "all_gather")
+        self._wait(self._start(lambda: dist.all_gather(parts, tensor.contiguous(), group=self.group, async_op=True),
+                                "all_gather"), "all_gather")
         return torch.stack(parts)
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of `tensor` over ranks (a new tensor; the input is left as it was)."""
         total = tensor.clone()
-        self._wait(dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group, async_op=True), "all_reduce")
+        self._wait(self._start(lambda: dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group, async_op=True),
+                                "all_reduce"), "all_reduce")
         return total
 
     def agree(self, ok: bool) -> bool:
         """True on every rank iff `ok` is True on every rank: a collective decision no rank can take alone."""
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
-        self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True), "agree")
+        self._wait(self._start(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True),
+                                "agree"), "agree")
         return bool(flag.item())
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """`tensor` of rank `src`, on every rank (in place: pass a tensor of the same shape and dtype everywhere)."""
         tensor = tensor.contiguous()
-        self._wait(dist.broadcast(tensor, self._global(src), group=self.group, async_op=True), "broadcast")
+        self._wait(self._start(lambda: dist.broadcast(tensor, self._global(src), group=self.group, async_op=True),
+                                "broadcast"), "broadcast")
         return tensor
 
     def min_over_ranks(self, value: int) -> int:
         """The least `value` over ranks, on every rank."""
         flag = torch.tensor([value], dtype=torch.int64, device=self.device)
-        self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True), "min_over_ranks")
+        self._wait(self._start(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True),
+                                "min_over_ranks"), "min_over_ranks")
         return int(flag.item())
 
     def all_to_all(self, rows_N: torch.Tensor, send_counts_G: list[int], recv_counts_G: list[int]) -> torch.Tensor:
@@ -116,8 +121,9 @@ class Communicator:
         if sum(send_counts_G) != rows_N.shape[0]:
             raise ValueError(f"send_counts_G sums to {sum(send_counts_G)} but rows_N has {rows_N.shape[0]} rows")
         received = rows_N.new_empty((sum(recv_counts_G), *rows_N.shape[1:]))
-        work = dist.all_to_all_single(received, rows_N.contiguous(), output_split_sizes=list(recv_counts_G),
-                                      input_split_sizes=list(send_counts_G), group=self.group, async_op=True)
+        work = self._start(lambda: dist.all_to_all_single(
+            received, rows_N.contiguous(), output_split_sizes=list(recv_counts_G),
+            input_split_sizes=list(send_counts_G), group=self.group, async_op=True), "all_to_all")
         self._wait(work, "all_to_all")
         return received
 
@@ -175,7 +181,8 @@ class Communicator:
     def _post(self, parts: list[tuple], what: str) -> "PendingExchange":
         ops = [dist.P2POp(op, part, self._global(peer), group=self.group, tag=tag)
                for op, peer, part, tag in parts if part.numel()]
-        return PendingExchange(self, dist.batch_isend_irecv(ops) if ops else [], what, parts)
+        return PendingExchange(self, self._start(lambda: dist.batch_isend_irecv(ops), what) if ops else [], what,
+                               parts)
 
     def barrier(self) -> None:
         """Every rank reaches this point (an all-reduce, so the timeout applies as for any collective)."""
@@ -225,19 +232,28 @@ class Communicator:
     def _global(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
+    def _start(self, post, what: str):
+        """`post()` (a torch.distributed call with async_op=True): its work; a backend error while posting (a
+        connection an earlier timeout closed, a peer gone) raised as `CollectiveError`."""
+        try:
+            return post()
+        except Exception as exc:  # the backends raise RuntimeError or DistBackendError subclasses
+            raise self._collective_error(exc, what, self.timeout_s) from exc
+
     def _wait(self, work: dist.Work, what: str, timeout_s: float | None = None) -> None:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
             work.wait(timeout=datetime.timedelta(seconds=timeout_s))
         except Exception as exc:  # the backends raise RuntimeError or DistBackendError subclasses
-            text = " ".join(str(exc).split())
-            where = f"rank {self.rank} of {self.world_size}: {what}"
-            if "timed out" in text.lower() or "timeout" in text.lower():
-                raise CollectiveTimeoutError(
-                    f"{where} did not complete within timeout_s={timeout_s:g}: a peer hangs, died or never "
-                    f"called it"
-                ) from exc
-            raise CollectiveError(f"{where} failed: a peer died or left the group ({text[:160]})") from exc
+            raise self._collective_error(exc, what, timeout_s) from exc
+
+    def _collective_error(self, exc: Exception, what: str, timeout_s: float) -> CollectiveError:
+        text = " ".join(str(exc).split())
+        where = f"rank {self.rank} of {self.world_size}: {what}"
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            return CollectiveTimeoutError(f"{where} did not complete within timeout_s={timeout_s:g}: a peer hangs, "
+                                          f"died or never called it ({text[:120]})")
+        return CollectiveError(f"{where} failed: a peer died or left the group ({text[:160]})")
 
 
 @dataclass

@@ -18,8 +18,8 @@ at least:
    the k + 1 least busy among them;
 4. with whole tokens (the live router), the busiest GPU's load is an integer: the ceiling of the largest of 1-3.
 
-`imbalance_lower_bound` reports the largest of 1-3 (or its ceiling) over the mean. For S = 1 it is the optimum under the
-best per-step split: each GPU holds one replica, so d = replica counts and the best split gives every replica of e
+`imbalance_lower_bound` reports the largest of 1-3 (or its ceiling) over the mean. For S = 1 it is the optimum under
+the best per-step split: each GPU holds one replica, so d = replica counts and the best split gives every replica of e
 c_e / d_e. Example (`tests/placement/test_bounds.py`): counts [6, 1, 1] on 2 GPUs x 2 slots: the mean is 4; d =
 (2, 1, 1) gives max(3, 1, 1) = 3, so the bound is 4 / 4 = 1.0. On 4 GPUs x 1 slot: mean 2, d = (2, 1, 1) is all
 4 slots, max 3: bound 1.5.

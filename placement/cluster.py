@@ -1,6 +1,8 @@
 """The EP group a placement is for: GPUs, nodes and expert slots."""
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import numbers
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from placement.errors import PlacementInfeasibleError
 
@@ -23,6 +25,14 @@ class ClusterSpec(BaseModel):
     num_gpus: int = Field(gt=0, le=MAX_GPUS, description="G: cards in the EP group.")
     slots_per_gpu: int = Field(gt=0, le=MAX_SLOTS_PER_GPU, description="S: expert slots per card.")
     gpus_per_node: int = Field(8, gt=0, description="Cards per server; the EP group spans G / gpus_per_node nodes.")
+
+    @field_validator("num_gpus", "slots_per_gpu", "gpus_per_node", mode="before")
+    @classmethod
+    def _whole_number(cls, value, info):
+        """A count is an integer (numpy's too), never a string, a bool or a float, which pydantic would coerce."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"{info.field_name} must be an integer; got {value!r} ({type(value).__name__})")
+        return int(value)
 
     @model_validator(mode="after")
     def _whole_nodes(self) -> "ClusterSpec":

@@ -11,5 +11,5 @@ class PlacementInfeasibleError(EplbError, ValueError):
     """
 
 
-class PlacementFormatError(EplbError):
+class PlacementFormatError(EplbError, ValueError):
     """A placement file or array is malformed or belongs to another model shape."""

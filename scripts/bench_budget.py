@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 
+from eplb.cli.arg_types import json_output
 from collectives.lifeline import parent_of_child
 from placement import ClusterSpec, fit_placement
 from placement.policies.cpsat_policy import LEVELS, fitted_objective
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", type=int, default=2, help="spinning processes beside the busy fits (default 2)")
     parser.add_argument("--workers", type=int, default=2,
                         help="layers solved at once (default 2, cpsat's; the live rebalancer's solve_threads is 1)")
-    parser.add_argument("--json", default=None, help="also write every fit's figures to this JSON file")
+    parser.add_argument("--json", type=json_output(), default=None, help="also write every fit's figures to this JSON file")
     parser.add_argument("--quick", action="store_true", help="4 layers, 1 s, one repeat: a smoke run")
     args = parser.parse_args(argv)
     layers, time_limit, repeats = 61, args.time_limit, args.repeats

@@ -25,10 +25,10 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
+from eplb.cli.arg_types import json_output
 from eplb.rebalance.config import RebalanceConfig
 from placement import ClusterSpec, fit_placement
 from placement.drift_swaps import MIN_GAIN, _Ring, ring_spans, swap_layer
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each search (the median is reported)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a small shape (4 layers x 32 experts), for tests")
-    parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows to this file")
     return parser
 
 

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from eplb.cli.arg_types import json_output
 from placement import ClusterSpec, Placement, fit_placement
 from placement.burst_exposure import burst_exposure
 from placement.forecast import hedged_window, trend_supported
@@ -441,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpsat's budget per fit as wall-clock seconds instead (its rows then move run to run)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of the synthetic traces")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="policies to fit")
-    parser.add_argument("--json", default=None, help="also write the rows here as JSON")
+    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
     parser.add_argument("--esft-only", action="store_true", help="only the ESFT rows (needs ../shared/data)")
     parser.add_argument("--patch-lag", type=int, default=None, metavar="STEPS",
                         help="also the forecast rows with patches between refits, each serving STEPS after the steps "

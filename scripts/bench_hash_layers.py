@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from eplb.cli.arg_types import json_output
 from placement import ClusterSpec, fit_placement, score_placement
 from placement.hash_routing import hash_counts_TE, table_steps_TE
 from traces.synthetic import SyntheticConfig, generate_trace
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=100, help="steps each fit uses (default 100)")
     parser.add_argument("--lags", default="0,100", help="comma-separated lags, steps (default 0,100)")
     parser.add_argument("--time-limit", type=float, default=2.0, help="cpsat budget per fit, seconds (default 2)")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows to this JSON file")
     parser.add_argument("--quick", action="store_true", help="zipf: a small shape (32 experts on 8 x 5), for a smoke run")
     args = parser.parse_args(argv)
     args.lags = [int(lag) for lag in args.lags.split(",")]

@@ -42,10 +42,10 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
+from eplb.cli.arg_types import json_output
 from eplb.live.replica_assignment import ReplicaTables
 from eplb.rebalance.attempt import (changed_layers, last_rounds, layer_switch_steps, layers_per_step,
                                     moving_steps)
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="RebalanceConfig.max_bytes_per_step in MiB, each rank's weight bytes between two decode "
                              "steps, which sets the rounds (default %(default)g)")
     parser.add_argument("--quick", action="store_true", help="a small shape (4 layers x 32 experts), for tests")
-    parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows to this file")
     return parser
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 
+from eplb.cli.arg_types import json_output
 from placement import ClusterSpec, fit_placement, plan_migration, rolling_replay, score_placement
 from placement.scoring import StepScores
 from placement.policies.deepseek import deepseek_rebalance
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats of the loop baseline (default 3)")
     parser.add_argument("--skip-esft", action="store_true", help="skip the ESFT section")
     parser.add_argument("--skip-synthetic", action="store_true", help="skip the speed and synthetic sections")
-    parser.add_argument("--json", default=None, help="also write all results to this JSON file")
+    parser.add_argument("--json", type=json_output(), default=None, help="also write all results to this JSON file")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for a smoke run")
     parser.add_argument("--lag-only", action="store_true", help="run the lag rows alone (synthetic full shape)")
     parser.add_argument("--lag-steps", type=int, default=600,

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from eplb import rebalance_experts
+from eplb.cli.arg_types import json_output
 from placement import ClusterSpec, Placement, fit_placement, rolling_replay, score_placement
 from traces import load_trace
 from traces.atomic_file import write_text_atomically
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real", action="store_true", help="instead, the real-routing rows (ESFT, OLMoE)")
     parser.add_argument("--work-limit", type=float, default=None, help="cpsat: work budget per fit (default: "
                         "CpSatConfig's)")
-    parser.add_argument("--json", default=None, help="also write the rows here as JSON")
+    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
     args = parser.parse_args(argv)
     try:
         shapes = [parse_shape(s) for s in args.shapes]

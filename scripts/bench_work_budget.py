@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from eplb import rebalance_experts
+from eplb.cli.arg_types import json_output
 from placement import ClusterSpec, Placement, fit_placement, score_placement
 from placement.bounds import imbalance_lower_bound
 from placement.scoring import static_gpu_loads
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-limits", type=float, nargs="+", default=[0.25, 1.0, 4.0, 16.0])
     parser.add_argument("--repeats", type=int, default=2, help="calls per work limit (the best time is kept)")
     parser.add_argument("--quick", action="store_true", help="one small shape per caller (a smoke run)")
-    parser.add_argument("--json", default=None, help="also write the rows here as JSON")
+    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
     args = parser.parse_args(argv)
     if min(args.work_limits) <= 0 or args.repeats < 1:
         parser.error("--work-limits must be > 0 and --repeats >= 1")

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from eplb.cli.arg_types import json_output
+
 SPINNER = ("import sys; from collectives.lifeline import end_with_parent; end_with_parent(int(sys.argv[1]), True)\n"
            "while True: pass")
 SHAPES = ((144, 2), (72, 4))
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-limit", type=float, default=None, help="the entry points' work budget (default: "
                         "theirs)")
     parser.add_argument("--time-limit", type=float, default=None, help="a wall-clock budget instead, seconds")
-    parser.add_argument("--json", default=None, help="also write the result here")
+    parser.add_argument("--json", type=json_output(), default=None, help="also write the result here")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: print its maps
     args = parser.parse_args(argv)
     if args.one:

@@ -27,7 +27,8 @@ no slot computed in the forwards the group completed, plus tokens missing), forw
 --rebalance-at or --fail-rank also rebalances (switches), switch_forwards, bytes_moved, requests_requeued
 (sequences taken over from a killed rank), recoveries, rebalance (the settings), and failed_rank.
 
-A bad flag value exits 2 with one line on stderr, before any process starts; so does a missing transformers.
+A bad flag value exits 2 with one line on stderr, before any process starts; so does a missing transformers. The
+check itself exits 1 (after the JSON) when the tokens differ from the unmodified model's or a token was lost.
 
 Usage: python scripts/hf_demo.py --arch deepseek_v3|deepseek_v4|qwen3_moe [--world-size 2] [--new-tokens 8]
        [--seed 0] [--batch B] [--prompt-length 8] [--rebalance-at T] [--fail-rank K --fail-at-token T] [--json]
@@ -39,7 +40,7 @@ import json
 import sys
 
 from collectives import exit_on_signals, run_local_group, start_local_group_server
-from eplb.cli.arg_types import integer
+from eplb.cli.arg_types import SEED_MAX, integer
 from eplb.cli.main import OneLineParser
 from placement.cluster import MAX_GPUS
 
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--arch", required=True, choices=ARCHS, help="the model family")
     parser.add_argument("--world-size", type=integer(1, MAX_GPUS), default=2, help="W: ranks in the EP group")
     parser.add_argument("--new-tokens", type=integer(1, 128), default=8, help="N: tokens each sequence generates")
-    parser.add_argument("--seed", type=integer(0), default=0, help="seed of the weights and prompts (default 0)")
+    parser.add_argument("--seed", type=integer(0, SEED_MAX), default=0, help="seed of the weights and prompts (default 0)")
     parser.add_argument("--batch", type=integer(1, 256), default=None,
                         help="B: sequences, split over the ranks (>= W; default 2 W)")
     parser.add_argument("--prompt-length", type=integer(1, 64), default=8, help="tokens of every prompt (default 8)")
@@ -126,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
             if key in result:
                 print(f"  {key}: {result[key]}")
     print(json.dumps(result, sort_keys=True))
+    if not result["tokens_identical"] or result.get("tokens_lost"):
+        print("hf_demo: the expert-parallel model's tokens differ from the unmodified model's, or tokens were lost "
+              "(tokens_identical, tokens_lost above)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -27,21 +27,21 @@ Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dyna
 import argparse
 import json
 import sys
-from pathlib import Path
 
 
 from collectives import backend_for, exit_on_signals, run_local_group, start_local_group_server
 from collectives.errors import BackendUnavailableError
-from eplb.cli.arg_types import integer, number
+from eplb.cli.arg_types import SEED_MAX, integer, json_output, number
 from eplb.cli.main import OneLineParser
 from eplb.live import ROUTING_MODES, MoELayerConfig
 from eplb.rebalance.config import RebalanceConfig
-from eplb.harness.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup
+from eplb.harness.rebalancing_loop import Faults, LoopReport, run_rebalancing_loop, shifting_traffic_setup
 from eplb.harness.rebalancing_summary import group_step_times, summarize_rebalancing
 from eplb.harness.synthetic_decode import DecodeSetup, run_decode_loop, summarize
 from placement import ClusterSpec, fit_placement
 from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
 from placement.patch_planner import PatchSettings
+from traces import EplbError
 from traces.atomic_file import write_text_atomically
 from traces.synthetic import SyntheticConfig, generate_trace
 
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hidden-size", type=count, default=64, help="D (>= experts; default 64)")
     parser.add_argument("--fit-steps", type=count, default=30, help="steps the placement is fitted on (default 30)")
     parser.add_argument("--time-limit", type=seconds, default=2.0, help="cpsat budget, seconds (default 2)")
-    parser.add_argument("--seed", type=index, default=0, help="seed of traffic and weights (default 0)")
+    parser.add_argument("--seed", type=integer(0, SEED_MAX), default=0, help="seed of traffic and weights (default 0)")
     parser.add_argument("--timeout", type=seconds, default=10.0,
                         help="each collective's timeout, seconds (default 10)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fail-rank", type=index, default=None, metavar="K", help="kill rank K's process (SIGKILL)")
     parser.add_argument("--fail-at-step", type=index, default=None, metavar="N",
                         help="the step rank K dies in (default: half way)")
-    parser.add_argument("--step-times", type=Path, default=None, metavar="FILE",
+    parser.add_argument("--step-times", type=json_output(), default=None, metavar="FILE",
                         help="with a rebalancer: also write each step's time (slowest rank), whether a rebalance was "
                              "in progress, its phase and group size, as JSON to FILE (written whole or not at all)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last, nothing else")
@@ -151,10 +151,6 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--fail-at-step must be in [0, --steps={args.steps}); got {args.fail_at_step}")
     if args.step_times is not None and args.rebalance_every is None and args.fail_rank is None:
         parser.error("--step-times needs --rebalance-every or --fail-rank (the times are the rebalancing loop's)")
-    if args.step_times is not None and args.step_times.is_dir():
-        parser.error(f"--step-times: {args.step_times} is a folder; give a file path in it")
-    if args.step_times is not None and not args.step_times.resolve().parent.is_dir():
-        parser.error(f"--step-times: folder {args.step_times.resolve().parent} does not exist; create it first")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,14 +216,20 @@ def rebalancing_demo(args) -> int:
     reports = run_local_group(run_rebalancing_loop, args.world_size, setup, args.steps, rebalance, faults,
                               timeout_s=args.timeout, deadline_s=120 + 10 * args.steps, allow_failures=True,
                               device=args.device)
-    errors = [r for rank, r in enumerate(reports) if isinstance(r, BaseException) and rank != args.fail_rank]
-    if errors:
-        raise errors[0]
-    result = {**summarize_rebalancing(reports, setup, args.fail_rank), "device": args.device,
+    # A rank the survivors recovered from (the demo's --fail-rank, or one killed from outside) is no error: the
+    # survivors served on without it.
+    lost = sorted({rank for r in reports if isinstance(r, LoopReport) for rec in r.recoveries
+                   for rank in rec["lost_ranks"]})
+    errors = [(rank, r) for rank, r in enumerate(reports)
+              if isinstance(r, BaseException) and rank != args.fail_rank and rank not in lost]
+    if errors or not any(isinstance(r, LoopReport) for r in reports):
+        rank, error = errors[0] if errors else (None, "no rank finished")
+        print(f"live_demo: rank {rank} failed: {' '.join(str(error).split())[:300]}", file=sys.stderr)
+        return 1
+    failed_rank = args.fail_rank if args.fail_rank is not None else (lost[0] if lost else None)
+    result = {**summarize_rebalancing(reports, setup, failed_rank), "device": args.device,
               "placement": {"policy": "cpsat", "gpus": args.world_size, "slots_per_gpu": slots},
               "rebalance": rebalance.model_dump(), "traffic_shift_step": shift_step(args)}
-    if args.step_times is not None:
-        write_text_atomically(args.step_times, json.dumps({"steps": group_step_times(reports)}) + "\n")
     if not args.json:
         print(f"{args.world_size} ranks x {slots} slots, {args.layers} layers x {args.experts} experts, "
               f"top-{args.top_k}, {args.tokens_per_step} tokens per step, routing {args.routing}, rebalance every "
@@ -238,7 +240,13 @@ def rebalancing_demo(args) -> int:
                     "seconds_from_kill_to_first_step"):
             print(f"  {key}: {result[key]}")
     print(json.dumps(result, sort_keys=True))
-    return 0
+    if args.step_times is not None:
+        try:
+            write_text_atomically(args.step_times, json.dumps({"steps": group_step_times(reports)}) + "\n")
+        except EplbError as exc:  # a disk that filled or turned read-only during the run: the result is printed
+            print(f"live_demo: {exc}", file=sys.stderr)
+            return 2
+    return 1 if result["tokens_lost"] else 0
 
 
 if __name__ == "__main__":

@@ -10,5 +10,5 @@ class EplbError(Exception):
     """Base of all errors caused by bad input or an impossible request."""
 
 
-class TraceFormatError(EplbError):
+class TraceFormatError(EplbError, ValueError):
     """A routing trace file or array is missing, unreadable, or has the wrong shape, dtype or values."""

@@ -151,7 +151,11 @@ def _domain_popularity_ZLE(c: SyntheticConfig, rng: np.random.Generator) -> np.n
     own_ZLE = rng.standard_normal((c.num_domains, c.num_layers, c.num_experts))
     score_ZLE = c.domain_overlap * base_LE + math.sqrt(1.0 - c.domain_overlap**2) * own_ZLE
     if c.popularity == "lognormal":
-        w_ZLE = np.exp(c.skew * score_ZLE)
+        scaled_ZLE = c.skew * score_ZLE
+        with np.errstate(over="ignore"):
+            w_ZLE = np.exp(scaled_ZLE)
+        if not np.isfinite(w_ZLE).all():  # a skew so large that exp overflows: shifted by each row's largest
+            w_ZLE = np.exp(scaled_ZLE - scaled_ZLE.max(axis=-1, keepdims=True))
     else:
         rank_ZLE = np.argsort(np.argsort(-score_ZLE, axis=-1), axis=-1) + 1  # 1 = highest score
         w_ZLE = rank_ZLE.astype(np.float64) ** -c.zipf_exponent

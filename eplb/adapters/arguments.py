@@ -15,6 +15,7 @@ import pydantic
 import torch
 
 from placement import ClusterSpec, PlacementInfeasibleError
+from placement.cluster import MAX_GPUS, MAX_SLOTS
 
 # Bounds of the cpsat policy's budget: past them a call would run for days.
 MAX_WORK_LIMIT = 1e6
@@ -39,6 +40,9 @@ def checked_load(weight, num_replicas, num_groups, num_nodes, num_gpus, gpus_nam
     if num_replicas < num_experts:
         raise PlacementInfeasibleError(f"num_replicas={num_replicas} must be at least the {num_experts} experts of "
                                        f"weight (every expert needs a slot)")
+    if num_replicas > MAX_SLOTS or num_gpus > MAX_GPUS:
+        raise PlacementInfeasibleError(f"num_replicas={num_replicas} and {gpus_name}={num_gpus} must be at most "
+                                       f"{MAX_SLOTS} slots on {MAX_GPUS} GPUs (the placement's limits)")
     if num_groups % num_nodes == 0 and num_experts % num_groups:
         raise PlacementInfeasibleError(
             f"num_groups={num_groups} must divide the {num_experts} experts of weight: num_nodes={num_nodes} "

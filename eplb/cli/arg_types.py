@@ -2,7 +2,15 @@
 bound and the text given (`OneLineParser` prints it as `argument --flag: expected ..., got ...`)."""
 
 import argparse
+import json
 import math
+import os
+from pathlib import Path
+
+from traces import EplbError
+from traces.atomic_file import resolve_target
+
+SEED_MAX = 2**31 - 1  # the largest seed OR-Tools' CP-SAT takes (`CpSatConfig.seed`); numpy's seeds go beyond
 
 
 def integer(low: int, high: int | None = None):
@@ -38,3 +46,34 @@ def number(low: float, *, low_open: bool = False, high: float | None = None, or_
         return value
 
     return parse
+
+
+def json_output():
+    """An argparse type: a path a script writes a JSON file to at its end (atomically). Refused at once, before any
+    work: a folder, a device, a path whose folder is missing or not writable, and an existing file that is not JSON
+    (a script's own earlier output may be replaced; a source file, a document or another input may not)."""
+
+    def parse(text: str) -> Path:
+        path = Path(text)
+        try:
+            target = resolve_target(path)
+        except EplbError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not target.parent.is_dir():
+            raise argparse.ArgumentTypeError(f"folder {target.parent} does not exist; create it first")
+        if not os.access(target.parent, os.W_OK):
+            raise argparse.ArgumentTypeError(f"folder {target.parent} is not writable; give a path you can write")
+        if target.exists() and target.stat().st_size and not _holds_json(target):
+            raise argparse.ArgumentTypeError(f"{path} exists and is not a JSON file; give a new path (this would "
+                                             "replace it)")
+        return path
+
+    return parse
+
+
+def _holds_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return True

@@ -7,16 +7,19 @@ import argparse
 import logging
 import math
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
+from collectives.lifeline import exit_on_signals
 from eplb.cli import commands, demo, sim_command
+from eplb.cli.arg_types import SEED_MAX
 from eplb.cli.output_paths import check_paths
 from placement import POLICIES, ROUTINGS
-from placement.patch_planner import PatchPace, PatchSettings
 from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
+from placement.patch_planner import PatchPace, PatchSettings
 from traces import EplbError
 from traces.atomic_file import all_or_nothing
 
@@ -89,7 +92,7 @@ DRIFT_RATIO = _number(float, 1, low_open=True)
 BURST_FACTOR = _number(float, 1)
 WORK_LIMIT = _number(float, 0, low_open=True, high=1e6)
 TIME_LIMIT = _number(float, 0, low_open=True, high=86400)
-SEED = _number(int, 0, high=2**31 - 1)
+SEED = _number(int, 0, high=SEED_MAX)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -340,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if argv is None:  # the console script: SIGTERM unwinds as Ctrl-C does, so no temporary file is left behind
+        exit_on_signals((signal.SIGTERM,))
     try:
         check_paths(args)
         with all_or_nothing():

@@ -6,6 +6,7 @@ Each entry maps a name to `fit(counts_TLE [T, L, E], cluster, **options) -> Plac
 from collections.abc import Callable
 
 import numpy as np
+from pydantic import ValidationError
 
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementInfeasibleError
@@ -45,14 +46,31 @@ def fit_placement(policy: str, counts_TLE: np.ndarray, cluster: ClusterSpec, **o
     """Fit a placement with the named policy to the steps of `counts_TLE` [T, L, E].
 
     `counts_TLE` must be whole, non-negative token counts (any integer or integral float dtype) and `cluster` a
-    `ClusterSpec`; anything else raises `TraceFormatError` or `PlacementInfeasibleError` naming the parameter.
+    `ClusterSpec`, `options` the policy's own (an unknown one, or one out of range, is refused); anything else raises
+    `TraceFormatError` or `PlacementInfeasibleError` (both `ValueError`s) naming the parameter.
     """
     if policy not in POLICIES:
         raise PlacementInfeasibleError(f"unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}")
     if not isinstance(cluster, ClusterSpec):
         raise PlacementInfeasibleError(f"cluster must be a ClusterSpec; got {type(cluster).__name__}")
+    unknown = sorted(set(options) - _OPTIONS[policy]())
+    if unknown:
+        known = ", ".join(sorted(_OPTIONS[policy]())) or "none"
+        raise PlacementInfeasibleError(f"policy {policy!r} takes no option {', '.join(map(repr, unknown))}; its "
+                                       f"options: {known}")
     counts = validate_counts(counts_TLE, "counts_TLE")
+    if policy == "cpsat":
+        try:
+            CpSatConfig.model_validate({k: v for k, v in options.items() if k in CpSatConfig.model_fields})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            name = ".".join(map(str, first["loc"]))
+            raise PlacementInfeasibleError(f"{name}={first.get('input')!r}: {first['msg'].lower()}") from None
     return POLICIES[policy](counts, cluster, **options)
+
+
+_OPTIONS = {"deepseek": lambda: {"num_groups"}, "trivial": set,
+            "cpsat": lambda: set(CpSatConfig.model_fields) | {"config", "current"}}
 
 
 __all__ = ["POLICIES", "CpSatConfig", "PolicyFit", "deepseek_rebalance", "fit_cpsat", "fit_placement", "place_deepseek"]

@@ -49,6 +49,9 @@ def cpsat_phase(search) -> tuple[str, float | None, float | None, float]:
     after = budget.estimate("chain") + budget.estimate("score")
     budget.limit_solver(solver, budget.spare(search.layer, after, *search.work))
     solver.parameters.num_workers = 1
+    # CP-SAT would otherwise install its own SIGINT handler for the solve and leave SIGINT at the default action after
+    # it: a Ctrl-C then kills the process on the spot, past every cleanup (temporary files, child processes).
+    solver.parameters.catch_sigint_signal = False
     solver.parameters.random_seed = config.seed
     solving = budget.clock()
     code = solver.solve(lm.model)

@@ -70,15 +70,19 @@ def test_live_demo_rebalances_and_survives_a_killed_rank(demo, capsys, tmp_path)
 @pytest.mark.parametrize("extra, message", [
     (["--step-times", "times.json"], "--step-times needs --rebalance-every or --fail-rank"),
     (["--rebalance-every", "5", "--step-times", "missing/times.json"], "does not exist; create it first"),
-    (["--rebalance-every", "5", "--step-times", "."], "is a folder"),
+    (["--rebalance-every", "5", "--step-times", "."], "it exists and is a directory"),
+    (["--rebalance-every", "5", "--step-times", "/dev/full"], "not a regular file"),
+    (["--rebalance-every", "5", "--step-times", "notes.md"], "notes.md exists and is not a JSON file"),
 ])
 def test_live_demo_refuses_a_step_times_file_it_cannot_write(demo, capsys, monkeypatch, tmp_path, extra, message):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.md").write_text("# the project's own file\n")
     with pytest.raises(SystemExit) as exited:
         demo.main(["--steps", "3", *extra])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and message in err, err
-    assert list(tmp_path.iterdir()) == []
+    assert [path.name for path in tmp_path.iterdir()] == ["notes.md"]
+    assert (tmp_path / "notes.md").read_text() == "# the project's own file\n"
 
 
 BAD_FLAGS = [  # (id, argv, what the one line says)
@@ -97,7 +101,8 @@ BAD_FLAGS = [  # (id, argv, what the one line says)
     ("hidden-size-0", ["--hidden-size", "0"], "argument --hidden-size: expected an integer >= 1, got 0"),
     ("fit-steps-0", ["--fit-steps", "0"], "argument --fit-steps: expected an integer >= 1, got 0"),
     ("time-limit-0", ["--time-limit", "0"], "argument --time-limit: expected a number > 0, got 0"),
-    ("seed-negative", ["--seed", "-1"], "argument --seed: expected an integer >= 0, got -1"),
+    ("seed-negative", ["--seed", "-1"], "argument --seed: expected an integer in [0, 2147483647], got -1"),
+    ("seed-beyond-cp-sat", ["--seed", "99999999999"], "argument --seed: expected an integer in [0, 2147483647]"),
     ("rebalance-every-0", ["--rebalance-every", "0"], "argument --rebalance-every: expected an integer >= 1, got 0"),
     ("rebalance-time-limit-negative", ["--rebalance-time-limit", "-1"],
      "argument --rebalance-time-limit: expected a number > 0, got -1"),

@@ -371,3 +371,17 @@ def test_drift_swaps_follow_a_changed_mix_between_refits_with_exact_outputs(stri
     assert patched["after"] < patched["before"], patched
 
 
+
+
+@pytest.mark.parametrize("world_size, policy", [(3, "deepseek"), (4, "cpsat")])
+def test_a_stalled_transfer_of_a_solved_rebalance_re_forms_the_group_and_loses_nothing(world_size, policy):
+    """A rank's weight transfer hangs past its timeout in a rebalance the solver started (not one loaded from a
+    file): the timed-out connection breaks the next collectives too, which fail as `CollectiveError` on every rank;
+    the group re-forms with every rank, the old placement serving, and the run ends exactly, no token lost."""
+    steps = 30
+    config = CONFIG.model_copy(update={"interval": 8, "policy": policy, "time_limit_s": 0.3})
+    setup, reports, summary = run(world_size, steps, faults=Faults(stalled_transfer_rank=1), config=config)
+    assert_exact_and_complete(summary, steps)
+    assert any("weight transfer failed" in failure for failure in summary["rebalance_failures"])
+    assert summary["survivors"] == list(range(world_size))
+    assert summary["recoveries"] and all(rec["lost_ranks"] == [] for rec in summary["recoveries"])
