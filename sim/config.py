@@ -35,7 +35,7 @@ class SimConfigError(EplbError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 def _both_classes(values: dict[str, float]) -> dict[str, float]:

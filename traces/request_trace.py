@@ -160,7 +160,7 @@ def _read_mooncake(f, file: Path) -> list[_Row]:
                 f"{file} line {number}: timestamp={timestamp!r}; expected a finite number of milliseconds >= 0"
             )
         inp = _count(obj["input_length"], "input_length", 1, file, number)
-        out = _count(obj["output_length"], "output_length", 0, file, number)
+        out = _count(obj["output_length"], "output_length", 1, file, number)
         hashes = obj["hash_ids"]
         if not isinstance(hashes, list) or any(type(h) is not int for h in hashes):
             raise TraceFormatError(
@@ -195,7 +195,7 @@ def _read_azure(f, file: Path) -> list[_Row]:
                 f"{file} line {number}: {len(fields)} fields; expected {len(columns)} ({','.join(columns)})"
             )
         inp = _count(_integer(fields[at_in], "ContextTokens", file, number), "ContextTokens", 1, file, number)
-        out = _count(_integer(fields[at_out], "GeneratedTokens", file, number), "GeneratedTokens", 0, file, number)
+        out = _count(_integer(fields[at_out], "GeneratedTokens", file, number), "GeneratedTokens", 1, file, number)
         images = 0
         if at_images is not None:
             images = _count(_integer(fields[at_images], "NumImages", file, number), "NumImages", 0, file, number)
@@ -227,11 +227,15 @@ def _integer(text: str, name: str, file: Path, number: int) -> int:
         raise TraceFormatError(f"{file} line {number}: {name}={text!r}; expected a whole number of tokens") from None
 
 
+MAX_REQUEST_TOKENS = 10**7  # tokens one request's prompt or output may have: beyond any served context window
+
+
 def _count(value, name: str, least: int, file: Path, number: int) -> int:
-    """`value` as an int >= `least`, else a TraceFormatError naming the field."""
+    """`value` as an int in [`least`, MAX_REQUEST_TOKENS], else a TraceFormatError naming the field."""
     if type(value) is not int:
         raise TraceFormatError(f"{file} line {number}: {name}={value!r}; expected a whole number of tokens")
-    if value < least:
-        raise TraceFormatError(f"{file} line {number}: {name}={value}; expected a whole number >= {least}")
+    if not least <= value <= MAX_REQUEST_TOKENS:
+        raise TraceFormatError(f"{file} line {number}: {name}={value}; expected a whole number of tokens in "
+                               f"[{least}, {MAX_REQUEST_TOKENS}]")
     return value
 

@@ -129,7 +129,9 @@ def test_a_sequence_needs_ceil_of_its_remaining_tokens_over_tau_steps():
     ("speculative:\n  draft_token: 3\n", r"speculative\.draft_token: unknown field"),
     ("speculative:\n  threshold: 1.5\n", r"speculative\.threshold: Input should be less than or equal to 1"),
     ("speculative:\n  policy: first_n\n  verify_first_n: 7\n", r"verify_first_n=7 exceeds draft_tokens=5"),
-], ids=["unknown", "out-of-range", "first-n-beyond-k"])
+    ("duration_s: true\n", r"duration_s: Input should be a valid number"),
+    ("duration_s: '60'\n", r"duration_s: Input should be a valid number"),
+], ids=["unknown", "out-of-range", "first-n-beyond-k", "bool-for-a-number", "string-for-a-number"])
 def test_a_bad_speculative_field_is_one_config_error_naming_it(tmp_path, text, message):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)

@@ -55,11 +55,14 @@ def test_azure_rows_keep_fractional_seconds_from_the_first_request(tmp_path):
     assert requests[2].arrival_s == pytest.approx(13.31941, abs=1e-9)
 
 
-def test_zero_output_length_is_read_as_one_token(tmp_path):
+def test_a_request_with_no_output_token_or_an_absurd_length_is_refused(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text(f"{AZURE_HEADER}\n2023-11-16 18:15:46.1,374,0\n")
-    assert load_request_trace(path)[0].output_tokens == 1
-    assert load_request_trace(write_jsonl(tmp_path / "t.jsonl", [mooncake_row(output_length=0)]))[0].output_tokens == 1
+    with pytest.raises(TraceFormatError, match="GeneratedTokens=0; expected a whole number of tokens in \\[1, "):
+        load_request_trace(path)
+    for row in (mooncake_row(output_length=0), mooncake_row(input_length=10**12)):
+        with pytest.raises(TraceFormatError, match="expected a whole number of tokens in"):
+            load_request_trace(write_jsonl(tmp_path / "t.jsonl", [row]))
 
 
 def test_num_images_column_is_read_into_images(tmp_path):
@@ -79,7 +82,7 @@ def test_limit_keeps_the_earliest_requests(tmp_path):
         (['{"timestamp": 0, "input_length": 5, "output_length": 1}'], "line 1: missing field hash_ids"),
         ([json.dumps(mooncake_row()), json.dumps(mooncake_row(input_length=-3))], "line 2: input_length=-3"),
         ([json.dumps(mooncake_row(output_length=-1))], "line 1: output_length=-1"),
-        ([json.dumps(mooncake_row(input_length=0))], "line 1: input_length=0; expected a whole number >= 1"),
+        ([json.dumps(mooncake_row(input_length=0))], "line 1: input_length=0; expected a whole number of tokens in [1, "),
         ([json.dumps(mooncake_row(input_length="12"))], "line 1: input_length='12'; expected a whole number"),
         ([json.dumps(mooncake_row(timestamp="soon"))], "line 1: timestamp='soon'"),
         ([json.dumps(mooncake_row()), "", "{not json"], "line 3: not valid JSON"),
