@@ -1,4 +1,4 @@
-"""The placement file of DESIGN.md: JSON that SGLang's `--init-expert-location` reads.
+"""The placement file (docs/formats.md, "Placement file"); SGLang takes the one-key file `save_sglang_mapping` writes.
 
 ```
 {"schema_version": 1, "num_layers": L, "num_logical_experts": E, "num_gpus": G, "gpus_per_node": 8,
@@ -72,7 +72,7 @@ def load_placement(path: str | os.PathLike) -> Placement:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PlacementFormatError(f"{file} is not valid JSON: {exc}") from exc
     except RecursionError:
-        raise PlacementFormatError(f"{file} nests JSON too deeply; expected the placement file of DESIGN.md") from None
+        raise PlacementFormatError(f"{file} nests JSON too deeply; expected the placement file of docs/formats.md, 'Placement file'") from None
     except OSError as exc:
         raise PlacementFormatError(f"cannot read placement file {file}: {exc.strerror or exc}") from None
     return placement_from_dict(data, str(file))
@@ -87,7 +87,7 @@ def placement_from_dict(data: dict, where: str = "placement") -> Placement:
         raise PlacementFormatError(f"{where}: schema_version {version} is not supported; expected {SCHEMA_VERSION}")
     missing = [k for k in REQUIRED_KEYS if k not in data]
     if missing:
-        raise PlacementFormatError(f"{where}: missing keys {missing}; expected the placement file of DESIGN.md")
+        raise PlacementFormatError(f"{where}: missing keys {missing}; expected the placement file of docs/formats.md, 'Placement file'")
     for key in ("num_layers", "num_logical_experts", "num_gpus", "slots_per_gpu", "gpus_per_node"):
         value = data.get(key, 8)
         if not _is_int(value) or value < 1:

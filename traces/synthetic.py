@@ -77,13 +77,19 @@ class SyntheticConfig(BaseModel):
     burst_length_steps: float = Field(50.0, ge=1, description="Mean length of a burst in steps.")
     burst_factor: float = Field(4.0, ge=1, description="Factor on a bursting expert's popularity weight.")
 
+    def _largest_factor(self) -> str:
+        """The size (num_steps, num_layers or num_experts) that most exceeds a plain trace's."""
+        sizes = {"num_steps": self.num_steps / 1000, "num_layers": self.num_layers / 61,
+                 "num_experts": self.num_experts / 256}
+        return max(sizes, key=sizes.get)
+
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "SyntheticConfig":
         values = self.num_steps * self.num_layers * self.num_experts
         if values > MAX_TRACE_VALUES:
             raise ValueError(
                 f"num_steps x num_layers x num_experts = {values:,} counts exceeds the limit of {MAX_TRACE_VALUES:,} "
-                f"({MAX_TRACE_VALUES * 8 // 2**30} GiB as int64); lower num_steps"
+                f"({MAX_TRACE_VALUES * 8 // 2**30} GiB as int64); lower {self._largest_factor()}"
             )
         if self.top_k > self.num_experts:
             raise ValueError(

@@ -57,7 +57,10 @@ def load_trace(
     except (ValueError, OSError, zipfile.BadZipFile, EOFError, RecursionError) as exc:
         if isinstance(exc, TraceFormatError):
             raise
-        raise TraceFormatError(f"cannot read trace {file}: {_one_line(exc)}; expected {SUPPORTED}") from exc
+        reason = _one_line(exc)
+        if "pickle" in reason:  # numpy's advice to load it unsafely is not ours to give
+            reason = "it holds Python objects (pickled data), not arrays of numbers"
+        raise TraceFormatError(f"cannot read trace {file}: {reason}; expected {SUPPORTED}") from exc
     raise TraceFormatError(f"unknown trace format '{suffix}' for {file}; expected {SUPPORTED}")
 
 

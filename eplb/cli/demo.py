@@ -21,6 +21,7 @@ from traces import save_trace
 from traces.synthetic import SyntheticConfig, generate_trace
 
 DEMO_CLUSTER = ClusterSpec(num_gpus=64, slots_per_gpu=5)
+DEMO_LAYERS, DEMO_EXPERTS = 61, 256  # DeepSeek-V3's MoE layers and routed experts
 DEMO_EVERY = 50
 DEMO_WINDOW = 50
 
@@ -29,7 +30,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from eplb.cli import plots  # matplotlib is imported only by what draws
     out = Path(args.out_dir)
     began = time.perf_counter()
-    config = SyntheticConfig(num_steps=args.steps, num_layers=61, num_experts=256, top_k=8, tokens_per_step=8192)
+    config = SyntheticConfig(num_steps=args.steps, num_layers=DEMO_LAYERS, num_experts=DEMO_EXPERTS, top_k=8,
+                             tokens_per_step=8192)
     trace = generate_trace(config)
     save_trace(trace, out / "trace.npz")
     counts = trace.counts_TLE

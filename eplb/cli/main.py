@@ -16,11 +16,13 @@ from pydantic import ValidationError
 from collectives.lifeline import exit_on_signals
 from eplb.cli import commands, demo, sim_command
 from eplb.cli.arg_types import SEED_MAX
+from eplb.cli.demo import DEMO_EXPERTS, DEMO_LAYERS
 from eplb.cli.output_paths import check_paths
-from placement import POLICIES, ROUTINGS
+from placement import POLICIES, ROUTINGS, PlacementFormatError
 from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
 from placement.patch_planner import PatchPace, PatchSettings
 from traces import EplbError
+from traces.synthetic import MAX_TRACE_VALUES
 from traces.atomic_file import all_or_nothing
 
 DESCRIPTION = """\
@@ -179,7 +181,9 @@ def _add_demo_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the main job on an embedded default: synth, place, score, replay, plot",
                        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default="out/demo", help="where plots, trace and placement go (default out/demo)")
-    p.add_argument("--steps", type=_number(int, 51), default=250, help="steps of the synthetic trace (default 250)")
+    most = MAX_TRACE_VALUES // (DEMO_LAYERS * DEMO_EXPERTS)
+    p.add_argument("--steps", type=_number(int, 51, high=most), default=250,
+                   help=f"steps of the synthetic trace (default 250, at most {most:,})")
     _add_budget(p)
     _add_common(p)
 
@@ -351,7 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return HANDLERS[args.command](args)
     except (EplbError, ValueError) as exc:
         message = _one_line(exc)
-        if args.command != "sim":  # the simulator's errors name its config keys, which no flag sets
+        # The simulator's errors name its config keys and a placement file's its keys, which no flag sets.
+        if args.command != "sim" and not isinstance(exc, PlacementFormatError):
             message = _as_flags(message, args.command)
         print(f"eplb {args.command}: error: {message}", file=sys.stderr)
         return 2
@@ -364,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _as_flags(message: str, command: str) -> str:
     """`message` with each parameter name (`num_gpus`, `window=3`) replaced by the flag that sets it."""
-    table = SYNTH_FLAG_OF_PARAMETER if command == "synth" else FLAG_OF_PARAMETER
+    table = SYNTH_FLAG_OF_PARAMETER if command in ("synth", "demo") else FLAG_OF_PARAMETER
     # A name with an underscore is a parameter wherever it stands; a plain word (`window`) only right before `=`,
     # or before `:` opening the message (pydantic's "field: reason").
     pattern = r"(?<![\w-])(%s)(?==)|^(%s)(?=:)|(?<![\w-])(%s)(?![\w])" % (
