@@ -23,7 +23,7 @@ from placement.policies.cpsat_config import CpSatConfig
 from placement.drift_swaps import ring_spans
 from placement.policies.cpsat_solve import cpsat_phase
 from placement.policies.node_limits import NodeLimits, node_chain_layout
-from placement.policies.ring_search import ring_search_rounds, search_pays_off
+from placement.policies.ring_search import ring_search, search_pays_off
 from placement.policies.swap_search import swap_search
 from placement.routing.dynamic_split import ROUTER_ROUNDS, ReplicaGraph, optimal_split
 from placement.routing.static_weights import fitted_weights
@@ -280,7 +280,7 @@ def _ring_search_phase(search: _LayerSearch) -> None:
     after = budget.estimate("chain") + budget.estimate("score") + budget.estimate("model")
     amount = 0.5 * budget.spare(search.layer, after, *search.work)
     deadline, rounds = budget.ring_limits(amount)
-    phy2log, _, done = ring_search_rounds(search.counts_TE, search.starts[start][0], cluster.num_gpus,
+    phy2log, _, done = ring_search(search.counts_TE, search.starts[start][0], cluster.num_gpus,
                                           cluster.slots_per_gpu, search.speed_G, (config.seed, search.layer),
                                           deadline, max_rounds=rounds)
     budget.charge(search.layer, amount * done / max(rounds, 1))

@@ -78,7 +78,7 @@ def ring_search(
     deadline: float | None = None,
     max_rounds: int = MAX_ROUNDS,
     patience: int = PATIENCE,
-) -> tuple[np.ndarray, float]:
+) -> tuple[np.ndarray, float, int]:
     """Improve one layer's ring layout on the window's steps by swapping experts' replica sets.
 
     Args:
@@ -91,26 +91,9 @@ def ring_search(
             same rounds in any process).
 
     Returns:
-        (phy2log_P [P] int64, its `ring_objective`), never worse than the start's. `ring_search_rounds` also
-        returns the rounds it ran.
+        (phy2log_P [P] int64, its `ring_objective`, never worse than the start's; the rounds it ran, what a
+        deterministic budget charges).
     """
-    phy2log, objective, _ = ring_search_rounds(counts_TE, phy2log_P, num_gpus, slots_per_gpu, speed_G, seed,
-                                               deadline, max_rounds, patience)
-    return phy2log, objective
-
-
-def ring_search_rounds(
-    counts_TE: np.ndarray,
-    phy2log_P: np.ndarray,
-    num_gpus: int,
-    slots_per_gpu: int,
-    speed_G: np.ndarray | None = None,
-    seed: int | tuple[int, ...] = 0,
-    deadline: float | None = None,
-    max_rounds: int = MAX_ROUNDS,
-    patience: int = PATIENCE,
-) -> tuple[np.ndarray, float, int]:
-    """`ring_search`, also returning the rounds run (what a deterministic budget charges)."""
     state = _SearchState(counts_TE, phy2log_P, num_gpus, slots_per_gpu, speed_G)
     num_steps, num_arcs = state.loads_TO.shape
     num_experts = counts_TE.shape[1]

@@ -55,7 +55,7 @@ def test_a_hot_single_trades_places_with_a_cold_replicated_expert():
     steps_TE = np.array([[10.0, 10.0, 30.0, 10.0]])
     start = np.array([0, 2, 0, 1, 1, 3])
     assert ring_objective(steps_TE, start, 3, 2) == pytest.approx(1.5)
-    searched, score = ring_search(steps_TE, start, 3, 2)
+    searched, score, _ = ring_search(steps_TE, start, 3, 2)
     assert score == pytest.approx(1.0)
     assert _exact_objective(steps_TE, searched, 3, 2) == pytest.approx(1.0)
     assert np.bincount(searched, minlength=4)[2] == 2
@@ -65,7 +65,7 @@ def test_a_hot_single_trades_places_with_a_cold_replicated_expert():
 def test_search_reaches_the_best_relabelling_on_small_cases(seed):
     steps_TE, phy2log = _random_chain(seed, num_experts=6, num_gpus=4, slots=2)
     best = min(ring_objective(steps_TE, np.array(perm)[phy2log], 4, 2) for perm in itertools.permutations(range(6)))
-    _, score = ring_search(steps_TE, phy2log, 4, 2, seed=seed)
+    _, score, _ = ring_search(steps_TE, phy2log, 4, 2, seed=seed)
     assert score == pytest.approx(best, rel=1e-12)
     assert score <= ring_objective(steps_TE, phy2log, 4, 2) + 1e-12
 
@@ -75,7 +75,7 @@ def test_search_keeps_a_valid_layout_and_never_gets_worse(seed):
     num_gpus, slots, num_experts = 8, 3, 16
     steps_TE, phy2log = _random_chain(seed, num_experts, num_gpus, slots, steps=6)
     speed_G = np.random.default_rng(seed).uniform(0.5, 1.5, num_gpus)
-    searched, score = ring_search(steps_TE, phy2log, num_gpus, slots, speed_G, seed=seed)
+    searched, score, _ = ring_search(steps_TE, phy2log, num_gpus, slots, speed_G, seed=seed)
     assert score <= ring_objective(steps_TE, phy2log, num_gpus, slots, speed_G) + 1e-12
     assert score == pytest.approx(ring_objective(steps_TE, searched, num_gpus, slots, speed_G))
     # The same replica sets, relabelled: counts per set move with the sets, each expert keeps at least one.
@@ -88,6 +88,6 @@ def test_search_keeps_a_valid_layout_and_never_gets_worse(seed):
 
 def test_a_past_deadline_returns_the_start():
     steps_TE, phy2log = _random_chain(0, 16, 8, 3)
-    searched, score = ring_search(steps_TE, phy2log, 8, 3, deadline=0.0)
+    searched, score, _ = ring_search(steps_TE, phy2log, 8, 3, deadline=0.0)
     assert (searched == phy2log).all()
     assert score == ring_objective(steps_TE, phy2log, 8, 3)
