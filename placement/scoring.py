@@ -21,8 +21,7 @@ from placement.bounds import imbalance_lower_bound
 from placement.errors import PlacementFormatError
 from placement.placement_model import Placement
 from placement.routing.dynamic_split import ReplicaGraph, optimal_split_loads
-from traces.errors import TraceFormatError
-from traces.routing_trace import MAX_TOTAL_TOKENS
+from traces.routing_trace import validate_counts
 
 Routing = Literal["static", "dynamic", "live"]
 ROUTINGS: tuple[str, ...] = ("static", "dynamic", "live")
@@ -81,24 +80,6 @@ def summarize(imbalance_TL: np.ndarray, lower_bound_TL: np.ndarray, routing: str
         "dynamic_gap_max": float(gap_TL.max()),
         "worst_layer": int(imbalance_TL.mean(axis=0).argmax()),
     }
-
-
-def checked_loads(counts_TLE) -> np.ndarray:
-    """`counts_TLE` as a [T, L, E] array of finite, non-negative loads (whole tokens, or fractional means) whose
-    total stays exact in float64; else `TraceFormatError` naming counts_TLE."""
-    arr = np.asarray(counts_TLE) if counts_TLE is not None else None
-    if arr is None or arr.dtype.kind not in "iuf" or arr.ndim != 3 or min(arr.shape) == 0:
-        found = "None" if arr is None else f"dtype {arr.dtype}, shape {tuple(arr.shape)}"
-        raise TraceFormatError(f"counts_TLE must be a [steps, layers, experts] array of token counts; got {found}")
-    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-        raise TraceFormatError("counts_TLE contains NaN or infinite values; loads must be finite")
-    if (arr < 0).any():
-        raise TraceFormatError(f"counts_TLE contains negative values (min {arr.min()}); loads must be >= 0")
-    total = float(arr.sum(dtype=np.float64))
-    if total > MAX_TOTAL_TOKENS:
-        raise TraceFormatError(f"counts_TLE holds {total:.3g} tokens in all; at most 2^53 ({MAX_TOTAL_TOKENS:.3g}) "
-                               "keep every sum exact: scale them down")
-    return arr
 
 
 def check_compatible(placement: Placement, counts_TLE: np.ndarray) -> None:
@@ -179,7 +160,7 @@ def score_placement(
     """
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {ROUTINGS}; got {routing!r}")
-    counts_TLE = checked_loads(counts_TLE)
+    counts_TLE = validate_counts(counts_TLE, "counts_TLE", whole=False)
     check_compatible(placement, counts_TLE)
     chunks = list(_chunks(counts_TLE, chunk_steps))
     parts = []

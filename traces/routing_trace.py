@@ -33,12 +33,13 @@ class TraceHeader(BaseModel):
 MAX_TOTAL_TOKENS = 2**53  # the most tokens a trace may hold in all: every sum stays exact in int64 and float64
 
 
-def validate_counts(counts: np.ndarray, what: str = "counts") -> np.ndarray:
-    """Check a [T, L, E] array of token counts and return it as int64.
+def validate_counts(counts: np.ndarray, what: str = "counts", whole: bool = True) -> np.ndarray:
+    """Check a [T, L, E] array of token counts and return it as int64 (with `whole` False: loads that may be
+    fractional, such as means, returned as they are).
 
     Raises `TraceFormatError` for a wrong rank, an empty axis, NaN or infinite values, negative values,
-    non-integral values or more than `MAX_TOTAL_TOKENS` tokens in all (which int64 or float64 sums would not hold
-    exactly), with a message that says what was found.
+    non-integral values (when `whole`) or more than `MAX_TOTAL_TOKENS` tokens in all (which int64 or float64 sums
+    would not hold exactly), with a message that says what was found.
     """
     arr = np.asarray(counts)
     if arr.ndim != 3:
@@ -52,7 +53,7 @@ def validate_counts(counts: np.ndarray, what: str = "counts") -> np.ndarray:
     if arr.dtype.kind == "f":
         if not np.isfinite(arr).all():
             raise TraceFormatError(f"{what} contains NaN or infinite values; token counts must be finite")
-        if (arr != np.round(arr)).any():
+        if whole and (arr != np.round(arr)).any():
             raise TraceFormatError(f"{what} contains non-integer values; token counts must be whole numbers")
     if (arr < 0).any():
         raise TraceFormatError(f"{what} contains negative values (min {arr.min()}); token counts must be >= 0")
@@ -60,7 +61,7 @@ def validate_counts(counts: np.ndarray, what: str = "counts") -> np.ndarray:
     if total > MAX_TOTAL_TOKENS:
         raise TraceFormatError(f"{what} holds {total:.3g} tokens in all; token counts must sum to at most 2^53 "
                                f"({MAX_TOTAL_TOKENS:.3g}) so that every sum and score of them is exact: scale them down")
-    return arr.astype(np.int64, copy=False)
+    return arr.astype(np.int64, copy=False) if whole else arr
 
 
 @dataclass(frozen=True)
