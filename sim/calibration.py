@@ -1,7 +1,7 @@
 """The simulator's declared calibration: every constant it fits, read from `sim/calibration.yaml`.
 
 Each entry names its value, the anchor it is fitted to (a published figure kept outside the simulator, in
-`eplb/harness/anchors/anchors.yaml`) and the command that refits it (`eplb sim validate --refit`). Every other
+`sim/anchors/anchors.yaml`) and the command that refits it (`eplb sim validate --refit`). Every other
 number the simulator uses is a hardware spec (`sim.hardware.PROFILES`, sources in docs/simulator.md), a published model
 shape or draft acceptance, or comes from this project's own placement code (the expert imbalance at a stage's
 batch); so the only knobs a prediction could be tuned with are the ones listed in that file.
@@ -19,7 +19,7 @@ CALIBRATION_PATH = Path(__file__).with_name("calibration.yaml")
 HEADER = """\
 # The simulator's fitted constants: each one's value, the anchor it is fitted to and the command that refits it.
 # The anchors (published figures, their sources and the operating points they were measured at) live outside the
-# simulator, in eplb/harness/anchors/anchors.yaml: `eplb sim validate` compares every anchor with the simulator,
+# simulator, in sim/anchors/anchors.yaml: `eplb sim validate` compares every anchor with the simulator,
 # and `eplb sim validate --refit --write` recomputes these values from the fitted anchors and rewrites this file.
 # Nothing else in sim/ is fitted: the rest are hardware specs (sim/hardware.py; sources in docs/simulator.md), the
 # model's published shape and MTP acceptance, and the expert imbalance this project's placement code gives.
@@ -32,7 +32,7 @@ class FittedConstant(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     value: float = Field(description="The fitted value.")
-    anchor: str = Field(min_length=1, description="Name of the anchor in eplb/harness/anchors/anchors.yaml it is "
+    anchor: str = Field(min_length=1, description="Name of the anchor in sim/anchors/anchors.yaml it is "
                                                   "fitted to.")
     method: str = Field(min_length=1, description="How the value follows from the anchor, in one sentence.")
     refit: str = Field(min_length=1, description="The command that refits it.")

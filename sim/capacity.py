@@ -42,7 +42,7 @@ def capacity_report(config: SimConfig) -> dict:
 def decode_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     """The largest decode batch of one unit that meets the TPOT target and fits; its per-card rate and step.
     `imbalance` fixes the expert imbalance instead of settling it with the placement code (the refit's inner
-    search, `eplb.harness.sim_validation`)."""
+    search, `sim.validation`)."""
     cards, context = config.cluster.decode_cards, config.capacity.decode_context_tokens
     slo_s = config.capacity.tpot_slo_ms / 1000.0
     fits = max_decode_batch(config.model, PROFILES[config.hardware.decode], cards, context,

@@ -292,14 +292,14 @@ def _add_sim_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sim", help="simulate the serving cluster: vision, prefill with KV cache tiers, decode EP units",
                        description=sim_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", nargs="?", choices=("validate",), default=None,
-                   help="validate: instead of a run, print every published anchor (eplb/harness/anchors/) beside the "
+                   help="validate: instead of a run, print every published anchor (sim/anchors/) beside the "
                         "simulator's figure, with its role (fitted, predicted, identity), error and command")
     p.add_argument("--refit", action="store_true",
                    help="with validate: refit the declared calibration's constants (sim/calibration.yaml) from their "
                         "fitted anchors and print them beside the file's")
     p.add_argument("--anchors", default=None, metavar="PATH",
                    help="with validate: an anchors file of the same format (default: "
-                        "eplb/harness/anchors/anchors.yaml)")
+                        "sim/anchors/anchors.yaml)")
     p.add_argument("--write", action="store_true",
                    help="with validate --refit: rewrite sim/calibration.yaml with the refitted values (atomically)")
     p.add_argument("--config", default=None,

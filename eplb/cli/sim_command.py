@@ -15,7 +15,7 @@ and fits, the fleet's steps and card failures, the memory) is estimated before i
 run over a budget is refused with one line naming the config key to change. The files the config names (request
 and routing traces) are inputs: no file written to --out-dir may replace one, through a link either.
 
-`eplb sim validate` runs no traffic either: it prints every published anchor (eplb/harness/anchors/anchors.yaml)
+`eplb sim validate` runs no traffic either: it prints every published anchor (sim/anchors/anchors.yaml)
 beside the simulator's figure for it, with its role (fitted to it, predicted, or an identity), the error and the
 command behind the figure; `--refit` recomputes the declared calibration (sim/calibration.yaml) from the fitted
 anchors, and `--write` rewrites that file with the result.
@@ -129,7 +129,7 @@ def _validate(args: argparse.Namespace) -> int:
                                       ("--out-dir", args.out_dir)) if value not in (None, False)]
     if given:
         raise SimConfigError(f"eplb sim validate runs the anchors' own operating points; drop {' '.join(given)}")
-    from eplb.harness.sim_validation import ANCHORS_PATH, refit, refitted_constants, validation_rows, validation_text
+    from sim.validation import ANCHORS_PATH, refit, refitted_constants, validation_rows, validation_text
 
     anchors = Path(args.anchors) if args.anchors else ANCHORS_PATH
 

@@ -1,7 +1,7 @@
 """The simulator's cost model: its calibration read from the declared file, and its shape.
 
-Published figures it is fitted to or checked against are anchors (eplb/harness/anchors/anchors.yaml), tested in
-tests/eplb/harness/test_sim_validation.py. Here: DeepSeek's decode unit (Day-6 post, Mar 2025) sizes one check,
+Published figures it is fitted to or checked against are anchors (sim/anchors/anchors.yaml), tested in
+tests/sim/test_validation.py. Here: DeepSeek's decode unit (Day-6 post, Mar 2025) sizes one check,
 EP144 on 18 H800 nodes with 32 redundant experts, 14.8k output tok/s per node at 21 tok/s per user, KV length 4,989.
 """
 
@@ -78,7 +78,7 @@ def test_a_layer_cannot_be_both_sliding_and_compressed():
 
 
 def test_calibrated_factors_are_the_declared_calibration():
-    # every factor is read from sim/calibration.yaml; tests/eplb/harness/test_sim_validation.py checks the file
+    # every factor is read from sim/calibration.yaml; tests/sim/test_validation.py checks the file
     # against its anchors
     constants = load_calibration()
     assert (CALIBRATED.compute, CALIBRATED.memory, CALIBRATED.network) == tuple(

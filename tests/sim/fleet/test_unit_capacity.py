@@ -13,7 +13,7 @@ CONFIGS = Path(__file__).resolve().parents[3] / "sim" / "configs"
 
 
 def test_unit_capacities_are_capacity_mode_at_the_days_operating_point():
-    # The day's decode unit is the operating point the compute factor is fitted at (eplb/harness/anchors/
+    # The day's decode unit is the operating point the compute factor is fitted at (sim/anchors/
     # deepseek-decode.yaml): 14.8k output tokens/s per node at 21 tokens/s per user, one MTP draft token.
     config = load_sim_config(CONFIGS / "deepseek-feb2025-day.yaml")
     unit = unit_capacity(config)

@@ -1,6 +1,6 @@
 """`eplb sim validate`: every published anchor beside the simulator's figure, and the refit of the fitted constants.
 
-The anchors (`eplb/harness/anchors/anchors.yaml`) hold each published figure with its source, the conditions it
+The anchors (`sim/anchors/anchors.yaml`) hold each published figure with its source, the conditions it
 was measured under (an operating-point config beside it) and its role: `fitted` (a constant of the simulator's
 declared calibration, `sim/calibration.yaml`, is fitted to it), `predicted` (never fitted) or `identity` (follows
 from fitted figures by arithmetic). The simulator's figure for an anchor comes from the code every user runs:
@@ -125,7 +125,7 @@ def command(anchor: Anchor) -> str:
 
 def _repository_path(config: str) -> str:
     """An anchor's config path as written from the repository root (where the commands run)."""
-    root = ANCHORS_DIR.resolve().parents[2]
+    root = ANCHORS_DIR.resolve().parents[1]
     return str((ANCHORS_DIR / config).resolve().relative_to(root))
 
 
