@@ -6,10 +6,13 @@ Every subcommand exits 0 on success and 2 on bad input, with one line on stderr 
 import argparse
 import logging
 import math
+import os
 import re
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -349,22 +352,67 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if argv is None:  # the console script: SIGTERM unwinds as Ctrl-C does, so no temporary file is left behind
         exit_on_signals((signal.SIGTERM,))
+    previous_handler, interrupted = _note_interrupts()
     try:
         check_paths(args)
         with all_or_nothing():
             return HANDLERS[args.command](args)
-    except (EplbError, ValueError) as exc:
-        message = _one_line(exc)
-        # The simulator's errors name its config keys and a placement file's its keys, which no flag sets.
-        if args.command != "sim" and not isinstance(exc, PlacementFormatError):
-            message = _as_flags(message, args.command)
-        print(f"eplb {args.command}: error: {message}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"eplb {args.command}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if interrupted:  # whatever a library raised once Ctrl-C cut into it, the user stopped the command
+            return 130
+        if not _is_input_error(exc):
+            raise  # a bug, not bad input: its traceback is what a report needs
+        print(f"eplb {args.command}: error: {_message(exc, args.command)}", file=sys.stderr)
+        return 2
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+
+
+def _message(exc: Exception, command: str) -> str:
+    """The one line that tells the user what was wrong with the input behind `exc`."""
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")
+    message = _one_line(exc)
+    # The simulator's errors name its config keys and a placement file's its keys, which no flag sets.
+    if command != "sim" and not isinstance(exc, PlacementFormatError):
+        message = _as_flags(message, command)
+    return message
+
+
+PROJECT_ROOTS = tuple(str(Path(__file__).resolve().parents[2] / package) + os.sep
+                      for package in ("eplb", "placement", "traces", "collectives", "sim"))
+
+
+def _note_interrupts() -> tuple[object, list[int]]:
+    """Make Ctrl-C raise KeyboardInterrupt as usual and also record it in the returned list (non-empty once it
+    came), so that an error a library raises after being cut short is not taken for bad input. Returns the handler
+    it replaced (None off the main thread, where no handler can be set) and the list."""
+    interrupted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        return None, interrupted
+
+    def on_interrupt(signum: int, frame) -> None:
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, on_interrupt), interrupted
+
+
+def _is_input_error(exc: Exception) -> bool:
+    """Whether `exc` reports bad input: one of the project's typed errors, a pydantic validation of a file or
+    config, an OSError, or a ValueError the project's own checks raised. A ValueError raised inside a library the
+    project calls is a bug to report with its traceback, not a message for the user."""
+    if isinstance(exc, (EplbError, ValidationError, OSError)):
+        return True
+    if not isinstance(exc, ValueError):
+        return False
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is None or frame.tb_frame.f_code.co_filename.startswith(PROJECT_ROOTS)
 
 
 def _as_flags(message: str, command: str) -> str:

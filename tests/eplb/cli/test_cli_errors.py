@@ -4,6 +4,9 @@ no traceback, nothing on stdout, and no placement file written or clobbered.
 """
 
 import json
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -203,3 +206,34 @@ def test_failed_place_leaves_an_existing_out_file_unchanged(run_eplb, small_trac
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert out.read_text() == '{"old": true}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "placement.json"], "temporary files left"
+
+
+def _plot_interrupted_into_a_value_error(*args, **kwargs):
+    """A plot that Ctrl-C cuts into and that turns the interrupt into an error of its own (as matplotlib's
+    "Invalid bounding box" did)."""
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    except KeyboardInterrupt:
+        raise ValueError("Invalid bounding box") from None
+
+
+def _plot_with_a_bug(*args, **kwargs):
+    raise ValueError("a library's internal error")
+
+
+def test_ctrl_c_during_a_plot_exits_130_and_leaves_no_file(run_eplb_here, small_trace, tmp_path, monkeypatch):
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", _plot_interrupted_into_a_value_error)
+    result = run_eplb_here("place", "--trace", small_trace, *CLUSTER, "--policy", "deepseek",
+                           "--out", tmp_path / "placement.json", "--plot", tmp_path / "loads.png")
+    assert result.returncode == 130 and result.stderr == "", result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_value_error_inside_a_library_is_a_bug_with_its_traceback_not_bad_input(run_eplb_here, small_trace,
+                                                                                   tmp_path, monkeypatch):
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", _plot_with_a_bug)
+    with pytest.raises(ValueError, match="internal error"):
+        run_eplb_here("place", "--trace", small_trace, *CLUSTER, "--policy", "deepseek",
+                      "--out", tmp_path / "placement.json", "--plot", tmp_path / "loads.png")
+    assert list(tmp_path.iterdir()) == []
