@@ -32,7 +32,7 @@
 7. The documented demo commands with a killed rank (docs/benchmarks.md, "The demo's commands with a killed rank";
    the first is docs/live-layer.md's, "Live demo"), `--runs` times each (`--section demo-switches`): how many runs
    switched before the step the rank is killed in to a placement that served better than the start placement on
-   the same steps.
+   the same steps; `--busy N` runs N CPU-bound processes beside each run (other work on the host).
 8. Host copies at the full shape (`--section host-copies`: 61 layers x 256 experts on 64 GPUs x 5 slots and 128 x 3,
    greedy and cpsat placements of synthetic traffic): for each number of ranks that may die at once
    (`failures_tolerated` 1-3), the host copies a rank keeps (mean and most over ranks, all layers) and their bytes
@@ -43,10 +43,11 @@ The router's time per layer at the full shape (256 experts, 64x5 and 128x3) is `
 Usage: python scripts/bench_live.py [--world-size 4] [--steps 30] [--repeats 5]
        [--section all|overhead|rebalance|demo-runs|demo-switches|noise|plan|host-copies]
        [--rebalance-steps 600] [--solve-in process|thread] [--solve-cpu-share F] [--good-enough X]
-       [--max-bytes-per-step B] [--min-gain G] [--runs 10] [--quick]
+       [--max-bytes-per-step B] [--min-gain G] [--runs 10] [--busy N] [--quick]
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpsat stops a layer's search at this fitted max/mean (default 1.001; 0: the whole "
                              "budget)")
     parser.add_argument("--solve-cpu-share", type=float, default=1.0,
-                        help="the solve's share of the time (default 1: not paced, only niced)")
+                        help="the solve's share of the time (default 1: not paced)")
     parser.add_argument("--min-gain", type=float, default=0.005,
                         help="switch only to a fit that beats the placement serving by this much (default 0.005; "
                              "0: always)")
@@ -127,10 +128,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="expert bytes a rank sends or receives between two steps (default 256 KiB)")
     parser.add_argument("--timeout", type=float, default=5.0, help="collective timeout of the kill run, seconds")
     parser.add_argument("--runs", type=int, default=10, help="runs of the issue's demo command (default 10)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="with demo-switches: N CPU-bound processes run beside every demo run, as other work "
+                             "on the host (default 0)")
     parser.add_argument("--quick", action="store_true", help="tiny run, for a smoke test")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be >= 1; got {args.runs}")
+    if args.busy < 0:
+        parser.error(f"--busy must be >= 0; got {args.busy}")
     if args.quick:
         args.steps, args.repeats, args.rebalance_steps, args.rebalance_every = 3, 1, 24, 6
         args.runs = min(args.runs, 2)
@@ -141,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.section in ("all", "demo-runs"):
         demo_runs_section(args.runs, QUICK_DEMO if args.quick else ISSUE_DEMO)
     if args.section in ("all", "demo-switches"):
-        demo_switches_section(args.runs, QUICK_KILL_DEMOS if args.quick else KILL_DEMOS)
+        demo_switches_section(args.runs, QUICK_KILL_DEMOS if args.quick else KILL_DEMOS, args.busy)
     if args.section in ("all", "noise"):
         noise_section(args)
     if args.section in ("all", "plan"):
@@ -236,10 +242,28 @@ KILL_DEMOS = (  # the demo commands with a killed rank: docs/benchmarks.md, "The
 QUICK_KILL_DEMOS = (QUICK_DEMO + ("--fail-rank", "1", "--fail-at-step", "20"),)
 
 
-def demo_switches_section(runs: int, commands: tuple[tuple[str, ...], ...]) -> None:
-    """Each demo command run `runs` times as a user runs it: the runs whose first switch came before the step its
-    rank is killed in and served better than the start placement on the same steps (the demo's `first_switch`)."""
+# Spins until its parent is gone, so that it never outlives the benchmark however the benchmark ends.
+BUSY_LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    sum(range(100_000))\n"
+
+
+@contextlib.contextmanager
+def cpu_bound_beside(count: int):
+    """`count` CPU-bound processes (other work on the host) for as long as the block runs."""
+    spinners = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def demo_switches_section(runs: int, commands: tuple[tuple[str, ...], ...], busy: int = 0) -> None:
+    """Each demo command run `runs` times as a user runs it, with `busy` CPU-bound processes beside: the runs whose
+    first switch came before the step its rank is killed in and served better than the start placement on the same
+    steps (the demo's `first_switch`)."""
     script = Path(__file__).resolve().parent / "live_demo.py"
+    print(f"\n{busy} CPU-bound processes beside each run.")
     print("\n| command | runs | switched before the kill, better | first switch step (kill at) | imbalance from the "
           "first switch to the kill: start placement -> served (median) |")
     print("|---|---|---|---|---|")
@@ -247,8 +271,9 @@ def demo_switches_section(runs: int, commands: tuple[tuple[str, ...], ...]) -> N
         kill_at = int(demo_args[demo_args.index("--fail-at-step") + 1])
         good, first, before, after = 0, [], [], []
         for run in range(runs):
-            result = subprocess.run([sys.executable, str(script), *demo_args, "--json"], capture_output=True,
-                                    text=True, timeout=900)
+            with cpu_bound_beside(busy):
+                result = subprocess.run([sys.executable, str(script), *demo_args, "--json"], capture_output=True,
+                                        text=True, timeout=900)
             if result.returncode != 0:
                 raise RuntimeError(f"the live demo failed (run {run}): {result.stderr[-2000:]}")
             report = json.loads(result.stdout.strip().splitlines()[-1])

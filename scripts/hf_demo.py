@@ -40,7 +40,7 @@ import json
 import sys
 
 from collectives import exit_on_signals, run_local_group, start_local_group_server
-from eplb.cli.arg_types import SEED_MAX, integer
+from eplb.cli.arg_types import SEED_MAX, integer, number
 from eplb.cli.main import OneLineParser
 from placement.cluster import MAX_GPUS
 
@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="kill this rank (< --world-size) at --fail-at-token")
     parser.add_argument("--fail-at-token", type=integer(0, 127), default=None,
                         help="the token whose forward --fail-rank dies in (< --new-tokens)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="each collective's timeout, seconds")
+    parser.add_argument("--timeout", type=number(0, low_open=True, high=3600), default=30.0,
+                        help="each collective's timeout, seconds (default 30)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout, nothing else")
     return parser
 
@@ -96,8 +97,6 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                          f"(--world-size >= 2); got {args.fail_rank} of {args.world_size}")
         if args.fail_at_token >= args.new_tokens:
             parser.error(f"--fail-at-token must be below --new-tokens={args.new_tokens}; got {args.fail_at_token}")
-    if not args.timeout > 0:
-        parser.error(f"--timeout must be > 0; got {args.timeout}")
     if importlib.util.find_spec("transformers") is None:
         parser.error("transformers is not installed; install the extra: pip install -e '.[hf]'")
 

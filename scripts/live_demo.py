@@ -48,56 +48,67 @@ from traces.synthetic import SyntheticConfig, generate_trace
 WEIGHT_BYTES = 4  # the experts' weights are float32
 
 
+# Bounds on the demo's size: far beyond what a CPU demo runs, yet each one's memory and time stay finite.
+MAX_STEPS = 100_000
+MAX_LAYERS = 256
+MAX_EXPERTS = 4096
+MAX_TOKENS_PER_STEP = 1 << 20
+MAX_HIDDEN_SIZE = 1 << 16
+MAX_SECONDS = 86_400.0  # one day: any budget or timeout beyond it is a typo
+MAX_BYTES_PER_STEP = 1 << 40
+MAX_DEMO_BYTES = 16 << 30  # the ranks' weights and activations together (each rank builds the dense reference)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The demo's flags, each value checked on its own (`check_args` checks them together)."""
-    count, index, seconds = integer(1), integer(0), number(0, low_open=True)
+    seconds = number(0, low_open=True, high=MAX_SECONDS)
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=integer(1, MAX_GPUS), default=4,
                         help="W: ranks (one per GPU) in the EP group")
-    parser.add_argument("--steps", type=count, default=20, help="decode steps to run (default 20)")
+    parser.add_argument("--steps", type=integer(1, MAX_STEPS), default=20, help="decode steps to run (default 20)")
     parser.add_argument("--routing", default="dynamic", choices=ROUTING_MODES, help="replica choice (default dynamic)")
-    parser.add_argument("--layers", type=count, default=2, help="MoE layers (default 2)")
-    parser.add_argument("--experts", type=count, default=32, help="E: routed experts per layer (default 32)")
-    parser.add_argument("--top-k", type=count, default=4, help="K: experts per token (<= E; default 4)")
+    parser.add_argument("--layers", type=integer(1, MAX_LAYERS), default=2, help="MoE layers (default 2)")
+    parser.add_argument("--experts", type=integer(1, MAX_EXPERTS), default=32, help="E: routed experts per layer (default 32)")
+    parser.add_argument("--top-k", type=integer(1, MAX_EXPERTS), default=4, help="K: experts per token (<= E; default 4)")
     parser.add_argument("--slots-per-gpu", type=integer(1, MAX_SLOTS_PER_GPU), default=None,
                         help="S (W x S >= E; default E / W + 2)")
-    parser.add_argument("--tokens-per-step", type=count, default=256, help="tokens of the whole group per step")
-    parser.add_argument("--hidden-size", type=count, default=64, help="D (>= experts; default 64)")
-    parser.add_argument("--fit-steps", type=count, default=30, help="steps the placement is fitted on (default 30)")
+    parser.add_argument("--tokens-per-step", type=integer(1, MAX_TOKENS_PER_STEP), default=256, help="tokens of the whole group per step")
+    parser.add_argument("--hidden-size", type=integer(1, MAX_HIDDEN_SIZE), default=64, help="D (>= experts; default 64)")
+    parser.add_argument("--fit-steps", type=integer(1, MAX_STEPS), default=30, help="steps the placement is fitted on (default 30)")
     parser.add_argument("--time-limit", type=seconds, default=2.0, help="cpsat budget, seconds (default 2)")
     parser.add_argument("--seed", type=integer(0, SEED_MAX), default=0, help="seed of traffic and weights (default 0)")
     parser.add_argument("--timeout", type=seconds, default=10.0,
                         help="each collective's timeout, seconds (default 10)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cpu: a Gloo group; cuda: an NCCL group, one GPU per rank (default cpu)")
-    parser.add_argument("--rebalance-every", type=count, default=None, metavar="R",
+    parser.add_argument("--rebalance-every", type=integer(1, MAX_STEPS), default=None, metavar="R",
                         help="rebalance the running group every R steps (and on drift)")
     parser.add_argument("--rebalance-policy", default="cpsat", choices=("cpsat", "deepseek"),
                         help="policy of the rebalances (default cpsat)")
     parser.add_argument("--rebalance-time-limit", type=seconds, default=0.5,
                         help="cpsat budget of each rebalance, seconds (default 0.5)")
-    parser.add_argument("--rebalance-good-enough", type=number(1, or_exactly=0), default=1.001, metavar="X",
+    parser.add_argument("--rebalance-good-enough", type=number(1, high=2, or_exactly=0), default=1.001, metavar="X",
                         help="cpsat stops a layer's search once a candidate fits the window to max/mean X (default "
                              "1.001; 0: search for the whole budget)")
-    parser.add_argument("--rebalance-min-gain", type=number(0), default=0.005, metavar="G",
+    parser.add_argument("--rebalance-min-gain", type=number(0, high=1), default=0.005, metavar="G",
                         help="switch only to a fit that beats the placement serving by G on the window (relative; "
                              "default 0.005; 0: always)")
     parser.add_argument("--solve-in", default="process", choices=("process", "thread"),
                         help="where rank 0 solves: a helper process (default) or a thread")
     parser.add_argument("--solve-cpu-share", type=number(0, low_open=True, high=1), default=1.0, metavar="F",
                         help="share of the time the solver's helper process may run, in (0, 1] (default 1: not "
-                             "paced, only at a low priority)")
-    parser.add_argument("--max-bytes-per-step", type=count, default=512 << 10,
+                             "paced)")
+    parser.add_argument("--max-bytes-per-step", type=integer(1, MAX_BYTES_PER_STEP), default=512 << 10,
                         help="expert bytes a rank sends or receives between two steps (default 512 KiB)")
-    parser.add_argument("--patch-every", type=index, default=PatchSettings().every, metavar="STEPS",
+    parser.add_argument("--patch-every", type=integer(0, MAX_STEPS), default=PatchSettings().every, metavar="STEPS",
                         help="with a rebalancer: a burst patch every STEPS steps between refits (a few slots moved "
                              "to the experts the last steps overload; default %(default)s; 0: none)")
-    parser.add_argument("--shift-at-step", type=index, default=None, metavar="N",
+    parser.add_argument("--shift-at-step", type=integer(0, MAX_STEPS), default=None, metavar="N",
                         help="with a rebalancer: the step at which the traffic's expert mix changes (default: half "
                              "of --rebalance-every, at most a third of --steps, so that the first attempt's window "
                              "sees it; without --rebalance-every a third of --steps)")
-    parser.add_argument("--fail-rank", type=index, default=None, metavar="K", help="kill rank K's process (SIGKILL)")
-    parser.add_argument("--fail-at-step", type=index, default=None, metavar="N",
+    parser.add_argument("--fail-rank", type=integer(0, MAX_GPUS - 1), default=None, metavar="K", help="kill rank K's process (SIGKILL)")
+    parser.add_argument("--fail-at-step", type=integer(0, MAX_STEPS), default=None, metavar="N",
                         help="the step rank K dies in (default: half way)")
     parser.add_argument("--step-times", type=json_output(), default=None, metavar="FILE",
                         help="with a rebalancer: also write each step's time (slowest rank), whether a rebalance was "
@@ -111,6 +122,14 @@ def slots_per_gpu(args: argparse.Namespace) -> int:
     return args.slots_per_gpu or args.experts // args.world_size + 2
 
 
+def demo_bytes(args: argparse.Namespace) -> int:
+    """Bytes the ranks hold together, roughly: each rank's copy of every layer's experts (three fp32 matrices of
+    D x 2D) and a step's activations (a few fp32 [tokens, 2D] buffers)."""
+    experts = args.layers * args.experts * 3 * args.hidden_size * 2 * args.hidden_size * 4
+    activations = 8 * args.tokens_per_step * 2 * args.hidden_size * 4
+    return args.world_size * (experts + activations)
+
+
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Check the flags against each other; a mistake exits 2 with one line (`parser.error`), before anything runs."""
     if args.top_k > args.experts:
@@ -118,6 +137,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      f"{args.experts}")
     if args.hidden_size < args.experts:
         parser.error("--hidden-size must be >= --experts (the gate reads the first E dimensions)")
+    if demo_bytes(args) > MAX_DEMO_BYTES:
+        parser.error(f"the demo would need {demo_bytes(args) / 2**30:.0f} GiB of weights and activations over its "
+                     f"ranks (at most {MAX_DEMO_BYTES >> 30}); lower --layers, --experts, --hidden-size, "
+                     f"--tokens-per-step or --world-size")
     slots = slots_per_gpu(args)
     if args.world_size * slots < args.experts:
         parser.error(f"--world-size x --slots-per-gpu must be >= --experts (every expert needs a slot); got "

@@ -1,12 +1,13 @@
-"""The rebalancer's solve, off the decode process: a helper process at a low CPU priority, or a thread.
+"""The rebalancer's solve, off the decode process: a helper process, or a thread.
 
 A process shares neither the interpreter lock nor the scheduler's favour with decode: the `cpsat` policy's Python
 parts (building models, scoring candidates) would otherwise hold the lock for long stretches while the decode thread
 waits for it. The process starts once, as `python -m eplb.rebalance.background_solver` (so it imports only what
 solving needs: no torch, and not the worker's main module, which a multiprocessing spawn would run again; its
 imports run in the background), talks over a socket pair, and solves one job at a time, optionally paced to a share
-of the time (`eplb.rebalance.cpu_pacer`: where decode ranks fill every core, a low priority alone does not keep
-background work from delaying them). A job is the recorder's window (or a placement loaded from a file, or a burst
+of the time (`eplb.rebalance.cpu_pacer`). It runs at the decode processes' own priority: a solve must land within
+its interval, and a lower one starves it whenever anything CPU-bound runs beside, while where decode ranks fill
+every core no priority keeps background work from delaying them (only the pacer's cap does). A job is the recorder's window (or a placement loaded from a file, or a burst
 patch's recent load and the last fitted placement) and the placement serving now; its answer the new placement
 relabelled to move the fewest experts, the move counts, and the weight moves planned (slow Python at the full shape,
 which would otherwise stall a decode step on every rank; figures: docs/rebalancing.md, 'The background solve'). The
@@ -35,7 +36,6 @@ from placement import ClusterSpec, Placement, fit_placement, oblivious_moves, pl
 from placement.patch_planner import Followed, PatchJob, burst_layers_L, plan_patch
 from placement.scoring import score_placement
 
-LOW_PRIORITY_NICE = 10  # low, yet the solve still progresses beside busy decode processes (19 starves it)
 PolicyFn = Callable[[np.ndarray, ClusterSpec], Placement]  # (counts_TLE, cluster) -> placement
 
 
@@ -234,7 +234,6 @@ class BackgroundSolver:
 
     def _solve_in_thread(self, box: dict, counts_TLE: np.ndarray | None, current: Placement,
                          target: Placement | None, patch: PatchJob | None) -> None:
-        low_priority()
         try:
             box["result"] = solve(counts_TLE, current, self.policy, self.options, self.policy_fn, self.shape, target,
                                   self.min_gain, patch)
@@ -275,7 +274,6 @@ def import_solving_modules(policy: str, policy_fn: PolicyFn | None) -> None:
 def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None, shape: TransferShape,
            cpu_share: float, min_gain: float) -> None:
     """The helper process: answer jobs until the connection closes, paced to `cpu_share` while it solves."""
-    low_priority()
     import_solving_modules(policy, policy_fn)
     pacer = Pacer(cpu_share)
     try:
@@ -299,15 +297,6 @@ def _serve(conn, policy: str, options: dict, policy_fn: PolicyFn | None, shape: 
                 return
     finally:
         pacer.close()
-
-
-def low_priority() -> None:
-    """Give this thread (and the threads it starts) a low CPU priority where the OS allows it (on Linux nice is per
-    thread, so this leaves the rest of the process alone)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOW_PRIORITY_NICE)
-    except (AttributeError, OSError):
-        pass
 
 
 def helper_main(fd: int, parent_pid: int, from_main_thread: bool) -> None:

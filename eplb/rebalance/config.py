@@ -39,7 +39,8 @@ class RebalanceConfig(BaseModel):
     )
     solve_in: Literal["process", "thread"] = Field(
         "process", description="Where rank 0 solves: a helper process (no lock shared with decode) or a thread; "
-                               "either at a low CPU priority (nice 10)."
+                               "either at the decode processes' priority (a lower one starves the solve beside "
+                               "CPU-bound work; solve_cpu_share caps its share instead)."
     )
     solve_cpu_share: float = Field(
         1.0, gt=0, le=1, description="Share of the time the helper process may run while it solves (below 1 it is "
