@@ -70,6 +70,7 @@ class ReplayResult:
         lag: steps from the end of each fit window until its placement serves.
         patch_moves: with burst patches, the slots whose expert changed between consecutive served placements
             within each fit's service (None without patches).
+        held_out_served: the held-out steps of each trace of `also_served`, served by the same placements.
     """
 
     held_out: StepScores
@@ -82,6 +83,7 @@ class ReplayResult:
     drift_steps: list[int] = field(default_factory=list)
     lag: int = 0
     patch_moves: int | None = None
+    held_out_served: dict[str, StepScores] = field(default_factory=dict)
 
     def summary(self) -> dict:
         """Held-out summary (the contract keys) plus the fitted summary, fit timing and the lag."""
@@ -125,6 +127,7 @@ def rolling_replay(
     forecast: bool = False,
     patches: PatchSettings | None = None,
     pace: PatchPace = PatchPace(),
+    also_served: dict[str, np.ndarray] | None = None,
 ) -> ReplayResult:
     """Replay `counts_TLE` [T, L, E] with a re-fit every `every` steps on the last `window` steps.
 
@@ -136,6 +139,8 @@ def rolling_replay(
     `forecast` fits each placement on its window moved along each expert's trend to the period it serves
     (`placement.forecast.hedged_window(window, lag, every)`); its fitted score stays on the window. `patches`
     patches the serving placement between refits at `pace` (see the module docstring); None: no patches.
+    `also_served` maps names to further [T, L, E] traces of the same shape that the same placements serve, scored
+    under `routing` into `held_out_served` (the same traffic at another load, fitted on the denser `counts_TLE`).
 
     Raises:
         PlacementInfeasibleError: `every` or `window` below 1, `lag` negative, `window + lag` leaving no step of
@@ -145,7 +150,8 @@ def rolling_replay(
     num_steps = counts_TLE.shape[0]
     first_scored = _check_replay_args(num_steps, every, window, lag, drift_ratio, patches, pace)
     schedule = _Schedule(fit_step=window)
-    parts = _ReplayParts(also={name: [] for name in also_routings})
+    parts = _ReplayParts(also={name: [] for name in also_routings}, routing=routing,
+                         also_served={name: (trace, []) for name, trace in (also_served or {}).items()})
     hedge = (lag, every) if forecast else None
     while schedule.fit_step + lag < num_steps:
         first = max(schedule.regime_start, schedule.fit_step - window)
@@ -325,6 +331,8 @@ class _ReplayParts:
     """What each fit of a rolling replay adds to its result, in fit order (see `ReplayResult`)."""
 
     also: dict[str, list[StepScores]]
+    routing: Routing = "static"
+    also_served: dict[str, tuple[np.ndarray, list[StepScores]]] = field(default_factory=dict)
     held: list[StepScores] = field(default_factory=list)
     fitted: list[StepScores] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
@@ -355,9 +363,12 @@ class _ReplayParts:
         self.held.append(served.take_steps(kept[-1][1] - kept[0][0]))
         for name, scores in self.also.items():
             scores.append(_score_chunks(kept, counts_TLE, name))
+        for trace_TLE, scores in self.also_served.values():
+            scores.append(_score_chunks(kept, trace_TLE, self.routing))
         self.moved += _moved_slots(kept)
 
     def result(self, last: Placement, lag: int, patched: bool) -> ReplayResult:
         return ReplayResult(StepScores.concatenate(self.held), StepScores.concatenate(self.fitted), self.serve_starts,
                             self.seconds, {name: StepScores.concatenate(parts) for name, parts in self.also.items()},
-                            last, self.windows, self.drifts, lag, self.moved if patched else None)
+                            last, self.windows, self.drifts, lag, self.moved if patched else None,
+                            {name: StepScores.concatenate(parts) for name, (_, parts) in self.also_served.items()})

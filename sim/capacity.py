@@ -12,22 +12,20 @@ the quantity every published serving figure is (`eplb sim --capacity`).
   ahead of it is not counted) or reaches `cluster.max_prefill_batch_tokens` new tokens per node. Tokens/s per card
   counts every prompt token, hits included, as published prefill rates do.
 
-Both stages take their expert imbalance from this project's placement code at the tokens per card of the batch
-found (`sim.engine.decode_balance.imbalance_T`: a synthetic routing trace at the model's shape, replayed through
-`balance.policy` with the live router), and the batch is found again at that imbalance until it settles: the
-imbalance multiplies the routed experts' part of the pass (and the busiest card's all-to-all bytes) once.
+Both stages take their expert imbalance at each candidate batch from this project's placement code at that batch's
+tokens per card (`sim.engine.load_imbalance`: one synthetic routing trace per group shape, thinned to each load, so
+the imbalance falls smoothly with the load): it multiplies the routed experts' part of the pass (and the busiest
+card's all-to-all bytes). Throughput is therefore non-decreasing in the latency target and in the batch cap.
 """
 
 import math
 
 from sim.config import SimConfig
 from sim.cost_model import decode_step_seconds, max_decode_batch
-from sim.engine.decode_balance import placement_imbalance
+from sim.engine.load_imbalance import load_imbalance
 from sim.hardware import PROFILES
 from sim.speculative import expected_step, step_cost
 from sim.stage_costs import prefill_redundant_experts, prefill_seconds_of, redundant_experts
-
-SETTLE_ROUNDS = 4  # batch <-> imbalance rounds; the batch moves by under 1% after two on the shipped configs
 
 
 def capacity_report(config: SimConfig) -> dict:
@@ -41,8 +39,8 @@ def capacity_report(config: SimConfig) -> dict:
 
 def decode_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     """The largest decode batch of one unit that meets the TPOT target and fits; its per-card rate and step.
-    `imbalance` fixes the expert imbalance instead of settling it with the placement code (the refit's inner
-    search, `sim.validation`)."""
+    `imbalance` fixes the expert imbalance instead of taking it from the placement code at each batch (the refit's
+    inner search, `sim.validation`)."""
     cards, context = config.cluster.decode_cards, config.capacity.decode_context_tokens
     slo_s = config.capacity.tpot_slo_ms / 1000.0
     fits = max_decode_batch(config.model, PROFILES[config.hardware.decode], cards, context,
@@ -58,17 +56,14 @@ def decode_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     if fixed is not None and round(fixed * cards) > fits:
         raise ValueError(f"capacity.decode_batch_per_card={fixed:g} sequences of {context} tokens do not fit the "
                          f"unit's HBM after the weights ({fits / cards:.1f} per card do); lower it or the context")
-    settle = imbalance is None
-    imbalance, batch = (1.0 if settle else imbalance), most
-    for _ in range(SETTLE_ROUNDS):
-        batch = max(1, round(fixed * cards)) if fixed is not None else \
-            _largest(lambda b: decode_tpot(config, b, imbalance)[0] <= slo_s, most)
-        if batch == 0 or not settle:
-            break
-        settled = placement_imbalance(config, cards, config.decode_slots_per_card, max(batch, 1) * verified / cards)
-        if abs(settled - imbalance) < 1e-4:
-            break
-        imbalance = settled
+    curve = load_imbalance(config, cards, config.decode_slots_per_card) if imbalance is None else None
+
+    def imbalance_at(batch: int) -> float:
+        return curve.at(batch * verified / cards) if curve is not None else imbalance
+
+    batch = max(1, round(fixed * cards)) if fixed is not None else \
+        _largest(lambda b: decode_tpot(config, b, imbalance_at(b))[0] <= slo_s, most)
+    imbalance = imbalance_at(max(batch, 1))
     tpot, step = decode_tpot(config, max(batch, 1), imbalance)
     binding = "tpot_slo" if batch < most else ("kv_cache" if fits <= cap else "max_decode_batch_per_card")
     if fixed is not None:
@@ -81,7 +76,7 @@ def decode_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
 
 def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     """The largest prefill batch of one instance within the TTFT target (or the batch cap); its per-card rate.
-    `imbalance` fixes the expert imbalance instead of settling it with the placement code."""
+    `imbalance` fixes the expert imbalance instead of taking it from the placement code at each batch."""
     capacity, cluster, model = config.capacity, config.cluster, config.model
     nodes = capacity.prefill_instance_nodes
     cards = nodes * cluster.cards_per_node
@@ -91,16 +86,13 @@ def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     redundant = prefill_redundant_experts(config)
     slots = math.ceil((model.num_routed_experts + redundant) / cards)
     limit = capacity.ttft_slo_s if capacity.ttft_slo_s is not None else math.inf
-    settle = imbalance is None
-    imbalance, prompts = (1.0 if settle else imbalance), most
-    for _ in range(SETTLE_ROUNDS):
-        prompts = _largest(lambda n: _prefill_seconds(config, n, prompt, cached, cards, imbalance) <= limit, most)
-        if prompts == 0 or not settle:
-            break
-        settled = placement_imbalance(config, cards, slots, prompts * (prompt - cached) / cards)
-        if abs(settled - imbalance) < 1e-4:
-            break
-        imbalance = settled
+    curve = load_imbalance(config, cards, slots) if imbalance is None else None
+
+    def imbalance_at(prompts: int) -> float:
+        return curve.at(prompts * (prompt - cached) / cards) if curve is not None else imbalance
+
+    prompts = _largest(lambda n: _prefill_seconds(config, n, prompt, cached, cards, imbalance_at(n)) <= limit, most)
+    imbalance = imbalance_at(max(prompts, 1))
     seconds = _prefill_seconds(config, max(prompts, 1), prompt, cached, cards, imbalance)
     binding = "ttft_slo" if prompts < most else "max_prefill_batch_tokens"
     return {"tokens_per_s_per_card": prompts * prompt / seconds / cards if prompts else 0.0,
@@ -165,3 +157,55 @@ def capacity_text(report: dict) -> str:
         f"per batch ({prefill['cached_tokens']:,} cached), batch {prefill['batch_s']:.2f} s, imbalance "
         f"{prefill['imbalance']:.3f}; bound by {prefill['binding']}",
     ])
+
+
+CURVE_TPOT_MS = (10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 70.0, 100.0, 150.0)  # the curve's targets unless given
+
+
+def decode_curve(config: SimConfig, targets_ms: tuple[float, ...] = CURVE_TPOT_MS) -> list[dict]:
+    """The latency-throughput curve of one decode unit: `decode_capacity` at each TPOT target (ms), in rising
+    order. The imbalance against load is measured once for the unit's shape, so a looser target never gives less."""
+    rows = []
+    for target in sorted(set(targets_ms)):
+        at = config.model_copy(update={"capacity": config.capacity.model_copy(update={"tpot_slo_ms": target})})
+        rows.append({"tpot_slo_ms": target, **decode_capacity(at)})
+    return rows
+
+
+def curve_text(rows: list[dict], card: str) -> str:
+    """The curve as a table: target, TPOT met, tokens/s per card, batch per card, step, imbalance, what binds."""
+    lines = [f"decode latency-throughput curve ({card}):",
+             "  TPOT target ms | TPOT ms | tokens/s per card | sequences per card | step ms | imbalance | bound by"]
+    for row in rows:
+        lines.append(f"  {row['tpot_slo_ms']:14g} | {row['tpot_ms']:7.1f} | {row['tokens_per_s_per_card']:17,.0f} | "
+                     f"{row['batch_per_card']:18.1f} | {row['step_ms']:7.1f} | {row['imbalance']:9.3f} | "
+                     f"{row['binding']}")
+    return "\n".join(lines)
+
+
+def write_curve_plot(rows: list[dict], path, title: str) -> None:
+    """A PNG of the curve at `path` (written atomically): TPOT met against tokens/s per card, each point labelled
+    with its sequences per card."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from traces.atomic_file import write_atomically
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    rates = [row["tokens_per_s_per_card"] for row in rows]
+    tpots = [row["tpot_ms"] for row in rows]
+    axes.plot(rates, tpots, marker="o")
+    for rate, tpot, row in zip(rates, tpots, rows):
+        axes.annotate(f"{row['batch_per_card']:.0f}", (rate, tpot), textcoords="offset points", xytext=(4, -10),
+                      fontsize=8)
+    axes.set_xlabel("decode tokens/s per card")
+    axes.set_ylabel("TPOT, ms")
+    axes.set_title(title, fontsize=10)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    try:
+        write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(figure)

@@ -319,6 +319,11 @@ def _add_sim_command(sub: argparse._SubParsersAction) -> None:
                    help="with --capacity: the decode target, ms per output token (overrides capacity.tpot_slo_ms)")
     p.add_argument("--ttft-slo-s", type=_number(float, 0, low_open=True, high=3600), default=None,
                    help="with --capacity: the longest prefill batch, seconds (overrides capacity.ttft_slo_s)")
+    p.add_argument("--curve", type=_number(float, 0, low_open=True, high=10_000), nargs="*", default=None,
+                   metavar="MS", help="with --capacity: also the decode latency-throughput curve, the capacity at "
+                                      "each of these TPOT targets (default 10 15 20 30 40 50 70 100 150 ms)")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="with --capacity: also plot the decode curve (TPOT against tokens/s per card) to this file")
     _add_common(p)
 
 

@@ -23,11 +23,13 @@ anchors, and `--write` rewrites that file with the result.
 `--capacity` runs no traffic: it raises the load on one decode unit and one prefill instance until the latency
 targets bind (`capacity.tpot_slo_ms`, `capacity.ttft_slo_s`, or --tpot-slo-ms and --ttft-slo-s) and reports per-card
 tokens/s there, with the batch, the step and the expert imbalance the placement code gives at that load
-(`sim.capacity`).
+(`sim.capacity`); `--curve` adds the decode latency-throughput curve (the capacity at each of several TPOT targets)
+and `--plot PNG` draws it.
 
 Examples:
   eplb sim
   eplb sim --config sim/configs/cloudmatrix384.yaml --capacity --tpot-slo-ms 50 --json
+  eplb sim --config sim/configs/cloudmatrix384.yaml --capacity --curve --plot curve.png
   eplb sim validate --json
   eplb sim --config sim/configs/mooncake-conversation.yaml --json
   eplb sim --config sim/configs/deepseek-feb2025-day.yaml --json
@@ -57,7 +59,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if args.refit or args.write or args.anchors:
         raise SimConfigError("--refit, --write and --anchors belong to `eplb sim validate`; add validate")
     config = load_sim_config(args.config)
-    if args.capacity or args.tpot_slo_ms is not None or args.ttft_slo_s is not None:
+    if args.capacity or args.tpot_slo_ms is not None or args.ttft_slo_s is not None or args.curve is not None \
+            or args.plot:
         return _capacity(args, config)
     if args.days is not None:
         if config.fleet is None:
@@ -103,12 +106,12 @@ def _fleet(args: argparse.Namespace, config) -> int:
 def _capacity(args: argparse.Namespace, config) -> int:
     """`--capacity`: both stages' capacity at the latency targets (`sim.capacity`)."""
     from sim import SimConfigError
-    from sim.capacity import capacity_report, capacity_text
+    from sim.capacity import CURVE_TPOT_MS, capacity_report, capacity_text, curve_text, decode_curve, write_curve_plot
     from sim.engine.decode_balance import routing_shape
     from sim.work_budget import check_replay_work
 
     if not args.capacity:
-        raise SimConfigError("--tpot-slo-ms and --ttft-slo-s set the targets of --capacity; add --capacity")
+        raise SimConfigError("--tpot-slo-ms, --ttft-slo-s, --curve and --plot belong to --capacity; add --capacity")
     if args.days is not None:
         raise SimConfigError("--days runs a fleet; --capacity runs none: give one of them")
     targets = {key: value for key, value in (("tpot_slo_ms", args.tpot_slo_ms), ("ttft_slo_s", args.ttft_slo_s))
@@ -116,7 +119,16 @@ def _capacity(args: argparse.Namespace, config) -> int:
     config = config.model_copy(update={"capacity": config.capacity.model_copy(update=targets)})
     check_replay_work(config, routing_shape(config, None))
     report = capacity_report(config)
-    emit(args, _finite(report), capacity_text(report))
+    text = capacity_text(report)
+    if args.curve is not None or args.plot:
+        rows = decode_curve(config, tuple(args.curve or CURVE_TPOT_MS))
+        report["decode_curve"] = rows
+        text += "\n" + curve_text(rows, config.hardware.decode)
+        if args.plot:
+            write_curve_plot(rows, args.plot, f"{Path(args.config).name if args.config else 'default config'}: "
+                                              f"{config.cluster.decode_cards} {config.hardware.decode} cards, "
+                                              f"{config.capacity.decode_context_tokens:,}-token context")
+    emit(args, _finite(report), text)
     return 0
 
 
@@ -126,7 +138,8 @@ def _validate(args: argparse.Namespace) -> int:
 
     given = [flag for flag, value in (("--config", args.config), ("--days", args.days), ("--capacity", args.capacity),
                                       ("--tpot-slo-ms", args.tpot_slo_ms), ("--ttft-slo-s", args.ttft_slo_s),
-                                      ("--out-dir", args.out_dir)) if value not in (None, False)]
+                                      ("--out-dir", args.out_dir), ("--curve", args.curve), ("--plot", args.plot))
+             if value not in (None, False)]
     if given:
         raise SimConfigError(f"eplb sim validate runs the anchors' own operating points; drop {' '.join(given)}")
     from sim.validation import ANCHORS_PATH, refit, refitted_constants, validation_rows, validation_text

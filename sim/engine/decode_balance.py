@@ -77,25 +77,32 @@ def imbalance_T(config: SimConfig, cards: int, slots_per_card: int, counts_TLE: 
         counts_TLE = generate_trace(SyntheticConfig(
             num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts, top_k=model.top_k,
             tokens_per_step=max(1, round(tokens_per_card * cards)), seed=config.seed)).counts_TLE
+    return _served_T(config, cards, slots_per_card, counts_TLE, [])[0]
+
+
+def thinner_imbalances(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndarray,
+                       thinner_TLE: list[np.ndarray]) -> list[float]:
+    """Mean served imbalance of `counts_TLE` [T, L, E] under `config.balance`'s policy, then of each trace of
+    `thinner_TLE` (the same traffic with fewer tokens) served by the very placements fitted on `counts_TLE`: a
+    deployment fits on a window of many steps, which at any batch holds far more tokens than one step."""
+    return [float(scores.mean()) for scores in _served_T(config, cards, slots, counts_TLE, thinner_TLE)]
+
+
+def _served_T(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndarray,
+              also_TLE: list[np.ndarray]) -> list[np.ndarray]:
+    """[T] imbalance of each served step (mean over layers) of `counts_TLE` and of each of `also_TLE`, served by the
+    placements fitted on `counts_TLE`."""
+    balance = config.balance
     gpus_per_node = 8 if cards % 8 == 0 else cards
-    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots_per_card, gpus_per_node=gpus_per_node)
+    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots, gpus_per_node=gpus_per_node)
     if balance.policy == "none":
         placement = fit_placement("trivial", counts_TLE[:1], cluster)
-        return score_placement(placement, counts_TLE, "static").imbalance_TL.mean(axis=1)
+        return [score_placement(placement, trace, "static").imbalance_TL.mean(axis=1)
+                for trace in [counts_TLE, *also_TLE]]
     options = {"work_limit": balance.work_limit, "routing": "dynamic"} if balance.policy == "cpsat" else {}
     window = min(balance.window, counts_TLE.shape[0] // 2)
     result = rolling_replay(counts_TLE, cluster, balance.policy, every=balance.refit_every, window=window,
-                            routing="live", policy_options=options)
-    return result.held_out.imbalance_TL.mean(axis=1)
-
-
-def placement_imbalance(config: SimConfig, cards: int, slots: int, tokens_per_card: float) -> float:
-    """Mean served imbalance of the placement code at this shape and load (cached per shape and load)."""
-    model, tokens = config.model, max(1, round(tokens_per_card))
-    key = (config.balance.model_dump_json(), model.num_routed_experts, model.top_k, config.seed, cards, slots, tokens)
-    if key not in _IMBALANCE:
-        _IMBALANCE[key] = float(imbalance_T(config, cards, slots, None, tokens).mean())
-    return _IMBALANCE[key]
-
-
-_IMBALANCE: dict[tuple, float] = {}  # (balance settings, E, K, seed, cards, slots, tokens per card) -> imbalance
+                            routing="live", policy_options=options,
+                            also_served={str(index): trace for index, trace in enumerate(also_TLE)})
+    return [result.held_out.imbalance_TL.mean(axis=1),
+            *(result.held_out_served[str(index)].imbalance_TL.mean(axis=1) for index in range(len(also_TLE)))]

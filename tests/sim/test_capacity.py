@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from sim import load_sim_config
-from sim.capacity import decode_tpot, _prefill_seconds, capacity_report, decode_capacity, prefill_capacity
+from sim.capacity import (_prefill_seconds, capacity_report, decode_capacity, decode_curve, decode_tpot,
+                          prefill_capacity)
 from sim.config import SimConfig
 from sim.cost_model import max_decode_batch
 from sim.hardware import PROFILES
@@ -71,3 +72,26 @@ def test_every_shipped_config_has_a_capacity(path):
     for stage in ("decode", "prefill"):
         assert report[stage]["tokens_per_s_per_card"] > 0 and report[stage]["imbalance"] >= 1.0
     assert report["decode"]["tpot_ms"] <= config.capacity.tpot_slo_ms
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[path.stem for path in CONFIGS])
+def test_capacity_never_falls_with_a_looser_target_or_a_larger_batch_cap(path):
+    config = load_sim_config(str(path))
+    config = config.model_copy(update={"balance": config.balance.model_copy(update=QUICK_BALANCE)})
+    curve = decode_curve(config, (5.0, 10.0, 15.0, 20.0, 30.0, 50.0, 80.0, 100.0, 200.0))
+    rates = [row["tokens_per_s_per_card"] for row in curve]
+    assert rates == sorted(rates) and rates[-1] > rates[0]
+    assert all(row["tpot_ms"] <= row["tpot_slo_ms"] for row in curve if row["sequences"] > 1)
+
+    def with_cluster(**cluster) -> SimConfig:
+        return config.model_copy(update={"cluster": config.cluster.model_copy(update=cluster)})
+
+    capped = [decode_capacity(with_cluster(max_decode_batch_per_card=cap))["tokens_per_s_per_card"]
+              for cap in (8, 32, 64, 128, 256)]
+    assert capped == sorted(capped)
+    prefill = [prefill_capacity(with_cluster(max_prefill_batch_tokens=cap))["tokens_per_s_per_card"]
+               for cap in (4096, 16384, 65536)]
+    assert prefill == sorted(prefill)
+    by_ttft = [prefill_capacity(config.model_copy(update={"capacity": config.capacity.model_copy(
+        update={"ttft_slo_s": ttft})}))["tokens_per_s_per_card"] for ttft in (0.05, 0.2, 1.0)]
+    assert by_ttft == sorted(by_ttft)

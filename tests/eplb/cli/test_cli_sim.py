@@ -134,3 +134,23 @@ def test_capacity_prints_both_stages_and_its_targets_come_from_the_flags(tmp_pat
     assert report["decode"]["tokens_per_s_per_card"] > 0 and report["prefill"]["tokens_per_s_per_card"] > 0
     one_line_error(run_eplb_here("sim", "--config", str(config), "--tpot-slo-ms", "30"), "add --capacity")
     one_line_error(run_eplb_here("sim", "--capacity", "--tpot-slo-ms", "0"), "--tpot-slo-ms")
+
+
+def test_capacity_curve_prints_every_target_and_plots_it(tmp_path, run_eplb_here, one_line_error):
+    config = tmp_path / "small.yaml"
+    config.write_text("model: {sliding_window_share: 0.0}\n"
+                      "balance: {policy: deepseek, layers: 2, steps: 40, refit_every: 10, window: 10}\n")
+    plot = tmp_path / "curve.png"
+    result = run_eplb_here("sim", "--config", str(config), "--capacity", "--curve", "50", "15", "30", "--plot",
+                           str(plot), "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["decode_curve"]
+    assert [row["tpot_slo_ms"] for row in rows] == [15, 30, 50]
+    rates = [row["tokens_per_s_per_card"] for row in rows]
+    assert rates == sorted(rates) and all(row["tpot_ms"] <= row["tpot_slo_ms"] for row in rows)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = run_eplb_here("sim", "--config", str(config), "--capacity", "--curve")
+    assert text.returncode == 0 and "latency-throughput curve" in text.stdout and text.stdout.count(" | ") >= 9 * 6
+    one_line_error(run_eplb_here("sim", "--config", str(config), "--curve"), "add --capacity")
+    one_line_error(run_eplb_here("sim", "--capacity", "--curve", "0"), "--curve")
+    one_line_error(run_eplb_here("sim", "validate", "--plot", str(plot)), "drop --plot")
