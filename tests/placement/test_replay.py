@@ -162,3 +162,17 @@ def test_the_drift_trigger_fires_on_steps_above_ratio_times_the_fitted_imbalance
 
     assert drifted_steps(np.array([1.0, 1.39, 1.41, 2.0]), 1.0, 1.4).tolist() == [False, False, True, True]
     assert not drifted_steps(np.array([1.5]), 1.1, 1.4).any()
+
+
+def test_also_served_traces_are_scored_with_the_placements_fitted_on_the_replayed_trace():
+    rng = np.random.default_rng(4)
+    counts = rng.integers(0, 40, size=(30, 2, 16))
+    thinner = rng.binomial(counts, 0.25)
+    cluster = ClusterSpec(num_gpus=4, slots_per_gpu=5)
+    result = rolling_replay(counts, cluster, "deepseek", every=10, window=10, routing="static",
+                            also_served={"same": counts, "thinner": thinner})
+    assert np.array_equal(result.held_out_served["same"].imbalance_TL, result.held_out.imbalance_TL)
+    fits = [fit_placement("deepseek", counts[start:stop], cluster) for start, stop in result.fit_windows]
+    expected = np.concatenate([score_placement(placement, thinner[serve:serve + 10], "static").imbalance_TL
+                               for placement, serve in zip(fits, result.refit_steps)])
+    assert np.allclose(result.held_out_served["thinner"].imbalance_TL, expected)
