@@ -187,7 +187,7 @@ def agreement(quick: bool) -> None:
     (prefill saturated). The run's rate is the median of its per-second series from second 10 to the end of the
     arrivals (steady state); the fleet model's unit is given the run's operating point (mean prompt and reply,
     cache hits, context per sequence) and no speed floor, so that its decode unit, like the run's, holds what its
-    HBM and batch cap admit."""
+    HBM and batch cap admit; its rates are compared as capacities (the day's utilisation divided out)."""
     rows = []
     for name, prefill_nodes, series in (("decode saturated", 16, "output_tokens"),
                                         ("prefill saturated", 2, "input_tokens")):
@@ -215,7 +215,7 @@ def agreement(quick: bool) -> None:
                          unit.decode_sequences / unit.decode_step_s))
         else:
             rows.append((name, f"prefill tok/s of {prefill_nodes} nodes (hits included)", steady,
-                         unit.prefill_tokens_per_s * prefill_nodes))
+                         unit.prefill_tokens_per_s / unit.utilisation * prefill_nodes))  # capacity, not a day's
     print("\nagreement of the fleet model's units with the request-by-request run, saturated (same traffic, same "
           "unit):\n")
     print("| run | figure | request by request (steady median) | fleet model | difference |")

@@ -42,8 +42,8 @@ class CalibrationError(ValueError):
     """The calibration file is missing, unreadable or incomplete."""
 
 
-REQUIRED = ("efficiency.compute", "efficiency.memory", "efficiency.network", "speculative.draft_cost_share",
-            "speculative.acceptance_decay")
+REQUIRED = ("efficiency.compute", "efficiency.attention", "efficiency.memory", "efficiency.network",
+            "speculative.draft_cost_share", "speculative.acceptance_decay", "utilisation.day")
 
 
 def load_calibration(path: Path = CALIBRATION_PATH) -> dict[str, FittedConstant]:

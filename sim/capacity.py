@@ -12,8 +12,8 @@ the quantity every published serving figure is (`eplb sim --capacity`).
   ahead of it is not counted) or reaches `cluster.max_prefill_batch_tokens` new tokens per node. Tokens/s per card
   counts every prompt token, hits included, as published prefill rates do.
 
-Both stages take their expert imbalance at each candidate batch from this project's placement code at that batch's
-tokens per card (`sim.engine.load_imbalance`: one synthetic routing trace per group shape, thinned to each load, so
+Both stages take their expert imbalance at each candidate batch from this project's placement code at the tokens
+per card of one of the batch's two micro-batches (`sim.engine.load_imbalance`: one synthetic routing trace per group shape, thinned to each load, so
 the imbalance falls smoothly with the load): it multiplies the routed experts' part of the pass (and the busiest
 card's all-to-all bytes). Throughput is therefore non-decreasing in the latency target and in the batch cap.
 """
@@ -21,7 +21,7 @@ card's all-to-all bytes). Throughput is therefore non-decreasing in the latency 
 import math
 
 from sim.config import SimConfig
-from sim.cost_model import decode_step_seconds, max_decode_batch
+from sim.cost_model import MICRO_BATCHES, decode_step_seconds, max_decode_batch
 from sim.engine.load_imbalance import load_imbalance
 from sim.hardware import PROFILES
 from sim.speculative import expected_step, step_cost
@@ -59,7 +59,7 @@ def decode_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     curve = load_imbalance(config, cards, config.decode_slots_per_card) if imbalance is None else None
 
     def imbalance_at(batch: int) -> float:
-        return curve.at(batch * verified / cards) if curve is not None else imbalance
+        return curve.at(batch * verified / cards / MICRO_BATCHES) if curve is not None else imbalance
 
     batch = max(1, round(fixed * cards)) if fixed is not None else \
         _largest(lambda b: decode_tpot(config, b, imbalance_at(b))[0] <= slo_s, most)
@@ -89,7 +89,7 @@ def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     curve = load_imbalance(config, cards, slots) if imbalance is None else None
 
     def imbalance_at(prompts: int) -> float:
-        return curve.at(prompts * (prompt - cached) / cards) if curve is not None else imbalance
+        return curve.at(prompts * (prompt - cached) / cards / MICRO_BATCHES) if curve is not None else imbalance
 
     prompts = _largest(lambda n: _prefill_seconds(config, n, prompt, cached, cards, imbalance_at(n)) <= limit, most)
     imbalance = imbalance_at(max(prompts, 1))

@@ -8,10 +8,12 @@ to their experts and back by an all-to-all (dispatch, combine). Every pass is co
   moe_s       = max(compute, reads)  routed experts of the BUSIEST card: mean tokens x moe_imbalance | its experts
   dense_s     = max(compute, reads)  dense FFNs, shared experts, gates, output head | their weights
   comm_s      = dispatch + combine bytes of the busiest card over scale-up and scale-out, the slower of the two
-  total_s     = max(attention_s + moe_s + dense_s, comm_s) with two-micro-batch overlap (DeepSeek, CloudMatrix),
-                or their sum without.
+  total_s     = max(attention_s + dense_s, dispatch_s) + max(moe_s, combine_s) with two micro-batches (DeepSeek,
+                CloudMatrix, SGLang's two-batch overlap: one micro-batch's dispatch hides only under the other's
+                attention and dense part, its combine only under the other's routed experts), or the sum without.
 
-with compute at `Efficiency.compute` x peak, reads at `.memory` x HBM bandwidth and the all-to-all at `.network` x
+with the weight matrices at `Efficiency.compute` x FP8/INT8 peak, the attention core at `.attention` x BF16 peak,
+reads at `.memory` x HBM bandwidth and the all-to-all at `.network` x
 line rate (`sim.hardware.active_efficiency()`, the declared calibration, unless given). Tokens are assumed spread
 evenly over the cards' attention.
 """
@@ -22,6 +24,9 @@ from dataclasses import dataclass
 
 from sim.hardware import Efficiency, HardwareProfile, active_efficiency
 from sim.model_profile import ZERO_FLOPS, FlopCount, ModelProfile
+
+
+MICRO_BATCHES = 2  # a pass with overlap runs as two micro-batches; each one's expert imbalance is at its own load
 
 
 @dataclass(frozen=True)
@@ -60,9 +65,10 @@ def _check_positive(**values: float) -> None:
 
 def _part_seconds(linear_flops: float, core_flops: float, read_bytes: float, hardware: HardwareProfile,
                   efficiency: Efficiency) -> float:
-    """max(compute, reads) of one part on one card: linear FLOPs at FP8/INT8, core FLOPs at BF16, bytes from HBM."""
-    compute = (linear_flops / (hardware.lowp_tflops * 1e12) + core_flops / (hardware.bf16_tflops * 1e12)) \
-        / efficiency.compute
+    """max(compute, reads) of one part on one card: linear FLOPs at FP8/INT8 (the GEMMs' efficiency), core FLOPs at
+    BF16 (the attention kernel's), bytes from HBM."""
+    compute = linear_flops / (hardware.lowp_tflops * 1e12 * efficiency.compute) \
+        + core_flops / (hardware.bf16_tflops * 1e12 * efficiency.attention)
     reads = read_bytes / (hardware.hbm_tb_s * 1e12 * efficiency.memory)
     return max(compute, reads)
 
@@ -158,8 +164,11 @@ def _pass_cost(model: ModelProfile, hardware: HardwareProfile, cards: int, token
     moe_s = _part_seconds(per_card.routed_linear * moe_imbalance, 0.0, expert_reads, hardware, efficiency)
     dense_s = _part_seconds(per_card.dense_linear, 0.0, constants.dense_weights, hardware, efficiency)
     comm_s = _all_to_all_seconds(model, hardware, cards, tokens / cards, moe_imbalance, efficiency, per_domain)
-    local = attention_s + moe_s + dense_s
-    total = max(local, comm_s) if overlap else local + comm_s
+    if overlap:  # each micro-batch's dispatch runs under the other's attention, its combine under the other's experts
+        dispatch_s = comm_s * model.dispatch_bytes / (model.dispatch_bytes + model.combine_bytes)
+        total = max(attention_s + dense_s, dispatch_s) + max(moe_s, comm_s - dispatch_s)
+    else:
+        total = attention_s + moe_s + dense_s + comm_s
     return StepCost(attention_s=attention_s, moe_s=moe_s, dense_s=dense_s, comm_s=comm_s, total_s=total)
 
 

@@ -63,23 +63,28 @@ class Efficiency(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    compute: float = Field(gt=0, le=1, description="Fraction of dense FP8/INT8 and BF16 peak achieved.")
+    compute: float = Field(gt=0, le=1, description="Fraction of dense FP8/INT8 peak at which the weight matrices "
+                                                   "(GEMMs) run when compute-bound, end to end.")
+    attention: float = Field(gt=0, le=1, description="Fraction of dense BF16 peak at which the attention core runs "
+                                                     "when compute-bound, end to end.")
     memory: float = Field(gt=0, le=1, description="Fraction of HBM bandwidth achieved.")
     network: float = Field(gt=0, le=1, description="Fraction of scale-up and scale-out line rate achieved by the "
                                                    "all-to-all.")
 
 
-CALIBRATED = Efficiency(compute=fitted("efficiency.compute"), memory=fitted("efficiency.memory"),
-                        network=fitted("efficiency.network"))
+CALIBRATED = Efficiency(compute=fitted("efficiency.compute"), attention=fitted("efficiency.attention"),
+                        memory=fitted("efficiency.memory"), network=fitted("efficiency.network"))
 """The one set of factors every profile and every experiment uses; never tuned per run.
 
 Read from the declared calibration (`sim/calibration.yaml`, `sim.calibration`), which names each factor's anchor
-and the command that refits it: `network` is DeepEP's low-latency bandwidth over the NIC's line rate, `memory`
-FlashMLA's memory-bound bandwidth over HBM's, `compute` what makes DeepSeek's H800 decode unit (one MTP draft token,
-its stated KV length and per-user speed) deliver its published rate with the expert imbalance the project's
-placement code gives at that batch divided out. The factors are therefore balance-free: the imbalance of a stage's
-batch multiplies its routed-expert work once, in `sim.cost_model` (derivation and figures: docs/simulator.md,
-'Calibration').
+and the command that refits it; none is fitted on a deployment's day average. `memory` is FlashMLA's memory-bound
+bandwidth and `network` DeepEP's low-latency all-to-all bandwidth over their H800 line rates; `compute` (the weight
+matrices) and `attention` (the attention core) are solved together so that DeepSeek's profiled prefill and decode,
+saturated and with perfectly balanced routing, deliver their published rates: end-to-end factors, below the kernels'
+own peaks. How much of its capacity a deployed node delivers over a day is a separate fitted quantity
+(`utilisation.day`, used by the fleet model and by day-average anchors only). The factors carry no expert
+imbalance: a stage's imbalance multiplies its routed-expert work once, in `sim.cost_model` (derivation and figures:
+docs/simulator.md, 'Calibration').
 """
 
 

@@ -14,8 +14,8 @@ Sliding-window designs, for a prompt whose first `cached` tokens hit the persist
 import math
 
 from sim.config import SimConfig
-from sim.cost_model import (decode_step_seconds, kv_cache_read_seconds, max_decode_batch, prefill_seconds,
-                            vision_encode_seconds)
+from sim.cost_model import (MICRO_BATCHES, decode_step_seconds, kv_cache_read_seconds, max_decode_batch,
+                            prefill_seconds, vision_encode_seconds)
 from sim.engine.load_imbalance import load_imbalance
 from sim.hardware import PROFILES
 from sim.speculative import SpeculativeStep, step_cost
@@ -59,14 +59,14 @@ def prefill_batch_seconds(config: SimConfig, records: list) -> tuple[float, floa
 
 def prefill_instance_imbalance(config: SimConfig, new_tokens: int) -> float:
     """Expert imbalance of a prefill instance's batch of `new_tokens`: 1.0 for a one-node instance (taken as
-    balanced); else the placement code's under balance.policy at the batch's tokens per card
-    (`sim.engine.load_imbalance`)."""
+    balanced); else the placement code's under balance.policy at the tokens per card of one of the batch's two
+    micro-batches (`sim.engine.load_imbalance`)."""
     nodes = config.cluster.prefill_instance_nodes
     if nodes == 1:
         return 1.0
     cards = nodes * config.cluster.cards_per_node
     slots = math.ceil((config.model.num_routed_experts + prefill_redundant_experts(config)) / cards)
-    return load_imbalance(config, cards, slots).at(new_tokens / cards)
+    return load_imbalance(config, cards, slots).at(new_tokens / cards / MICRO_BATCHES)
 
 
 def prefill_redundant_experts(config: SimConfig) -> int:

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy.optimize import brentq
 
-from sim.calibration import FittedConstant, load_calibration
+from sim.calibration import FittedConstant, fitted, load_calibration
 from sim.config import SimConfig, load_sim_config
 from sim.hardware import CALIBRATED, PROFILES, Efficiency, efficiency_override
 from sim.speculative import SpeculativeConfig, expected_step
@@ -83,9 +83,9 @@ def anchor_config(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, speculative
 
 
 def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Efficiency | None = None,
-             speculative: dict | None = None) -> float:
-    """The simulator's figure for `anchor`, in the anchor's unit; `efficiency` and `speculative` (SpeculativeConfig
-    fields) replace the calibrated ones (the refit searches with them)."""
+             speculative: dict | None = None, utilisation: float | None = None) -> float:
+    """The simulator's figure for `anchor`, in the anchor's unit; `efficiency`, `speculative` (SpeculativeConfig
+    fields) and `utilisation` (of a day-average anchor) replace the calibrated ones (the refit searches with them)."""
     from sim.capacity import decode_capacity, prefill_capacity
 
     kind, measure = anchor.measure["kind"], anchor.measure
@@ -99,15 +99,18 @@ def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Effi
         tokens = expected_step(spec, 0).tokens_per_step
         return tokens / (1.0 + spec.draft_cost_share) if kind == "mtp_speedup" else tokens
     config = anchor_config(anchor, anchors_path, speculative)
+    imbalance = measure.get("imbalance")  # a balance the source states (perfect), else the placement code's
     with efficiency_override(efficiency or CALIBRATED):
         if kind == "decode":
-            rate = decode_capacity(config)["tokens_per_s_per_card"]
+            rate = decode_capacity(config, imbalance)["tokens_per_s_per_card"]
         elif kind == "prefill":
-            rate = prefill_capacity(config)["tokens_per_s_per_card"]
+            rate = prefill_capacity(config, imbalance)["tokens_per_s_per_card"]
         else:
             from sim.fleet.run import run_fleet
 
             return run_fleet(config)["policies"][measure["policy"]]["nodes_mean"]
+    if measure.get("day_average"):  # a day's average over deployed nodes: the capacity times the day's utilisation
+        rate *= utilisation if utilisation is not None else fitted("utilisation.day")
     return rate * (config.cluster.cards_per_node if measure.get("per") == "node" else 1)
 
 
@@ -178,14 +181,19 @@ class Refit:
 
 def refit(anchors_path: Path = ANCHORS_PATH) -> list[Refit]:
     """Refit every constant of the declared calibration from its fitted anchor (none of them reads a predicted
-    anchor): the ratios directly, the MTP constants by bisection on `sim.speculative`, and the compute factor by
-    root-finding on the decode capacity at DeepSeek's operating point, the expert imbalance of that batch from the
-    placement code (balance-free)."""
+    anchor): memory and network as ratios of a kernel's published figure to its line rate, the MTP constants by
+    bisection on `sim.speculative`, the two compute factors together on DeepSeek's saturated, balanced profile
+    (`_refit_compute_factors`), and last the day's utilisation as DeepSeek's published day average over the decode
+    capacity at the post's operating point (the expert imbalance at that batch from the placement code)."""
     constants = load_calibration()
     anchors = {anchor.name: anchor for anchor in load_anchors(anchors_path)}
     refitted: dict[str, float] = {}
-    # the compute factor last: its fit runs the decode anchor with every other constant as refitted
-    for name, constant in sorted(constants.items(), key=lambda item: item[0] == "efficiency.compute"):
+    # the compute factors after the ratios, the day's utilisation last: each fit runs capacity mode with every
+    # constant before it as refitted
+    def order(item: tuple[str, FittedConstant]) -> int:
+        return 2 if item[0] == "utilisation.day" else int(item[0] in COMPUTE_FACTORS)
+
+    for name, constant in sorted(constants.items(), key=order):
         anchor = anchors.get(constant.anchor)
         if anchor is None or anchor.role != "fitted":
             raise AnchorError(f"sim/calibration.yaml: {name} is fitted to {constant.anchor!r}, which is not a "
@@ -205,41 +213,48 @@ def _refit_one(name: str, anchor: Anchor, anchors_path: Path, done: dict[str, fl
     if name == "speculative.acceptance_decay":
         return brentq(lambda decay: simulate(anchor, anchors_path, speculative={"acceptance_decay": decay})
                       - anchor.published, 0.3, 1.0, xtol=1e-5)
-    if name == "efficiency.compute":
-        memory = done.get("efficiency.memory", CALIBRATED.memory)
-        network = done.get("efficiency.network", CALIBRATED.network)
+    if name in COMPUTE_FACTORS:
+        if name not in done:
+            done.update(_refit_compute_factors(anchors_path, done))
+        return done[name]
+    if name == "utilisation.day":
+        if not anchor.measure.get("day_average"):
+            raise AnchorError(f"utilisation.day is fitted to a day-average anchor; {anchor.name!r} is not one")
         speculative = {"draft_cost_share": done["speculative.draft_cost_share"]} \
             if "speculative.draft_cost_share" in done else None
-
-        return _refit_compute(anchor, anchors_path, memory, network, speculative)
+        return anchor.published / simulate(anchor, anchors_path, _efficiency(done), speculative, utilisation=1.0)
     raise AnchorError(f"no refit is defined for {name}")
 
 
-def _refit_compute(anchor: Anchor, anchors_path: Path, memory: float, network: float,
-                   speculative: dict | None) -> float:
-    """The compute factor at which the decode anchor's capacity is the published one: root-finding at a fixed
-    expert imbalance, then the imbalance the placement code gives at the batch found, until it settles."""
-    from sim.capacity import decode_capacity
+COMPUTE_FACTORS = ("efficiency.compute", "efficiency.attention")
 
-    if anchor.measure["kind"] != "decode":
-        raise AnchorError(f"efficiency.compute is refitted on a decode anchor; {anchor.name!r} is "
-                          f"{anchor.measure['kind']}")
-    config = anchor_config(anchor, anchors_path, speculative)
-    per = config.cluster.cards_per_node if anchor.measure.get("per") == "node" else 1
-    imbalance, compute = 1.0, CALIBRATED.compute
-    for _ in range(6):
-        def gap(factor: float) -> float:
-            with efficiency_override(Efficiency(compute=factor, memory=memory, network=network)):
-                rate = decode_capacity(config, imbalance)["tokens_per_s_per_card"] * per
-            return math.log(rate / anchor.published)
 
-        compute = brentq(gap, 0.05, 1.0, xtol=1e-5)
-        with efficiency_override(Efficiency(compute=compute, memory=memory, network=network)):
-            settled = decode_capacity(config)["imbalance"]
-        if abs(settled - imbalance) < 1e-4:
+def _efficiency(done: dict[str, float], **factors: float) -> Efficiency:
+    """The calibrated factors with the ones refitted so far (`done`) and then `factors` in their place."""
+    values = {factor: done.get(f"efficiency.{factor}", getattr(CALIBRATED, factor)) for factor in Efficiency.model_fields}
+    return Efficiency(**{**values, **factors})
+
+
+def _refit_compute_factors(anchors_path: Path, done: dict[str, float]) -> dict[str, float]:
+    """efficiency.compute and efficiency.attention solved together on their two saturated anchors (each rate moves
+    with both factors): alternate one-dimensional roots until neither moves, every other factor as refitted."""
+    constants = load_calibration()
+    anchors = {anchor.name: anchor for anchor in load_anchors(anchors_path)}
+    fitted_to = {name: anchors[constants[name].anchor] for name in COMPUTE_FACTORS}
+    factors = {name: getattr(CALIBRATED, name.split(".")[1]) for name in COMPUTE_FACTORS}
+    for _ in range(20):
+        moved = 0.0
+        for name, anchor in fitted_to.items():
+            def gap(value: float) -> float:
+                trial = {key.split(".")[1]: factor for key, factor in {**factors, name: value}.items()}
+                return math.log(simulate(anchor, anchors_path, _efficiency(done, **trial)) / anchor.published)
+
+            solved = brentq(gap, 0.02, 1.0, xtol=1e-6)
+            moved = max(moved, abs(solved / factors[name] - 1.0))
+            factors[name] = solved
+        if moved < 1e-5:
             break
-        imbalance = settled
-    return compute
+    return factors
 
 
 def refitted_constants(refits: list[Refit]) -> dict[str, FittedConstant]:

@@ -9,12 +9,15 @@
   draft tokens), whose caches fit its HBM and which the batch cap admits; its rate is that many sequences times the
   speed (as DeepSeek's published per-node rate at its per-user speed).
 
-Both take their expert imbalance from the placement code under `balance.policy` at the batch found (settled as in
-capacity mode), unless `fleet.decode_imbalance` / `fleet.prefill_imbalance` fix it.
+Both take their expert imbalance from the placement code under `balance.policy` at the batch found (as in capacity
+mode), unless `fleet.decode_imbalance` / `fleet.prefill_imbalance` fix it. The rates a fleet plans with are day
+averages: each unit's capacity times the declared calibration's `utilisation.day` (the share of its capacity a
+deployed node delivered over DeepSeek's published day), since a node in service does not run at capacity all day.
 """
 
 from dataclasses import dataclass
 
+from sim.calibration import fitted
 from sim.capacity import decode_capacity, prefill_capacity
 from sim.config import SimConfig
 
@@ -24,13 +27,14 @@ class UnitCapacity:
     """Rates of one unit of each stage (tokens per second of simulated time)."""
 
     prefill_nodes: int  # nodes per prefill instance
-    prefill_tokens_per_s: float  # prompt tokens per second of one instance, hits included
+    prefill_tokens_per_s: float  # prompt tokens per second of one instance over a day, hits included
     decode_nodes: int  # nodes per decode unit
-    decode_sequences: int  # sequences one decode unit serves at the per-user speed
-    decode_tokens_per_s: float  # generated tokens per second of one decode unit
+    decode_sequences: int  # sequences one decode unit serves at the per-user speed, at capacity
+    decode_tokens_per_s: float  # generated tokens per second of one decode unit over a day
     decode_step_s: float  # its step at that batch
     decode_imbalance: float = 1.0  # the decode units' expert imbalance at that batch
     prefill_imbalance: float = 1.0  # the prefill instances' at theirs
+    utilisation: float = 1.0  # the day's share of capacity the token rates above include (utilisation.day)
 
 
 def unit_capacity(config: SimConfig) -> UnitCapacity:
@@ -60,13 +64,15 @@ def unit_capacity(config: SimConfig) -> UnitCapacity:
     if decode["sequences"] < 1 or decode["tpot_ms"] > point.tpot_slo_ms * (1 + 1e-9):
         raise ValueError(f"one sequence per decode unit already misses fleet.tokens_per_s_per_user="
                          f"{fleet.tokens_per_s_per_user}; lower it or use faster cards")
+    day = fitted("utilisation.day")
     return UnitCapacity(
         prefill_nodes=fleet.prefill_instance_nodes,
-        prefill_tokens_per_s=prefill["tokens_per_s_per_card"] * prefill["cards"],
+        prefill_tokens_per_s=prefill["tokens_per_s_per_card"] * prefill["cards"] * day,
         decode_nodes=decode_cards // cluster.cards_per_node,
         decode_sequences=decode["sequences"],
-        decode_tokens_per_s=decode["sequences"] * fleet.tokens_per_s_per_user,
+        decode_tokens_per_s=decode["sequences"] * fleet.tokens_per_s_per_user * day,
         decode_step_s=decode["step_ms"] / 1000.0,
         decode_imbalance=decode["imbalance"],
         prefill_imbalance=prefill["imbalance"],
+        utilisation=day,
     )

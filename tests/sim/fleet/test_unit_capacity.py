@@ -1,9 +1,11 @@
-"""The fleet's units: capacity mode's rates at the traffic's operating point, with the placement code's imbalance."""
+"""The fleet's units: capacity mode's rates at the traffic's operating point, with the placement code's imbalance,
+times the declared day utilisation."""
 
 from pathlib import Path
 
 import pytest
 
+from sim.calibration import fitted
 from sim.capacity import decode_capacity, prefill_capacity
 from sim.config import load_sim_config
 from sim.fleet.unit_capacity import unit_capacity
@@ -13,7 +15,7 @@ CONFIGS = Path(__file__).resolve().parents[3] / "sim" / "configs"
 
 
 def test_unit_capacities_are_capacity_mode_at_the_days_operating_point():
-    # The day's decode unit is the operating point the compute factor is fitted at (sim/anchors/
+    # The day's decode unit is the operating point the day utilisation is fitted at (sim/anchors/
     # deepseek-decode.yaml): 14.8k output tokens/s per node at 21 tokens/s per user, one MTP draft token.
     config = load_sim_config(CONFIGS / "deepseek-feb2025-day.yaml")
     unit = unit_capacity(config)
@@ -26,7 +28,8 @@ def test_unit_capacities_are_capacity_mode_at_the_days_operating_point():
         "decode_context_tokens": 4989, "tpot_slo_ms": 1000 / 21.0})
     at = config.model_copy(update={"capacity": point})
     prefill, decode = prefill_capacity(at), decode_capacity(at)
-    assert unit.prefill_tokens_per_s == pytest.approx(prefill["tokens_per_s_per_card"] * 32, rel=1e-9)
+    day = fitted("utilisation.day")
+    assert unit.prefill_tokens_per_s == pytest.approx(prefill["tokens_per_s_per_card"] * 32 * day, rel=1e-9)
     assert unit.decode_sequences == decode["sequences"]
     assert unit.decode_imbalance == decode["imbalance"] and unit.prefill_imbalance == prefill["imbalance"]
 
