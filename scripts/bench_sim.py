@@ -12,9 +12,10 @@
 4. The fleet run (`--section fleet`): DeepSeek's published Feb-2025 day beside what the autoscaled fleet
    reproduces; the autoscaled fleet against a fixed split of the same node-hours; faults handled by rerouting
    (with and without spares) against restarting the unit; the seed's fleet (sim/configs/seed-fleet-day.yaml) and
-   what it implies; its wall time for a day and a week; and the agreement of the fleet model (units from the cost
-   model, token rates per step) with the request-by-request run where both run (one decode unit and its prefill
-   nodes, the saturated traffic of section 2).
+   what it implies, and the same day under quotas from above its peak to below it; its wall time for a day and a
+   week; and the agreement of the fleet model (units from the cost model, token rates per step) with the
+   request-by-request run where both run (one decode unit and its prefill nodes, the saturated traffic of
+   section 2).
 
 Usage: python scripts/bench_sim.py [--quick] [--section all|speed|balance|windows|fleet]
 """
@@ -135,6 +136,7 @@ def fleet(quick: bool) -> None:
           f"{report['requests_lost']:,.0f} / {fixed['requests_lost']:,.0f}")
     faults_table(feb)
     seed_fleet(quick)
+    seed_quota(quick)
     agreement(quick)
 
 
@@ -179,6 +181,24 @@ def seed_fleet(quick: bool) -> None:
           f"({target / valley * config.fleet.prices.valley_price_factor:.2f}x its list), or a fleet "
           f"{target / valley:.1f}x smaller for the same tokens; wall {day:.2f} s for a day, {week_wall:.2f} s for a "
           f"week")
+
+
+def seed_quota(quick: bool) -> None:
+    """The seed's day under quotas that bind: from the unconstrained run's peak down to below it, nodes held, the
+    queue's wait and the requests lost, and the shrink rule's cost (nodes held over the night because quota use
+    stays above its threshold)."""
+    config = load_sim_config(SEED_DAY)
+    free = run_fleet(config)
+    peak = free["nodes_peak"]
+    print("\nseed fleet under a quota (the day above; quota as a share of its unconstrained peak):\n")
+    print("| quota nodes | quota / peak | nodes mean | nodes peak | queue wait p99 s | requests lost | cost per day $ |")
+    print("|---|---|---|---|---|---|---|")
+    for share in ((1.0, 0.9) if quick else (1.25, 1.1, 1.0, 0.95, 0.9)):
+        quota = int(peak * share)
+        auto = config.fleet.autoscaler.model_copy(update={"quota_nodes": quota})
+        report = run_fleet(config.model_copy(update={"fleet": config.fleet.model_copy(update={"autoscaler": auto})}))
+        print(f"| {quota:,} | {share:.2f} | {report['nodes_mean']:,.0f} | {report['nodes_peak']:,.0f} | "
+              f"{report['queue_wait_p99_s']:,.1f} | {report['requests_lost']:,.0f} | {report['cost_usd']:,.0f} |")
 
 
 def agreement(quick: bool) -> None:
