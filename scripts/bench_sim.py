@@ -12,8 +12,8 @@
 4. The fleet run (`--section fleet`): DeepSeek's published Feb-2025 day beside what the autoscaled fleet
    reproduces; the autoscaled fleet against a fixed split of the same node-hours; faults handled by rerouting
    (with and without spares) against restarting the unit; the seed's fleet (sim/configs/seed-fleet-day.yaml) and
-   what it implies, and the same day under quotas from above its peak to below it; its wall time for a day and a
-   week; and the agreement of the fleet model (units from the cost model, token rates per step) with the
+   what it implies, and the same day under quotas from above its peak to below it; what each capacity and
+   retention buys the prefix store on both days; its wall time for a day and a week; and the agreement of the fleet model (units from the cost model, token rates per step) with the
    request-by-request run where both run (one decode unit and its prefill nodes, the saturated traffic of
    section 2).
 
@@ -33,6 +33,7 @@ from sim import SimConfig, load_sim_config, run_simulation
 from sim.stage_costs import decode_step
 from sim.fleet.run import run_fleet
 from sim.fleet.config import FleetConfig
+from sim.fleet.prefix_store import fleet_store, store_state
 from sim.fleet.unit_capacity import unit_capacity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +138,7 @@ def fleet(quick: bool) -> None:
     faults_table(feb)
     seed_fleet(quick)
     seed_quota(quick)
+    store_tables()
     agreement(quick)
 
 
@@ -181,6 +183,30 @@ def seed_fleet(quick: bool) -> None:
           f"({target / valley * config.fleet.prices.valley_price_factor:.2f}x its list), or a fleet "
           f"{target / valley:.1f}x smaller for the same tokens; wall {day:.2f} s for a day, {week_wall:.2f} s for a "
           f"week")
+
+
+def store_tables() -> None:
+    """What each retention and capacity buys the prefix store (`sim.fleet.prefix_store`): DeepSeek's Feb-2025 day and
+    the seed's day in steady state, their first week from empty, and what the seed's store would need."""
+    for name, path in (("Feb-2025 day", ROOT / "sim" / "configs" / "deepseek-feb2025-day.yaml"),
+                       ("seed's day", SEED_DAY)):
+        config = load_sim_config(path)
+        steady, week = fleet_store(config)
+        store, tokens = config.fleet.store, config.fleet.traffic.input_tokens_per_day
+        print(f"\nprefix store, {name}: {tokens / 1e12:.3g}T prompt tokens a day, {steady.bytes_per_token:,.0f} "
+              f"bytes per token, {steady.written_pb_per_day:,.1f} PB written a day; steady hit share "
+              f"{steady.hit_share:.3f} ({steady.binding} binds; lifetimes chat {steady.lifetime_days['chat']:.3g} d, "
+              f"agent {steady.lifetime_days['agent']:.3g} d); from empty, day 1-7: "
+              + " ".join(f"{state.hit_share:.3f}" for state in week[:7]))
+        print("\n| capacity PB | retention chat / agent days | steady hit share | binds | lifetime days |")
+        print("|---|---|---|---|---|")
+        for capacity in (store.capacity_pb / 4, store.capacity_pb, store.capacity_pb * 4, store.capacity_pb * 100):
+            for retention in ((1.0, 1.0), (7.0, 3.0), (14.0, 14.0)):
+                other = store.model_copy(update={"capacity_pb": capacity,
+                                                 "retention_days": {"chat": retention[0], "agent": retention[1]}})
+                state = store_state(other, tokens, steady.bytes_per_token)
+                print(f"| {capacity:,.4g} | {retention[0]:g} / {retention[1]:g} | {state.hit_share:.3f} | "
+                      f"{state.binding} | {state.lifetime_days['chat']:.3g} / {state.lifetime_days['agent']:.3g} |")
 
 
 def seed_quota(quick: bool) -> None:

@@ -25,7 +25,8 @@ from sim.speculative import SpeculativeConfig, expected_step
 ANCHORS_DIR = Path(__file__).with_name("anchors")
 ANCHORS_PATH = ANCHORS_DIR / "anchors.yaml"
 ROLES = ("fitted", "predicted", "identity")
-MEASURES = ("decode", "prefill", "efficiency", "mtp_speedup", "mtp_tokens_per_step", "fleet_nodes")
+MEASURES = ("decode", "prefill", "efficiency", "mtp_speedup", "mtp_tokens_per_step", "fleet_nodes",
+            "store_hit_share")
 REFIT_TOLERANCE = 0.002  # relative: a refit within this of the file's value leaves the file as it is
 
 
@@ -67,7 +68,7 @@ def load_anchors(path: Path = ANCHORS_PATH) -> list[Anchor]:
         if anchor.measure.get("kind") not in MEASURES:
             raise AnchorError(f"anchor {anchor.name!r}: measure kind {anchor.measure.get('kind')!r} is not one of "
                               f"{MEASURES}")
-        if anchor.measure["kind"] in ("decode", "prefill", "fleet_nodes") and \
+        if anchor.measure["kind"] in ("decode", "prefill", "fleet_nodes", "store_hit_share") and \
                 (anchor.config is None or not (Path(path).parent / anchor.config).is_file()):
             raise AnchorError(f"anchor {anchor.name!r}: its config {anchor.config!r} is missing beside {path}")
     return anchors
@@ -83,9 +84,11 @@ def anchor_config(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, speculative
 
 
 def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Efficiency | None = None,
-             speculative: dict | None = None, utilisation: float | None = None) -> float:
+             speculative: dict | None = None, utilisation: float | None = None,
+             return_share: float | None = None) -> float:
     """The simulator's figure for `anchor`, in the anchor's unit; `efficiency`, `speculative` (SpeculativeConfig
-    fields) and `utilisation` (of a day-average anchor) replace the calibrated ones (the refit searches with them)."""
+    fields), `utilisation` (of a day-average anchor) and `return_share` (of the prefix store) replace the calibrated
+    ones (the refit searches with them)."""
     from sim.capacity import decode_capacity, prefill_capacity
 
     kind, measure = anchor.measure["kind"], anchor.measure
@@ -99,6 +102,8 @@ def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Effi
         tokens = expected_step(spec, 0).tokens_per_step
         return tokens / (1.0 + spec.draft_cost_share) if kind == "mtp_speedup" else tokens
     config = anchor_config(anchor, anchors_path, speculative)
+    if kind == "store_hit_share":
+        return _store_hit_share(config, return_share)
     imbalance = measure.get("imbalance")  # a balance the source states (perfect), else the placement code's
     with efficiency_override(efficiency or CALIBRATED):
         if kind == "decode":
@@ -114,6 +119,19 @@ def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Effi
     return rate * (config.cluster.cards_per_node if measure.get("per") == "node" else 1)
 
 
+def _store_hit_share(config: SimConfig, return_share: float | None) -> float:
+    """The steady-state hit share of the config's prefix store (`sim.fleet.prefix_store`)."""
+    from sim.fleet.prefix_store import fleet_store, store_state
+
+    if config.fleet is None or config.fleet.store is None:
+        raise AnchorError("a store_hit_share anchor needs a config with fleet.store")
+    steady, _ = fleet_store(config)
+    if return_share is None:
+        return steady.hit_share
+    return store_state(config.fleet.store, config.fleet.traffic.input_tokens_per_day, steady.bytes_per_token,
+                       return_share=return_share).hit_share
+
+
 def command(anchor: Anchor) -> str:
     """The command line that prints the simulator's figure for `anchor` (and the key to read in its JSON)."""
     kind = anchor.measure["kind"]
@@ -123,6 +141,8 @@ def command(anchor: Anchor) -> str:
         return f"eplb sim --config {config} --capacity --json  # {kind}.tokens_per_s_per_card{per}"
     if kind == "fleet_nodes":
         return f"eplb sim --config {config} --json  # policies.{anchor.measure['policy']}.nodes_mean"
+    if kind == "store_hit_share":
+        return f"eplb sim --config {config} --json  # prefix_store.hit_share"
     return "eplb sim validate --json  # from sim/calibration.yaml"
 
 
@@ -217,6 +237,10 @@ def _refit_one(name: str, anchor: Anchor, anchors_path: Path, done: dict[str, fl
         if name not in done:
             done.update(_refit_compute_factors(anchors_path, done))
         return done[name]
+    if name == "store.return_share":
+        room = 1.0 - anchor_config(anchor, anchors_path).fleet.store.session_share
+        return brentq(lambda share: simulate(anchor, anchors_path, return_share=share) - anchor.published, 0.0,
+                      room, xtol=1e-7)
     if name == "utilisation.day":
         if not anchor.measure.get("day_average"):
             raise AnchorError(f"utilisation.day is fitted to a day-average anchor; {anchor.name!r} is not one")

@@ -133,6 +133,35 @@ class FaultConfig(_Strict):
         return self
 
 
+class PrefixStoreConfig(_Strict):
+    """The persistent prefix store the fleet's cache hits come from (`sim.fleet.prefix_store`): its capacity, each
+    class's retention, and how prompts re-read earlier prefixes. The reuse figures are assumptions where no source
+    gives them; the share of prompt tokens re-read after a session is fitted (`store.return_share`, declared
+    calibration) so that DeepSeek's Feb-2025 day gets its published hit share."""
+
+    capacity_pb: float = Field(100.0, gt=0, le=1e6, description="Bytes the store holds, PB (1e15; DeepSeek's and the "
+                                                                "Oct-2026 post's are about 100).")
+    retention_days: dict[str, float] = Field({"chat": 7.0, "agent": 3.0}, description="Days a prefix is kept after "
+                                             "its last use, per traffic class (DeepSeek's: chat 7, agent 3).")
+    agent_share: float = Field(0.5, ge=0, le=1, description="Share of prompt tokens from agent traffic (assumed).")
+    session_share: float = Field(0.374, ge=0, lt=1, description="Share of prompt tokens that re-read a prefix within "
+                                 "their session (minutes; kept by any retention): the disk hit share of Mooncake's "
+                                 "conversation hour as the request-level engine replays it (docs/simulator.md).")
+    return_median_days: float = Field(1.0, gt=0, le=365, description="Median days after which a returning prompt "
+                                      "re-reads a prefix (log-normal; assumed).")
+    return_sigma: float = Field(1.5, gt=0, le=5, description="Log-normal sigma of that interval (assumed: hours to "
+                                                             "weeks).")
+
+    @model_validator(mode="after")
+    def _classes(self) -> "PrefixStoreConfig":
+        if set(self.retention_days) != {"chat", "agent"}:
+            raise ValueError(f"retention_days needs exactly chat and agent; got {sorted(self.retention_days)}")
+        bad = {name: days for name, days in self.retention_days.items() if not 0 < days <= 3650}
+        if bad:
+            raise ValueError(f"retention_days must be in (0, 3650] days per class; got {bad}")
+        return self
+
+
 class FleetConfig(_Strict):
     """A fleet run: days of traffic through prefill instances and decode units."""
 
@@ -158,6 +187,8 @@ class FleetConfig(_Strict):
     autoscaler: AutoscalerConfig = Field(AutoscalerConfig(), description="Node placement over time.")
     prices: Prices = Field(Prices(), description="Billing and card cost.")
     faults: FaultConfig = Field(FaultConfig(), description="Card failures.")
+    store: PrefixStoreConfig | None = Field(None, description="The prefix store whose capacity and retention give "
+                                            "the cache hit share (None: traffic.cache_hit_share as given).")
 
     @model_validator(mode="after")
     def _comparison_is_autoscaled(self) -> "FleetConfig":
