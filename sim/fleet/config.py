@@ -151,6 +151,8 @@ class PrefixStoreConfig(_Strict):
                                       "re-reads a prefix (log-normal; assumed).")
     return_sigma: float = Field(1.5, gt=0, le=5, description="Log-normal sigma of that interval (assumed: hours to "
                                                              "weeks).")
+    start_empty: bool = Field(False, description="The store starts the run empty: each day's hit share is the "
+                              "store's on that day (False: its steady state throughout, a store in service).")
 
     @model_validator(mode="after")
     def _classes(self) -> "PrefixStoreConfig":

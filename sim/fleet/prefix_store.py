@@ -27,6 +27,7 @@ from sim.config import SimConfig
 from sim.fleet.config import PrefixStoreConfig
 
 CLASSES = ("chat", "agent")
+MAX_HIT_SHARE = 0.999  # the traffic's hit share is below 1 (one token of every prompt is computed)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,21 @@ def _fill_age(writes_per_day: dict[str, float], retention_days: dict[str, float]
         middle = (low + high) / 2
         low, high = (middle, high) if stored(middle) <= capacity_tokens else (low, middle)
     return low
+
+
+def daily_hit_shares(config: SimConfig, days: int) -> list[float]:
+    """The hit share of each of the first `days` days of `config.fleet.store` from empty, for the fleet's traffic."""
+    from sim.stage_costs import disk_bytes_per_block
+
+    per_token = disk_bytes_per_block(config) / config.cache.block_tokens
+    states = days_from_empty(config.fleet.store, config.fleet.traffic.input_tokens_per_day, per_token, days)
+    return [min(state.hit_share, MAX_HIT_SHARE) for state in states]
+
+
+def with_hit_share(config: SimConfig, share: float) -> SimConfig:
+    """`config` with its fleet traffic's cache hit share set to `share` (at most MAX_HIT_SHARE)."""
+    traffic = config.fleet.traffic.model_copy(update={"cache_hit_share": min(share, MAX_HIT_SHARE)})
+    return config.model_copy(update={"fleet": config.fleet.model_copy(update={"traffic": traffic})})
 
 
 def fleet_store(config: SimConfig) -> tuple[StoreState | None, list[StoreState]]:

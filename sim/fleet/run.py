@@ -4,7 +4,8 @@ The units' rates come from `sim.fleet.unit_capacity` (the detailed run's cost mo
 point); each pass over the steps is `sim.fleet.steps.run_pass`, its report `sim.fleet.report`. With the autoscaler
 on, the same traffic then runs through a fixed split holding the same node-hours, for comparison (its failures are
 drawn anew: they follow the cards in service). With `fleet.store` the traffic's cache hit share is the prefix
-store's in steady state (`sim.fleet.prefix_store`), reported with its first week from empty.
+store's in steady state (`sim.fleet.prefix_store`), reported with its first week from empty; with
+`fleet.store.start_empty` each day runs at the store's hit share on that day from empty.
 """
 
 import math
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 from sim.config import SimConfig
 from sim.fleet.autoscaler import STAGES
-from sim.fleet.prefix_store import fleet_store, store_report
+from sim.fleet.prefix_store import fleet_store, store_report, with_hit_share
 from sim.fleet.report import fleet_report
 from sim.fleet.steps import FleetRun, arrival_steps, run_pass
 from sim.fleet.unit_capacity import UnitCapacity, unit_capacity
@@ -32,12 +33,11 @@ def run_fleet(config: SimConfig, progress: Callable[[float, float], None] | None
     check_fleet_work(config)
     began = time.perf_counter()
     steady, from_empty = fleet_store(config)
-    if steady is not None:  # the store's hit share replaces the traffic's given one
-        traffic = config.fleet.traffic.model_copy(update={"cache_hit_share": min(steady.hit_share, 0.999)})
-        config = config.model_copy(update={"fleet": config.fleet.model_copy(update={"traffic": traffic})})
+    if steady is not None:  # the store's steady hit share replaces the traffic's given one
+        config = with_hit_share(config, steady.hit_share)
     report = _run(config, progress, began)
     if steady is not None:
-        report["prefix_store"] = store_report(steady, from_empty)
+        report["prefix_store"] = {**store_report(steady, from_empty), "start_empty": config.fleet.store.start_empty}
     return report
 
 

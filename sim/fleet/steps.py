@@ -25,7 +25,8 @@ from sim.fleet.autoscaler import STAGES, Autoscaler, within_quota
 from sim.fleet.config import DailyTraffic
 from sim.fleet.economics import card_hour_usd, revenue_usd
 from sim.fleet.faults import Faults
-from sim.fleet.unit_capacity import UnitCapacity
+from sim.fleet.prefix_store import daily_hit_shares, with_hit_share
+from sim.fleet.unit_capacity import UnitCapacity, unit_capacity
 from sim.workload import daily_rate_factor
 
 PROGRESS_EVERY = 60  # steps between progress reports
@@ -71,10 +72,22 @@ class _Plan:
     cards_per_node: int
     price: dict[str, float]  # $ per card-hour
     spare_nodes: dict[str, int]
+    hit_share_D: np.ndarray  # [days] share of each day's prompt tokens served from the prefix cache
+    prefill_scale_D: np.ndarray  # [days] a prefill unit's rate that day over `unit_rate["prefill"]`
 
     def output_per_input(self, index: int) -> float:
         """Generated tokens per prompt token owed by step `index`'s prompts (the last day's step in the drain)."""
         return self.output_per_input_T[min(index, self.arrival - 1)]
+
+    def day(self, index: int) -> int:
+        """The day step `index` falls in (the drain counts as the last day)."""
+        return min(int(index * self.step_s // 86400), len(self.hit_share_D) - 1)
+
+    def rate(self, stage: str, index: int, per: str = "node") -> float:
+        """Tokens per second of one node (or `per="unit"`) of `stage` at step `index`: a prefill rate moves with the
+        day's cache hit share."""
+        rate = (self.node_rate if per == "node" else self.unit_rate)[stage]
+        return rate * self.prefill_scale_D[self.day(index)] if stage == "prefill" else rate
 
 
 @dataclass
@@ -161,7 +174,7 @@ def run_pass(config: SimConfig, unit: UnitCapacity, fixed: dict[str, int] | None
                          + plan.spare_nodes[stage] for stage in STAGES}
         _fail(faults, config, plan, nodes, now, arriving, backlog, totals)
         capacity = {stage: max(0.0, _units(nodes[stage], plan.unit_nodes[stage], fleet.autoscaler.granularity)
-                               - faults.units_lost(stage, now)) * plan.unit_rate[stage] for stage in STAGES}
+                               - faults.units_lost(stage, now)) * plan.rate(stage, index, "unit") for stage in STAGES}
         billable, generated = _serve(plan, index, arriving, capacity, backlog)
         totals.serving_rate = generated / plan.step_s
         _bill(config, plan, index, billable, generated, held_by_stage, totals)
@@ -190,7 +203,21 @@ def _plan(config: SimConfig, unit: UnitCapacity) -> _Plan:
         unit_rate={"prefill": unit.prefill_tokens_per_s, "decode": unit.decode_tokens_per_s},
         cards_per_node=config.cluster.cards_per_node,
         price={stage: card_hour_usd(config, stage) for stage in STAGES},
-        spare_nodes={stage: fleet.faults.spare_nodes.get(stage, 0) for stage in STAGES})
+        spare_nodes={stage: fleet.faults.spare_nodes.get(stage, 0) for stage in STAGES},
+        **_daily_prefill(config, unit, math.ceil(arrival * step_s / 86400.0)))
+
+
+def _daily_prefill(config: SimConfig, unit: UnitCapacity, days: int) -> dict[str, np.ndarray]:
+    """`hit_share_D` and `prefill_scale_D` of a pass: the traffic's hit share every day, or with a prefix store
+    started empty (`fleet.store.start_empty`) the store's on each day, with a prefill unit's rate at it."""
+    store, share = config.fleet.store, config.fleet.traffic.cache_hit_share
+    if store is None or not store.start_empty:
+        return {"hit_share_D": np.full(max(days, 1), share), "prefill_scale_D": np.ones(max(days, 1))}
+    shares = daily_hit_shares(config, max(days, 1))
+    scales = [1.0 if abs(day - share) < 1e-12 else
+              unit_capacity(with_hit_share(config, day)).prefill_tokens_per_s / unit.prefill_tokens_per_s
+              for day in shares]
+    return {"hit_share_D": np.asarray(shares), "prefill_scale_D": np.asarray(scales)}
 
 
 def _first_control(config: SimConfig, plan: _Plan) -> _Control:
@@ -198,8 +225,8 @@ def _first_control(config: SimConfig, plan: _Plan) -> _Control:
     auto = config.fleet.autoscaler
     spares = sum(config.fleet.faults.spare_nodes.values())
     first_rate = plan.input_per_s * plan.load_T[0]
-    first = {"prefill": first_rate / plan.node_rate["prefill"],
-             "decode": first_rate * plan.output_per_input_T[0] / plan.node_rate["decode"]}
+    first = {"prefill": first_rate / plan.rate("prefill", 0),
+             "decode": first_rate * plan.output_per_input_T[0] / plan.rate("decode", 0)}
     scaler = Autoscaler(auto, plan.step_nodes, dict.fromkeys(STAGES, 0), reserved=spares)
     scaler.serving = within_quota({stage: scaler.target_nodes(stage, first[stage]) for stage in STAGES},
                                   plan.step_nodes, auto.quota_nodes - spares)
@@ -223,8 +250,8 @@ def _scale(control: _Control, config: SimConfig, plan: _Plan, index: int, backlo
     ahead = max(rate, rate + (rate - control.last_rate) * control.lead_s / auto.interval_s)
     control.last_rate = rate
     drain = DRAIN_INTERVALS * max(auto.interval_s, plan.step_s)
-    needed = {"prefill": (ahead + backlog.prefill / drain) / plan.node_rate["prefill"],
-              "decode": (ahead * plan.output_per_input(index) + backlog.decode / drain) / plan.node_rate["decode"]}
+    needed = {"prefill": (ahead + backlog.prefill / drain) / plan.rate("prefill", index),
+              "decode": (ahead * plan.output_per_input(index) + backlog.decode / drain) / plan.rate("decode", index)}
     needed = {stage: value + faults.units_lost(stage, now) * plan.unit_nodes[stage]
               for stage, value in needed.items()}
     control.scaler.decide(now, needed)
@@ -269,8 +296,8 @@ def _serve(plan: _Plan, index: int, arriving: float, capacity: dict[str, float],
 def _bill(config: SimConfig, plan: _Plan, index: int, billable: float, generated: float,
           held_by_stage: dict[str, int], totals: _Totals) -> None:
     """Phase 4: revenue of the tokens served; during the days, the cost and card-hours of every node held."""
-    traffic, step_s = config.fleet.traffic, plan.step_s
-    hit = billable * traffic.cache_hit_share
+    step_s = plan.step_s
+    hit = billable * plan.hit_share_D[plan.day(index)]
     totals.revenue_usd += revenue_usd(hit, billable - hit, generated, index * step_s / 3600.0, config.fleet.prices)
     totals.tokens["input_hit"] += hit
     totals.tokens["input_miss"] += billable - hit

@@ -63,3 +63,19 @@ def test_the_fleet_bills_and_sizes_prefill_at_the_stores_hit_share():
     assert tokens == pytest.approx(store["hit_share"], rel=1e-6)
     without = run_fleet(config.model_copy(update={"fleet": config.fleet.model_copy(update={"store": None})}))
     assert "prefix_store" not in without and without["nodes_mean"] < report["nodes_mean"]
+
+
+def test_a_store_started_empty_fills_day_by_day_and_prefill_needs_fewer_nodes_as_it_does():
+    config = load_sim_config(CONFIGS / "deepseek-feb2025-day.yaml")
+    fleet = config.fleet.model_copy(update={"days": 3.0, "compare_policies": [], "store": config.fleet.store.model_copy(
+        update={"start_empty": True})})
+    report = run_fleet(config.model_copy(update={"fleet": fleet}))
+    daily = report["prefix_store"]["hit_share_by_day_from_empty"][:3]
+    assert daily == sorted(daily) and daily[0] < daily[2] < report["prefix_store"]["hit_share"]
+    billed = report["input_cache_hit_tokens"] / report["input_tokens"]
+    assert daily[0] < billed < daily[2]
+    hours = report["timeline"]["hour"]
+    prefill = report["timeline"]["prefill_nodes"]
+    first = [nodes for hour, nodes in zip(hours, prefill) if 6 <= hour < 18]
+    third = [nodes for hour, nodes in zip(hours, prefill) if 54 <= hour < 66]
+    assert sum(first) / len(first) > sum(third) / len(third)
