@@ -6,9 +6,10 @@ cards, one spare expert slot per card) with every sequence at DeepSeek's average
 2. per acceptance and sequences per card, each policy's step time and decode tokens/s per card, no speculation's,
    the threshold policy's gain over verify-all, and the best threshold of a 0.05 grid with its gain;
 3. per acceptance, the fewest sequences per card at which the configured threshold gains 6% over verify-all
-   (the DSpark post's figure for selective verification).
+   (the DSpark post's figure for selective verification);
+4. with `--plot PNG`, that gain as a curve over sequences per card for every acceptance, the post's +6% marked.
 
-Usage: python scripts/bench_speculative.py [--quick]
+Usage: python scripts/bench_speculative.py [--quick] [--plot PNG]
 """
 
 import argparse
@@ -16,6 +17,7 @@ import sys
 import time
 
 
+from eplb.cli.arg_types import png_output
 from sim import SimConfig
 from sim.hardware import PROFILES
 from sim.speculative import POLICIES, batch_for_gain, gain_table
@@ -27,6 +29,8 @@ TARGET_GAIN = 0.06  # the post's gain of selective verification over verify-all
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Fewer acceptances and batch sizes.")
+    parser.add_argument("--plot", type=png_output(), default=None, metavar="PNG",
+                        help="also draw the threshold policy's gain over verify-all against sequences per card")
     args = parser.parse_args(argv)
     began = time.perf_counter()
     config = SimConfig()
@@ -71,8 +75,43 @@ def main(argv: list[str] | None = None) -> int:
                                   seed=config.seed)
         where = f"{per_card:.3f} sequences per card" if per_card is not None else "not up to 256 per card"
         print(f"  first acceptance {acceptance:.3f}: {where}")
+    if args.plot:
+        plot_gain(spec, model, hardware, cards, redundant, acceptances, args.plot, config.seed, args.quick)
     print(f"\n({time.perf_counter() - began:.1f} s)")
     return 0
+
+
+def plot_gain(spec, model, hardware, cards: int, redundant: int, acceptances: list[float], path, seed: int,
+              quick: bool) -> None:
+    """The threshold policy's gain over verify-all against sequences per card, one line per first acceptance, the
+    post's +6% as a horizontal line (written atomically to `path`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from traces.atomic_file import write_atomically
+
+    grid = [1, 2, 4, 8, 16, 32] if quick else [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64]
+    rows = gain_table(spec, model, hardware, cards, acceptances, grid, CONTEXT, redundant_experts=redundant,
+                      seed=seed, thresholds=(spec.threshold,))
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for acceptance in acceptances:
+        mine = [row for row in rows if row["first_acceptance"] == acceptance]
+        axes.plot([row["batch_per_card"] for row in mine], [100 * row["threshold_gain_vs_all"] for row in mine],
+                  marker="o", markersize=3, label=f"first acceptance {acceptance:g}")
+    axes.axhline(100 * TARGET_GAIN, color="black", linestyle="--", linewidth=1, label="the post's +6%")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("sequences per card")
+    axes.set_ylabel(f"threshold {spec.threshold} over verify-all, % tokens/s")
+    axes.set_title(f"selective verification, k = {spec.draft_tokens}, {hardware.name} x {cards}", fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    try:
+        write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(figure)
 
 
 if __name__ == "__main__":

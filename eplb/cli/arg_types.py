@@ -52,7 +52,16 @@ def json_output():
     """An argparse type: a path a script writes a JSON file to at its end (atomically). Refused at once, before any
     work: a folder, a device, a path whose folder is missing or not writable, and an existing file that is not JSON
     (a script's own earlier output may be replaced; a source file, a document or another input may not)."""
+    return _output("JSON", _holds_json)
 
+
+def png_output():
+    """An argparse type: a path a script writes a PNG figure to at its end (atomically), refused as `json_output`
+    refuses, an existing file that is not a PNG included."""
+    return _output("PNG", _holds_png)
+
+
+def _output(kind: str, holds_kind):
     def parse(text: str) -> Path:
         path = Path(text)
         try:
@@ -63,11 +72,12 @@ def json_output():
             raise argparse.ArgumentTypeError(f"folder {target.parent} does not exist; create it first")
         if not os.access(target.parent, os.W_OK):
             raise argparse.ArgumentTypeError(f"folder {target.parent} is not writable; give a path you can write")
-        if target.exists() and target.stat().st_size and not _holds_json(target):
-            raise argparse.ArgumentTypeError(f"{path} exists and is not a JSON file; give a new path (this would "
+        if target.exists() and target.stat().st_size and not holds_kind(target):
+            raise argparse.ArgumentTypeError(f"{path} exists and is not a {kind} file; give a new path (this would "
                                              "replace it)")
         return path
 
+    parse.writes = kind  # marks an output flag's type (the scripts' flag fuzz tells outputs from numbers by it)
     return parse
 
 
@@ -77,3 +87,11 @@ def _holds_json(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     return True
+
+
+def _holds_png(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False

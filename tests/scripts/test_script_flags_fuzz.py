@@ -55,7 +55,7 @@ def _argv(draw, parser: argparse.ArgumentParser, required: tuple[str, ...], json
             argv.append(flag)
         elif action.choices:
             argv += [flag, "bogus" if bad else draw(st.sampled_from(list(action.choices)))]
-        elif getattr(action.type, "__qualname__", "").startswith("json_output"):
+        elif getattr(action.type, "writes", None):
             argv += [flag, draw(st.sampled_from(BAD_PATHS)) if bad else json_path]
         else:
             bad_values = ABSURD_NUMBERS if draw(st.booleans()) else BAD_NUMBERS
