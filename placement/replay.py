@@ -131,13 +131,12 @@ def rolling_replay(
 ) -> ReplayResult:
     """Replay `counts_TLE` [T, L, E] with a re-fit every `every` steps on the last `window` steps.
 
-    `on_refit(done, total)` is called after each fit has served its steps (progress bars). `also_routings` scores
-    the held-out steps under further routings ("live" beside "dynamic"). `drift_ratio` > 1 also refits early on
-    drift; None keeps the cadence. `lag` >= 0 delays each placement's first served step after its fit window. `forecast` fits each placement on its window moved along each expert's trend to
-    the period it serves (`placement.forecast.hedged_window`); its fitted score stays on the window. `patches`
-    patches the serving placement between refits at `pace`; None: no patches (all: see the module docstring).
-    `also_served` maps names to further [T, L, E] traces that the same placements serve, scored under `routing`
-    into `held_out_served` (the same traffic at another load, fitted on the denser `counts_TLE`).
+    `on_refit(done, total)` is called after each fit has served its steps (progress bars). `also_routings` scores the
+    held-out steps under further routings. `drift_ratio` > 1 also refits early on drift (None: the cadence). `lag`
+    >= 0 delays each placement's first served step. `forecast` fits each placement on its window moved along each
+    expert's trend to the period it serves (`placement.forecast.hedged_window`). `patches` patches the serving
+    placement between refits at `pace` (see the module docstring). `also_served` maps names to further [T, L, E]
+    traces the same placements serve, scored under `routing` into `held_out_served` (the same traffic at another load).
 
     Raises:
         PlacementInfeasibleError: `every` or `window` below 1, `lag` negative, `window + lag` leaving no step of

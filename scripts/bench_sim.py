@@ -13,9 +13,9 @@
    reproduces; the autoscaled fleet against a fixed split of the same node-hours; faults handled by rerouting
    (with and without spares) against restarting the unit; the seed's fleet (sim/configs/seed-fleet-day.yaml) and
    what it implies, and the same day under quotas from above its peak to below it; what each capacity and
-   retention buys the prefix store on both days; its wall time for a day and a week; and the agreement of the fleet model (units from the cost model, token rates per step) with the
-   request-by-request run where both run (one decode unit and its prefill nodes, the saturated traffic of
-   section 2).
+   retention buys the prefix store on both days; its wall time for a day and a week; and the agreement of the
+   fleet model (units from the cost model, token rates per step) with the request-by-request run where both run
+   (one decode unit and its prefill nodes, the saturated traffic of section 2).
 
 Usage: python scripts/bench_sim.py [--quick] [--section all|speed|balance|windows|fleet]
 """
@@ -217,7 +217,8 @@ def seed_quota(quick: bool) -> None:
     free = run_fleet(config)
     peak = free["nodes_peak"]
     print("\nseed fleet under a quota (the day above; quota as a share of its unconstrained peak):\n")
-    print("| quota nodes | quota / peak | nodes mean | nodes peak | queue wait p99 s | requests lost | cost per day $ |")
+    print("| quota nodes | quota / peak | nodes mean | nodes peak | queue wait p99 s | requests lost "
+          "| cost per day $ |")
     print("|---|---|---|---|---|---|---|")
     for share in ((1.0, 0.9) if quick else (1.25, 1.1, 1.0, 0.95, 0.9)):
         quota = int(peak * share)

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--arch", required=True, choices=ARCHS, help="the model family")
     parser.add_argument("--world-size", type=integer(1, MAX_GPUS), default=2, help="W: ranks in the EP group")
     parser.add_argument("--new-tokens", type=integer(1, 128), default=8, help="N: tokens each sequence generates")
-    parser.add_argument("--seed", type=integer(0, SEED_MAX), default=0, help="seed of the weights and prompts (default 0)")
+    parser.add_argument("--seed", type=integer(0, SEED_MAX), default=0,
+                        help="seed of the weights and prompts (default 0)")
     parser.add_argument("--batch", type=integer(1, 256), default=None,
                         help="B: sequences, split over the ranks (>= W; default 2 W)")
     parser.add_argument("--prompt-length", type=integer(1, 64), default=8, help="tokens of every prompt (default 8)")

@@ -68,13 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=integer(1, MAX_STEPS), default=20, help="decode steps to run (default 20)")
     parser.add_argument("--routing", default="dynamic", choices=ROUTING_MODES, help="replica choice (default dynamic)")
     parser.add_argument("--layers", type=integer(1, MAX_LAYERS), default=2, help="MoE layers (default 2)")
-    parser.add_argument("--experts", type=integer(1, MAX_EXPERTS), default=32, help="E: routed experts per layer (default 32)")
-    parser.add_argument("--top-k", type=integer(1, MAX_EXPERTS), default=4, help="K: experts per token (<= E; default 4)")
+    parser.add_argument("--experts", type=integer(1, MAX_EXPERTS), default=32,
+                        help="E: routed experts per layer (default 32)")
+    parser.add_argument("--top-k", type=integer(1, MAX_EXPERTS), default=4,
+                        help="K: experts per token (<= E; default 4)")
     parser.add_argument("--slots-per-gpu", type=integer(1, MAX_SLOTS_PER_GPU), default=None,
                         help="S (W x S >= E; default E / W + 2)")
-    parser.add_argument("--tokens-per-step", type=integer(1, MAX_TOKENS_PER_STEP), default=256, help="tokens of the whole group per step")
-    parser.add_argument("--hidden-size", type=integer(1, MAX_HIDDEN_SIZE), default=64, help="D (>= experts; default 64)")
-    parser.add_argument("--fit-steps", type=integer(1, MAX_STEPS), default=30, help="steps the placement is fitted on (default 30)")
+    parser.add_argument("--tokens-per-step", type=integer(1, MAX_TOKENS_PER_STEP), default=256,
+                        help="tokens of the whole group per step")
+    parser.add_argument("--hidden-size", type=integer(1, MAX_HIDDEN_SIZE), default=64,
+                        help="D (>= experts; default 64)")
+    parser.add_argument("--fit-steps", type=integer(1, MAX_STEPS), default=30,
+                        help="steps the placement is fitted on (default 30)")
     parser.add_argument("--time-limit", type=seconds, default=2.0, help="cpsat budget, seconds (default 2)")
     parser.add_argument("--seed", type=integer(0, SEED_MAX), default=0, help="seed of traffic and weights (default 0)")
     parser.add_argument("--timeout", type=seconds, default=10.0,
@@ -107,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with a rebalancer: the step at which the traffic's expert mix changes (default: half "
                              "of --rebalance-every, at most a third of --steps, so that the first attempt's window "
                              "sees it; without --rebalance-every a third of --steps)")
-    parser.add_argument("--fail-rank", type=integer(0, MAX_GPUS - 1), default=None, metavar="K", help="kill rank K's process (SIGKILL)")
+    parser.add_argument("--fail-rank", type=integer(0, MAX_GPUS - 1), default=None, metavar="K",
+                        help="kill rank K's process (SIGKILL)")
     parser.add_argument("--fail-at-step", type=integer(0, MAX_STEPS), default=None, metavar="N",
                         help="the step rank K dies in (default: half way)")
     parser.add_argument("--step-times", type=json_output(), default=None, metavar="FILE",

@@ -12,10 +12,11 @@ the quantity every published serving figure is (`eplb sim --capacity`).
   ahead of it is not counted) or reaches `cluster.max_prefill_batch_tokens` new tokens per node. Tokens/s per card
   counts every prompt token, hits included, as published prefill rates do.
 
-Both stages take their expert imbalance at each candidate batch from this project's placement code at the tokens
-per card of one of the batch's two micro-batches (`sim.engine.load_imbalance`: one synthetic routing trace per group shape, thinned to each load, so
-the imbalance falls smoothly with the load): it multiplies the routed experts' part of the pass (and the busiest
-card's all-to-all bytes). Throughput is therefore non-decreasing in the latency target and in the batch cap.
+Both stages take their expert imbalance at each candidate batch from this project's placement code at the tokens per
+card of one of the batch's two micro-batches (`sim.engine.load_imbalance`: one synthetic routing trace per group
+shape, thinned to each load, so the imbalance falls smoothly with the load): it multiplies the routed experts' part of
+the pass (and the busiest card's all-to-all bytes). Throughput is therefore non-decreasing in the latency target and
+in the batch cap.
 """
 
 import math

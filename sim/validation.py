@@ -255,7 +255,8 @@ COMPUTE_FACTORS = ("efficiency.compute", "efficiency.attention")
 
 def _efficiency(done: dict[str, float], **factors: float) -> Efficiency:
     """The calibrated factors with the ones refitted so far (`done`) and then `factors` in their place."""
-    values = {factor: done.get(f"efficiency.{factor}", getattr(CALIBRATED, factor)) for factor in Efficiency.model_fields}
+    values = {factor: done.get(f"efficiency.{factor}", getattr(CALIBRATED, factor))
+              for factor in Efficiency.model_fields}
     return Efficiency(**{**values, **factors})
 
 

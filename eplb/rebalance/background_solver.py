@@ -3,16 +3,16 @@
 A process shares neither the interpreter lock nor the scheduler's favour with decode: the `cpsat` policy's Python
 parts (building models, scoring candidates) would otherwise hold the lock for long stretches while the decode thread
 waits for it. The process starts once, as `python -m eplb.rebalance.background_solver` (so it imports only what
-solving needs: no torch, and not the worker's main module, which a multiprocessing spawn would run again; its
-imports run in the background), talks over a socket pair, and solves one job at a time, optionally paced to a share
-of the time (`eplb.rebalance.cpu_pacer`). It runs at the decode processes' own priority: a solve must land within
-its interval, and a lower one starves it whenever anything CPU-bound runs beside, while where decode ranks fill
-every core no priority keeps background work from delaying them (only the pacer's cap does). A job is the recorder's window (or a placement loaded from a file, or a burst
-patch's recent load and the last fitted placement) and the placement serving now; its answer the new placement
-relabelled to move the fewest experts, the move counts, and the weight moves planned (slow Python at the full shape,
-which would otherwise stall a decode step on every rank; figures: docs/rebalancing.md, 'The background solve'). The
-process ends when its parent does, however the parent ends and also in the middle of a job (`collectives.lifeline`);
-`close` ends it sooner, by closing its socket.
+solving needs: no torch, and not the worker's main module, which a multiprocessing spawn would run again; its imports
+run in the background), talks over a socket pair, and solves one job at a time, optionally paced to a share of the
+time (`eplb.rebalance.cpu_pacer`). It runs at the decode processes' own priority: a solve must land within its
+interval, and a lower one starves it whenever anything CPU-bound runs beside, while where decode ranks fill every core
+no priority keeps background work from delaying them (only the pacer's cap does). A job is the recorder's window (or a
+placement loaded from a file, or a burst patch's recent load and the last fitted placement) and the placement serving
+now; its answer the new placement relabelled to move the fewest experts, the move counts, and the weight moves planned
+(slow Python at the full shape, which would otherwise stall a decode step on every rank; figures: docs/rebalancing.md,
+'The background solve'). The process ends when its parent does, however the parent ends and also in the middle of a
+job (`collectives.lifeline`); `close` ends it sooner, by closing its socket.
 """
 import dataclasses
 import os

@@ -3,12 +3,12 @@ numbers: the curve that capacity mode and the prefill batches read.
 
 At a load of n tokens per card per step the busiest card carries `floor + noise / sqrt(n)` times the mean: `floor` is
 what the placement leaves at any load (replica granularity, the forecast's error), `noise / sqrt(n)` the sampling
-noise of a step's few tokens, which the router's per-step split can only partly even out. Both come from one
-synthetic routing trace per group shape (`CURVE_LOADS[-1]` tokens per card per step), replayed through
-`balance.policy` as `eplb replay` does; the placements it fits also serve the lower `CURVE_LOADS`, each a binomial
-thinning of the trace above it (the same popular experts, the same steps, fewer tokens), since a deployment fits on
-a window of many steps, which holds far more tokens than one step at any batch. The curve is a least-squares fit
-of the served means at the three loads. One trace for every load level, rather than a fresh draw per level, makes the imbalance a smooth,
+noise of a step's few tokens, which the router's per-step split can only partly even out. Both come from one synthetic
+routing trace per group shape (`CURVE_LOADS[-1]` tokens per card per step), replayed through `balance.policy` as `eplb
+replay` does; the placements it fits also serve the lower `CURVE_LOADS`, each a binomial thinning of the trace above
+it (the same popular experts, the same steps, fewer tokens), since a deployment fits on a window of many steps, which
+holds far more tokens than one step at any batch. The curve is a least-squares fit of the served means at the three
+loads. One trace for every load level, rather than a fresh draw per level, makes the imbalance a smooth,
 non-increasing function of the load, so that a larger batch or a looser latency target never buys less throughput
 through noise in the imbalance.
 """

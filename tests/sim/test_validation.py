@@ -1,5 +1,5 @@
-"""The simulator's validation (`eplb sim validate` prints it): the anchors file, the declared calibration against its fitted anchors, a predicted row's
-error bound, and that no predicted figure has found its way into the simulator."""
+"""The simulator's validation (`eplb sim validate` prints it): the anchors file, the declared calibration against its
+fitted anchors, a predicted row's error bound, and that no predicted figure has found its way into the simulator."""
 
 import re
 from pathlib import Path
