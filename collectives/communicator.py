@@ -75,36 +75,34 @@ class Communicator:
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """[G, *tensor.shape]: `tensor` of every rank, in rank order (same shape and dtype on every rank)."""
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self._wait(self._start(lambda: dist.all_gather(parts, tensor.contiguous(), group=self.group, async_op=True),
-                                "all_gather"), "all_gather")
+        self._complete(lambda: dist.all_gather(parts, tensor.contiguous(), group=self.group, async_op=True),
+                       "all_gather")
         return torch.stack(parts)
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of `tensor` over ranks (a new tensor; the input is left as it was)."""
         total = tensor.clone()
-        self._wait(self._start(lambda: dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group, async_op=True),
-                                "all_reduce"), "all_reduce")
+        self._complete(lambda: dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group, async_op=True),
+                       "all_reduce")
         return total
 
     def agree(self, ok: bool) -> bool:
         """True on every rank iff `ok` is True on every rank: a collective decision no rank can take alone."""
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
-        self._wait(self._start(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True),
-                                "agree"), "agree")
+        self._complete(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True), "agree")
         return bool(flag.item())
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """`tensor` of rank `src`, on every rank (in place: pass a tensor of the same shape and dtype everywhere)."""
         tensor = tensor.contiguous()
-        self._wait(self._start(lambda: dist.broadcast(tensor, self._global(src), group=self.group, async_op=True),
-                                "broadcast"), "broadcast")
+        self._complete(lambda: dist.broadcast(tensor, self._global(src), group=self.group, async_op=True), "broadcast")
         return tensor
 
     def min_over_ranks(self, value: int) -> int:
         """The least `value` over ranks, on every rank."""
         flag = torch.tensor([value], dtype=torch.int64, device=self.device)
-        self._wait(self._start(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True),
-                                "min_over_ranks"), "min_over_ranks")
+        self._complete(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group, async_op=True),
+                       "min_over_ranks")
         return int(flag.item())
 
     def all_to_all(self, rows_N: torch.Tensor, send_counts_G: list[int], recv_counts_G: list[int]) -> torch.Tensor:
@@ -121,10 +119,9 @@ class Communicator:
         if sum(send_counts_G) != rows_N.shape[0]:
             raise ValueError(f"send_counts_G sums to {sum(send_counts_G)} but rows_N has {rows_N.shape[0]} rows")
         received = rows_N.new_empty((sum(recv_counts_G), *rows_N.shape[1:]))
-        work = self._start(lambda: dist.all_to_all_single(
+        self._complete(lambda: dist.all_to_all_single(
             received, rows_N.contiguous(), output_split_sizes=list(recv_counts_G),
             input_split_sizes=list(send_counts_G), group=self.group, async_op=True), "all_to_all")
-        self._wait(work, "all_to_all")
         return received
 
     def exchange(
@@ -231,6 +228,11 @@ class Communicator:
 
     def _global(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    def _complete(self, post, what: str) -> None:
+        """`post()` (a torch.distributed call with async_op=True), waited for within the timeout; every failure
+        raised as `CollectiveError`."""
+        self._wait(self._start(post, what), what)
 
     def _start(self, post, what: str):
         """`post()` (a torch.distributed call with async_op=True): its work; a backend error while posting (a

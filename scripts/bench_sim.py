@@ -33,7 +33,7 @@ from sim import SimConfig, load_sim_config, run_simulation
 from sim.stage_costs import decode_step
 from sim.fleet.run import run_fleet
 from sim.fleet.config import FleetConfig
-from sim.fleet.prefix_store import fleet_store, store_state
+from sim.fleet.prefix_store import fleet_store, store_of, store_state
 from sim.fleet.unit_capacity import unit_capacity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,7 +192,7 @@ def store_tables() -> None:
                        ("seed's day", SEED_DAY)):
         config = load_sim_config(path)
         steady, week = fleet_store(config)
-        store, tokens = config.fleet.store, config.fleet.traffic.input_tokens_per_day
+        store, (held_pb, _, tokens, per_token) = config.fleet.store, store_of(config)
         print(f"\nprefix store, {name}: {tokens / 1e12:.3g}T prompt tokens a day, {steady.bytes_per_token:,.0f} "
               f"bytes per token, {steady.written_pb_per_day:,.1f} PB written a day; steady hit share "
               f"{steady.hit_share:.3f} ({steady.binding} binds; lifetimes chat {steady.lifetime_days['chat']:.3g} d, "
@@ -200,11 +200,10 @@ def store_tables() -> None:
               + " ".join(f"{state.hit_share:.3f}" for state in week[:7]))
         print("\n| capacity PB | retention chat / agent days | steady hit share | binds | lifetime days |")
         print("|---|---|---|---|---|")
-        for capacity in (store.capacity_pb / 4, store.capacity_pb, store.capacity_pb * 4, store.capacity_pb * 100):
+        for capacity in (held_pb / 4, held_pb, held_pb * 4, held_pb * 100):
             for retention in ((1.0, 1.0), (7.0, 3.0), (14.0, 14.0)):
-                other = store.model_copy(update={"capacity_pb": capacity,
-                                                 "retention_days": {"chat": retention[0], "agent": retention[1]}})
-                state = store_state(other, tokens, steady.bytes_per_token)
+                state = store_state(store, capacity, {"chat": retention[0], "agent": retention[1]}, tokens,
+                                    per_token)
                 print(f"| {capacity:,.4g} | {retention[0]:g} / {retention[1]:g} | {state.hit_share:.3f} | "
                       f"{state.binding} | {state.lifetime_days['chat']:.3g} / {state.lifetime_days['agent']:.3g} |")
 

@@ -121,15 +121,11 @@ def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Effi
 
 def _store_hit_share(config: SimConfig, return_share: float | None) -> float:
     """The steady-state hit share of the config's prefix store (`sim.fleet.prefix_store`)."""
-    from sim.fleet.prefix_store import fleet_store, store_state
+    from sim.fleet.prefix_store import store_of, store_state
 
     if config.fleet is None or config.fleet.store is None:
         raise AnchorError("a store_hit_share anchor needs a config with fleet.store")
-    steady, _ = fleet_store(config)
-    if return_share is None:
-        return steady.hit_share
-    return store_state(config.fleet.store, config.fleet.traffic.input_tokens_per_day, steady.bytes_per_token,
-                       return_share=return_share).hit_share
+    return store_state(config.fleet.store, *store_of(config), return_share=return_share).hit_share
 
 
 def command(anchor: Anchor) -> str:

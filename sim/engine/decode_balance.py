@@ -64,33 +64,26 @@ def decode_imbalance_T(config: SimConfig, counts_TLE: np.ndarray | None = None,
     """[T] float, max / mean card load of each served step (mean over layers), replayed cyclically by the decode
     units; `counts_TLE` is the file's trace (`read_routing_trace`), None for the synthetic one, whose step carries
     `tokens_per_card` tokens per card (default: the unit's typical batch)."""
-    return imbalance_T(config, config.cluster.decode_cards, config.decode_slots_per_card, counts_TLE, tokens_per_card)
-
-
-def imbalance_T(config: SimConfig, cards: int, slots_per_card: int, counts_TLE: np.ndarray | None = None,
-                tokens_per_card: int = TOKENS_PER_CARD_PER_STEP) -> np.ndarray:
-    """[T] float, max / mean card load of each served step (mean over layers) of a group of `cards` cards with
-    `slots_per_card` expert slots each (a decode unit, or a prefill instance), under `config.balance`'s policy;
-    `counts_TLE` as in `decode_imbalance_T`."""
-    balance, model = config.balance, config.model
+    cards = config.cluster.decode_cards
     if counts_TLE is None:
-        counts_TLE = generate_trace(SyntheticConfig(
-            num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts, top_k=model.top_k,
-            tokens_per_step=max(1, round(tokens_per_card * cards)), seed=config.seed)).counts_TLE
-    return _served_T(config, cards, slots_per_card, counts_TLE, [])[0]
+        counts_TLE = synthetic_counts(config, cards, tokens_per_card)
+    return served_imbalance_T(config, cards, config.decode_slots_per_card, counts_TLE)[0]
 
 
-def thinner_imbalances(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndarray,
-                       thinner_TLE: list[np.ndarray]) -> list[float]:
-    """Mean served imbalance of `counts_TLE` [T, L, E] under `config.balance`'s policy, then of each trace of
-    `thinner_TLE` (the same traffic with fewer tokens) served by the very placements fitted on `counts_TLE`: a
-    deployment fits on a window of many steps, which at any batch holds far more tokens than one step."""
-    return [float(scores.mean()) for scores in _served_T(config, cards, slots, counts_TLE, thinner_TLE)]
+def synthetic_counts(config: SimConfig, cards: int, tokens_per_card: float) -> np.ndarray:
+    """[T, L, E] the synthetic routing trace at the model's shape (`balance.steps` x `balance.layers`) for a group of
+    `cards` cards at `tokens_per_card` tokens per card per step, drawn from `config.seed`."""
+    balance, model = config.balance, config.model
+    return generate_trace(SyntheticConfig(
+        num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts, top_k=model.top_k,
+        tokens_per_step=max(1, round(tokens_per_card * cards)), seed=config.seed)).counts_TLE
 
 
-def _served_T(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndarray,
-              also_TLE: list[np.ndarray]) -> list[np.ndarray]:
-    """[T] imbalance of each served step (mean over layers) of `counts_TLE` and of each of `also_TLE`, served by the
+def served_imbalance_T(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndarray,
+                       also_TLE: tuple[np.ndarray, ...] = ()) -> list[np.ndarray]:
+    """[T] imbalance of each served step (mean over layers) of `counts_TLE` [T, L, E] replayed under
+    `config.balance`'s policy on a group of `cards` cards with `slots` expert slots each (a decode unit or a prefill
+    instance), then of each trace of `also_TLE` (the same traffic with fewer tokens, say) served by the very
     placements fitted on `counts_TLE`."""
     balance = config.balance
     gpus_per_node = 8 if cards % 8 == 0 else cards

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.config import SimConfig
-from sim.engine.decode_balance import thinner_imbalances
-from traces.synthetic import SyntheticConfig, generate_trace
+from sim.engine.decode_balance import served_imbalance_T, synthetic_counts
 
 CURVE_LOADS = (4, 64, 1024)  # tokens per card per step the imbalance is measured at: decode's few to prefill's many
 
@@ -69,18 +68,14 @@ def load_imbalance(config: SimConfig, cards: int, slots: int) -> LoadImbalance:
 
 
 def _measure(config: SimConfig, cards: int, slots: int) -> LoadImbalance:
-    balance, model = config.balance, config.model
-    top = CURVE_LOADS[-1]
-    counts_TLE = generate_trace(SyntheticConfig(
-        num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts, top_k=model.top_k,
-        tokens_per_step=top * cards, seed=config.seed)).counts_TLE
+    counts_TLE = synthetic_counts(config, cards, CURVE_LOADS[-1])
     thinning = np.random.default_rng([config.seed, cards, slots])
     thinner, above = [], counts_TLE
     for load, denser in zip(CURVE_LOADS[-2::-1], CURVE_LOADS[:0:-1]):
         above = thinning.binomial(above, load / denser)
         thinner.append(above)
-    measured = thinner_imbalances(config, cards, slots, counts_TLE, thinner)  # top load first, then falling
-    return fit_load_imbalance(CURVE_LOADS, tuple(reversed(measured)))
+    served_T = served_imbalance_T(config, cards, slots, counts_TLE, tuple(thinner))  # top load first, then falling
+    return fit_load_imbalance(CURVE_LOADS, tuple(float(steps.mean()) for steps in reversed(served_T)))
 
 
 _CURVES: dict[tuple, LoadImbalance] = {}  # (balance settings, E, K, seed, cards, slots) -> curve

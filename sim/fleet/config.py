@@ -134,15 +134,12 @@ class FaultConfig(_Strict):
 
 
 class PrefixStoreConfig(_Strict):
-    """The persistent prefix store the fleet's cache hits come from (`sim.fleet.prefix_store`): its capacity, each
-    class's retention, and how prompts re-read earlier prefixes. The reuse figures are assumptions where no source
-    gives them; the share of prompt tokens re-read after a session is fitted (`store.return_share`, declared
-    calibration) so that DeepSeek's Feb-2025 day gets its published hit share."""
+    """How prompts re-read earlier prefixes, for the fleet's cache hits to come from its prefix store
+    (`sim.fleet.prefix_store`); the store's capacity and each class's retention are the config's `cache` section, the
+    same store the request-level engine models. The reuse figures are assumptions where no source gives them; the
+    share of prompt tokens re-read after a session is fitted (`store.return_share`, declared calibration) so that
+    DeepSeek's Feb-2025 day gets its published hit share."""
 
-    capacity_pb: float = Field(100.0, gt=0, le=1e6, description="Bytes the store holds, PB (1e15; DeepSeek's and the "
-                                                                "Oct-2026 post's are about 100).")
-    retention_days: dict[str, float] = Field({"chat": 7.0, "agent": 3.0}, description="Days a prefix is kept after "
-                                             "its last use, per traffic class (DeepSeek's: chat 7, agent 3).")
     agent_share: float = Field(0.5, ge=0, le=1, description="Share of prompt tokens from agent traffic (assumed).")
     session_share: float = Field(0.374, ge=0, lt=1, description="Share of prompt tokens that re-read a prefix within "
                                  "their session (minutes; kept by any retention): the disk hit share of Mooncake's "
@@ -153,15 +150,6 @@ class PrefixStoreConfig(_Strict):
                                                              "weeks).")
     start_empty: bool = Field(False, description="The store starts the run empty: each day's hit share is the "
                               "store's on that day (False: its steady state throughout, a store in service).")
-
-    @model_validator(mode="after")
-    def _classes(self) -> "PrefixStoreConfig":
-        if set(self.retention_days) != {"chat", "agent"}:
-            raise ValueError(f"retention_days needs exactly chat and agent; got {sorted(self.retention_days)}")
-        bad = {name: days for name, days in self.retention_days.items() if not 0 < days <= 3650}
-        if bad:
-            raise ValueError(f"retention_days must be in (0, 3650] days per class; got {bad}")
-        return self
 
 
 class FleetConfig(_Strict):
@@ -189,8 +177,9 @@ class FleetConfig(_Strict):
     autoscaler: AutoscalerConfig = Field(AutoscalerConfig(), description="Node placement over time.")
     prices: Prices = Field(Prices(), description="Billing and card cost.")
     faults: FaultConfig = Field(FaultConfig(), description="Card failures.")
-    store: PrefixStoreConfig | None = Field(None, description="The prefix store whose capacity and retention give "
-                                            "the cache hit share (None: traffic.cache_hit_share as given).")
+    store: PrefixStoreConfig | None = Field(None, description="Take the cache hit share from the prefix store "
+                                            "(capacity and retention: the cache section) instead of "
+                                            "traffic.cache_hit_share (None).")
 
     @model_validator(mode="after")
     def _comparison_is_autoscaled(self) -> "FleetConfig":

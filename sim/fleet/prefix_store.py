@@ -9,7 +9,8 @@ The model, on a day's token rates:
   `store.return_share`) re-reads one after an interval drawn log-normally (`return_median_days`, `return_sigma`);
   the rest is never re-read.
 - Every miss writes its tokens' KV to the store (the model's bytes per token as the request-level engine stores a
-  block). A prefix stays `retention_days` of its class after its last use unless the store fills first: with
+  block). A prefix stays its class's `cache.retention_days` after its last use unless the store
+  (`cache.disk_capacity_tb`) fills first: with
   least-recently-used eviction a store behaves as one time to live for everything (Che's approximation), the age
   at which what both classes wrote, each kept for the shorter of that age and its retention, fills the capacity.
   So a class's prefixes live min(retention, that age, the store's own age).
@@ -57,20 +58,21 @@ class StoreState:
         return "capacity" if math.isfinite(self.capacity_days) else "retention"
 
 
-def store_state(store: PrefixStoreConfig, input_tokens_per_day: float, bytes_per_token: float,
-                age_days: float = math.inf, return_share: float | None = None) -> StoreState:
-    """The store after `age_days` days of traffic from empty (inf: steady state); `return_share` replaces the
-    fitted one (the refit searches with it)."""
+def store_state(store: PrefixStoreConfig, capacity_pb: float, retention_days: dict[str, float],
+                input_tokens_per_day: float, bytes_per_token: float, age_days: float = math.inf,
+                return_share: float | None = None) -> StoreState:
+    """A store of `capacity_pb` PB keeping each class's prefixes `retention_days`, after `age_days` days of traffic
+    from empty (inf: steady state); `return_share` replaces the fitted one (the refit searches with it)."""
     returning = fitted("store.return_share") if return_share is None else return_share
     tokens = {"chat": input_tokens_per_day * (1.0 - store.agent_share),
               "agent": input_tokens_per_day * store.agent_share}
-    capacity_tokens = store.capacity_pb * 1e15 / bytes_per_token
+    capacity_tokens = capacity_pb * 1e15 / bytes_per_token
     hits = dict.fromkeys(CLASSES, store.session_share)
     capacity_days = math.inf
     for _ in range(200):
         writes = {name: tokens[name] * (1.0 - hits[name]) for name in CLASSES}
-        capacity_days = _fill_age(writes, store.retention_days, age_days, capacity_tokens)
-        lifetimes = {name: min(store.retention_days[name], capacity_days, age_days) for name in CLASSES}
+        capacity_days = _fill_age(writes, retention_days, age_days, capacity_tokens)
+        lifetimes = {name: min(retention_days[name], capacity_days, age_days) for name in CLASSES}
         updated = {name: store.session_share + returning * _returned_by(store, lifetimes[name]) for name in CLASSES}
         moved = max(abs(updated[name] - hits[name]) for name in CLASSES)
         hits = updated
@@ -82,10 +84,11 @@ def store_state(store: PrefixStoreConfig, input_tokens_per_day: float, bytes_per
     return StoreState(share, hits, lifetimes, capacity_days, written, bytes_per_token)
 
 
-def days_from_empty(store: PrefixStoreConfig, input_tokens_per_day: float, bytes_per_token: float,
-                    days: int) -> list[StoreState]:
+def days_from_empty(store: PrefixStoreConfig, capacity_pb: float, retention_days: dict[str, float],
+                    input_tokens_per_day: float, bytes_per_token: float, days: int) -> list[StoreState]:
     """The store on each of the first `days` days from empty, each at its middle."""
-    return [store_state(store, input_tokens_per_day, bytes_per_token, day + 0.5) for day in range(days)]
+    return [store_state(store, capacity_pb, retention_days, input_tokens_per_day, bytes_per_token, day + 0.5)
+            for day in range(days)]
 
 
 def _returned_by(store: PrefixStoreConfig, lifetime_days: float) -> float:
@@ -115,12 +118,19 @@ def _fill_age(writes_per_day: dict[str, float], retention_days: dict[str, float]
     return low
 
 
-def daily_hit_shares(config: SimConfig, days: int) -> list[float]:
-    """The hit share of each of the first `days` days of `config.fleet.store` from empty, for the fleet's traffic."""
+def store_of(config: SimConfig) -> tuple[float, dict[str, float], float, float]:
+    """(capacity PB, retention days per class, prompt tokens a day, bytes per stored token) of `config`'s store and
+    fleet traffic: the `cache` section's capacity and retention, the model's KV per token as the engine stores it."""
     from sim.stage_costs import disk_bytes_per_block
 
-    per_token = disk_bytes_per_block(config) / config.cache.block_tokens
-    states = days_from_empty(config.fleet.store, config.fleet.traffic.input_tokens_per_day, per_token, days)
+    cache = config.cache
+    return (cache.disk_capacity_tb / 1000.0, dict(cache.retention_days), config.fleet.traffic.input_tokens_per_day,
+            disk_bytes_per_block(config) / cache.block_tokens)
+
+
+def daily_hit_shares(config: SimConfig, days: int) -> list[float]:
+    """The hit share of each of the first `days` days of `config.fleet.store` from empty, for the fleet's traffic."""
+    states = days_from_empty(config.fleet.store, *store_of(config), days)
     return [min(state.hit_share, MAX_HIT_SHARE) for state in states]
 
 
@@ -131,17 +141,13 @@ def with_hit_share(config: SimConfig, share: float) -> SimConfig:
 
 
 def fleet_store(config: SimConfig) -> tuple[StoreState | None, list[StoreState]]:
-    """(steady state, the first week or the run's days from empty, whichever is longer) of `config.fleet.store` for
-    the fleet's prompt traffic and model; (None, []) without a store."""
-    from sim.stage_costs import disk_bytes_per_block
-
+    """(steady state, the first week or the run's days from empty, whichever is longer) of the fleet's prefix store;
+    (None, []) without `config.fleet.store`."""
     store = config.fleet.store
     if store is None:
         return None, []
-    tokens = config.fleet.traffic.input_tokens_per_day
-    per_token = disk_bytes_per_block(config) / config.cache.block_tokens
-    days = max(7, math.ceil(config.fleet.days))
-    return store_state(store, tokens, per_token), days_from_empty(store, tokens, per_token, days)
+    held = store_of(config)
+    return store_state(store, *held), days_from_empty(store, *held, max(7, math.ceil(config.fleet.days)))
 
 
 def store_report(steady: StoreState, from_empty: list[StoreState]) -> dict:

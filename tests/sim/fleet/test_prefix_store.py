@@ -6,8 +6,6 @@ import math
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
-
 from sim.calibration import fitted
 from sim.config import load_sim_config
 from sim.fleet.config import PrefixStoreConfig
@@ -17,24 +15,24 @@ from sim.fleet.run import run_fleet
 CONFIGS = Path(__file__).resolve().parents[3] / "sim" / "configs"
 TOKENS = 608e9  # prompt tokens a day: DeepSeek's Feb-2025 day
 BYTES = 70_272.0  # KV bytes per token of DeepSeek-V3's MLA as the engine stores it
+KEPT = {"chat": 7.0, "agent": 3.0}  # days per class: DeepSeek's retention
 
 
 def test_more_capacity_or_retention_never_lowers_the_hit_share():
-    shares = [store_state(PrefixStoreConfig(capacity_pb=capacity), TOKENS, BYTES).hit_share
+    shares = [store_state(PrefixStoreConfig(), capacity, KEPT, TOKENS, BYTES).hit_share
               for capacity in (1, 10, 25, 50, 100, 1000)]
     assert shares == sorted(shares) and shares[0] < shares[-1]
-    shares = [store_state(PrefixStoreConfig(retention_days={"chat": days, "agent": days}), TOKENS, BYTES).hit_share
+    shares = [store_state(PrefixStoreConfig(), 100, {"chat": days, "agent": days}, TOKENS, BYTES).hit_share
               for days in (0.01, 0.5, 1, 3, 7, 30)]
     assert shares == sorted(shares) and shares[0] < shares[-1]
 
 
 def test_a_store_too_small_keeps_the_sessions_and_one_without_limits_every_return():
-    store = PrefixStoreConfig(capacity_pb=0.001)
-    tiny = store_state(store, TOKENS, BYTES)
+    store = PrefixStoreConfig()
+    tiny = store_state(store, 0.001, KEPT, TOKENS, BYTES)
     assert tiny.binding == "capacity" and tiny.capacity_days < 0.01
     assert tiny.hit_share == pytest.approx(store.session_share, abs=0.002)
-    free = store_state(PrefixStoreConfig(capacity_pb=1e6, retention_days={"chat": 3650, "agent": 3650}), TOKENS,
-                       BYTES)
+    free = store_state(PrefixStoreConfig(), 1e6, {"chat": 3650, "agent": 3650}, TOKENS, BYTES)
     assert free.binding == "retention" and math.isinf(free.capacity_days)
     assert free.hit_share == pytest.approx(store.session_share + fitted("store.return_share"), abs=0.01)
     assert free.written_pb_per_day == pytest.approx(TOKENS * (1 - free.hit_share) * BYTES / 1e15)
@@ -42,16 +40,9 @@ def test_a_store_too_small_keeps_the_sessions_and_one_without_limits_every_retur
 
 def test_from_empty_the_hit_share_climbs_to_its_steady_state():
     store = PrefixStoreConfig()
-    days = [state.hit_share for state in days_from_empty(store, TOKENS, BYTES, 30)]
+    days = [state.hit_share for state in days_from_empty(store, 100, KEPT, TOKENS, BYTES, 30)]
     assert days == sorted(days) and days[0] < days[-1]
-    assert days[-1] == pytest.approx(store_state(store, TOKENS, BYTES).hit_share, abs=1e-9)
-
-
-def test_retention_needs_both_classes():
-    with pytest.raises(ValidationError, match="chat and agent"):
-        PrefixStoreConfig(retention_days={"chat": 7})
-    with pytest.raises(ValidationError, match="in \\(0, 3650\\]"):
-        PrefixStoreConfig(retention_days={"chat": 7, "agent": 0})
+    assert days[-1] == pytest.approx(store_state(store, 100, KEPT, TOKENS, BYTES).hit_share, abs=1e-9)
 
 
 def test_the_fleet_bills_and_sizes_prefill_at_the_stores_hit_share():
