@@ -6,9 +6,10 @@ the quantity every published serving figure is (`eplb sim --capacity`).
   tokens under `speculative`), exceeds `capacity.tpot_slo_ms`, or the caches no longer fit HBM after the weights,
   or `cluster.max_decode_batch_per_card` binds; or a fixed `capacity.decode_batch_per_card` (a figure published at
   a stated batch). Tokens/s per card = batch x tokens per step / step / cards.
-- Prefill: one instance of `capacity.prefill_instance_nodes` nodes, batches of whole prompts of
-  `capacity.prompt_tokens` (the `cached_share` read from the persistent tier at `cache.disk_read_gb_s` per node,
-  not computed). The batch grows until it takes longer than `capacity.ttft_slo_s` (the batch's own time; queueing
+- Prefill: one instance of `capacity.prefill_instance_nodes` nodes, batches of whole prompts of mean length
+  `capacity.prompt_tokens`, all that long or spread as a served day's are (`capacity.prompt_length_spread`,
+  `sim.prompt_mix`); the `cached_share` of each is read from the persistent tier at `cache.disk_read_gb_s` per node,
+  not computed. The batch grows until it takes longer than `capacity.ttft_slo_s` (the batch's own time; queueing
   ahead of it is not counted) or reaches `cluster.max_prefill_batch_tokens` new tokens per node. Tokens/s per card
   counts every prompt token, hits included, as published prefill rates do.
 
@@ -25,6 +26,7 @@ from sim.config import SimConfig
 from sim.cost_model import MICRO_BATCHES, decode_step_seconds, max_decode_batch
 from sim.engine.load_imbalance import load_imbalance
 from sim.hardware import PROFILES
+from sim.prompt_mix import prompt_lengths
 from sim.speculative import expected_step, step_cost
 from sim.stage_costs import prefill_redundant_experts, prefill_seconds_of, redundant_experts
 
@@ -92,11 +94,12 @@ def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     def imbalance_at(prompts: int) -> float:
         return curve.at(prompts * (prompt - cached) / cards / MICRO_BATCHES) if curve is not None else imbalance
 
-    prompts = _largest(lambda n: _prefill_seconds(config, n, prompt, cached, cards, imbalance_at(n)) <= limit, most)
+    prompts = _largest(lambda n: _prefill_seconds(config, n, cards, imbalance_at(n)) <= limit, most)
     imbalance = imbalance_at(max(prompts, 1))
-    seconds = _prefill_seconds(config, max(prompts, 1), prompt, cached, cards, imbalance)
+    seconds = _prefill_seconds(config, max(prompts, 1), cards, imbalance)
+    lengths, _ = _prefill_batch(config, max(prompts, 1))
     binding = "ttft_slo" if prompts < most else "max_prefill_batch_tokens"
-    return {"tokens_per_s_per_card": prompts * prompt / seconds / cards if prompts else 0.0,
+    return {"tokens_per_s_per_card": sum(lengths) / seconds / cards if prompts else 0.0,
             "prompts_per_batch": prompts, "new_tokens_per_card": prompts * (prompt - cached) / cards,
             "batch_s": seconds, "imbalance": imbalance, "binding": binding, "cards": cards,
             "redundant_experts": redundant, "prompt_tokens": prompt, "cached_tokens": cached}
@@ -124,14 +127,22 @@ def decode_tpot(config: SimConfig, batch: int, imbalance: float) -> tuple[float,
     return step, step
 
 
-def _prefill_seconds(config: SimConfig, prompts: int, prompt: int, cached: int, cards: int,
-                     imbalance: float) -> float:
+def _prefill_batch(config: SimConfig, prompts: int) -> tuple[list[int], list[int]]:
+    """(lengths, cached tokens) of the `prompts` prompts of a capacity batch: `sim.prompt_mix`'s lengths of mean
+    capacity.prompt_tokens and spread capacity.prompt_length_spread, each with its cached_share read from the cache
+    (its last token always computed)."""
+    capacity = config.capacity
+    lengths = prompt_lengths(capacity.prompt_tokens, capacity.prompt_length_spread, prompts)
+    return lengths, [min(round(length * capacity.cached_share), length - 1) for length in lengths]
+
+
+def _prefill_seconds(config: SimConfig, prompts: int, cards: int, imbalance: float) -> float:
     """Seconds of a batch of `prompts` prompts on the instance of `cards` cards: compute plus reading the cached
     parts (the engine's `stage_costs.prefill_seconds_of`, with the instance's redundant experts whatever its size)."""
     assert cards == config.capacity.prefill_instance_nodes * config.cluster.cards_per_node
-    nodes = config.capacity.prefill_instance_nodes
-    return prefill_seconds_of(config, [prompt] * prompts, [cached] * prompts, [0] * prompts, nodes, imbalance,
-                              redundant_experts=prefill_redundant_experts(config))
+    lengths, cached = _prefill_batch(config, prompts)
+    return prefill_seconds_of(config, lengths, cached, [0] * prompts, config.capacity.prefill_instance_nodes,
+                              imbalance, redundant_experts=prefill_redundant_experts(config))
 
 
 def _largest(ok, most: int) -> int:

@@ -179,9 +179,13 @@ class CapacityConfig(_Strict):
 
     decode_context_tokens: int = Field(4096, ge=1, le=1_000_000, description="Tokens in each decoding sequence's "
                                        "KV cache (the mean context a published decode figure states).")
-    prompt_tokens: int = Field(4096, ge=1, le=1_000_000, description="Tokens of each prompt in a prefill batch.")
+    prompt_tokens: int = Field(4096, ge=1, le=1_000_000, description="Mean tokens of a prompt in a prefill batch.")
     cached_share: float = Field(0.0, ge=0, lt=1, description="Share of each prompt read from the KV cache tiers "
                                 "instead of computed.")
+    prompt_length_spread: float = Field(1.0, ge=1, le=100, description="E[P^2] / E[P]^2 of the prompt lengths P "
+                                        "in a batch: 1, every prompt prompt_tokens long; above, log-normal lengths of "
+                                        "mean prompt_tokens with that spread (a served day's mix: attention grows "
+                                        "with the square of a prompt's length).")
     prefill_instance_nodes: int = Field(4, ge=1, le=128, description="Nodes of one prefill instance (DeepSeek's "
                                         "EP32: 4 nodes of 8 cards).")
     prefill_redundant_experts: int = Field(32, ge=0, le=4096, description="Expert replicas of a prefill instance "

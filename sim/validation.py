@@ -163,10 +163,11 @@ def validation_rows(anchors: list[Anchor] | None = None, anchors_path: Path = AN
 
 def validation_text(rows: list[dict]) -> str:
     """The rows as a table, fitted rows first."""
-    lines = [f"{'anchor':34} {'role':9} {'published':>11} {'simulated':>11} {'error':>7}  unit"]
+    width = max([len("anchor"), *(len(row["name"]) for row in rows)])
+    lines = [f"{'anchor':{width}} {'role':9} {'published':>11} {'simulated':>11} {'error':>7}  unit"]
     for role in ROLES:
         for row in (r for r in rows if r["role"] == role):
-            lines.append(f"{row['name']:34} {row['role']:9} {_figure(row['published']):>11} "
+            lines.append(f"{row['name']:{width}} {row['role']:9} {_figure(row['published']):>11} "
                          f"{_figure(row['simulated']):>11} {row['error']:+7.1%}  {row['unit']}")
     predicted = [abs(r["error"]) for r in rows if r["role"] == "predicted"]
     if predicted:

@@ -40,6 +40,8 @@ class DailyTraffic(_Strict):
     kv_tokens_per_sequence: float = Field(4989.0, gt=0, le=1e7, description="Mean context of a decoding sequence "
                                                                             "(default: DeepSeek's published one).")
     prompt_tokens: float = Field(4989.0, gt=0, le=1e7, description="Mean prompt of a prefill batch's requests.")
+    prompt_length_spread: float = Field(1.0, ge=1, le=100, description="E[P^2] / E[P]^2 of the prompts' lengths "
+                                        "(1: all prompt_tokens long; capacity.prompt_length_spread).")
     peak_to_mean: float = Field(1.25, ge=1, lt=2, description="Peak over mean of the daily load curve (a cosine).")
     peak_hour: float = Field(15.0, ge=0, lt=24, description="Hour of the daily peak (local time of the prices).")
     noise: float = Field(0.01, ge=0, lt=1, description="Relative minute-to-minute noise of the load (log-normal).")

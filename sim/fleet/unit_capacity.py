@@ -50,7 +50,8 @@ def unit_capacity(config: SimConfig) -> UnitCapacity:
         raise ValueError(f"cluster.decode_cards={decode_cards} is not a whole number of "
                          f"{cluster.cards_per_node}-card nodes; the fleet moves whole nodes")
     point = config.capacity.model_copy(update={
-        "prompt_tokens": max(1, round(traffic.prompt_tokens)), "cached_share": min(traffic.cache_hit_share, 0.999),
+        "prompt_tokens": max(1, round(traffic.prompt_tokens)), "prompt_length_spread": traffic.prompt_length_spread,
+        "cached_share": min(traffic.cache_hit_share, 0.999),
         "prefill_instance_nodes": fleet.prefill_instance_nodes, "ttft_slo_s": None, "decode_batch_per_card": None,
         "decode_context_tokens": max(1, round(traffic.kv_tokens_per_sequence)),
         "tpot_slo_ms": 1000.0 / fleet.tokens_per_s_per_user})

@@ -59,7 +59,7 @@ def test_prefill_batches_stop_at_the_ttft_target_and_count_cached_tokens_as_serv
     bound = prefill_capacity(small(prompt_tokens=2000, ttft_slo_s=0.2))
     assert bound["binding"] == "ttft_slo" and bound["batch_s"] <= 0.2
     config = small(prompt_tokens=2000, ttft_slo_s=0.2)
-    assert _prefill_seconds(config, bound["prompts_per_batch"] + 1, 2000, 0, 32, bound["imbalance"]) > 0.2
+    assert _prefill_seconds(config, bound["prompts_per_batch"] + 1, 32, bound["imbalance"]) > 0.2
     cached = prefill_capacity(small(prompt_tokens=2000, cached_share=0.5))
     assert cached["cached_tokens"] == 1000 and cached["tokens_per_s_per_card"] > capped["tokens_per_s_per_card"]
 

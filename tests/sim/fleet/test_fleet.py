@@ -30,11 +30,13 @@ def _tiny(**fleet) -> SimConfig:
                      fleet=FleetConfig.model_validate(settings))
 
 
-def test_fleet_run_reproduces_deepseeks_feb2025_day_within_10_percent():
+def test_fleet_run_reproduces_deepseeks_feb2025_day_within_15_percent():
+    # The prefill nodes follow the predicted prefill rate (a stated prompt mix, not a rate fitted to the day), so the
+    # node count is held to the predicted rows' 15%, not to an identity's.
     report = run_fleet(load_sim_config(CONFIGS / "deepseek-feb2025-day.yaml"))
-    assert report["nodes_mean"] == pytest.approx(DS_NODES_MEAN, rel=0.10)
-    assert report["nodes_peak"] == pytest.approx(DS_NODES_PEAK, rel=0.10)
-    assert report["cost_usd"] == pytest.approx(DS_COST_USD, rel=0.10)
+    assert report["nodes_mean"] == pytest.approx(DS_NODES_MEAN, rel=0.15)
+    assert report["nodes_peak"] == pytest.approx(DS_NODES_PEAK, rel=0.15)
+    assert report["cost_usd"] == pytest.approx(DS_COST_USD, rel=0.15)
     assert report["revenue_usd"] == pytest.approx(DS_REVENUE_USD, rel=0.01)
     assert report["requests_lost"] == 0
     assert report["input_tokens"] == pytest.approx(608e9, rel=1e-6)

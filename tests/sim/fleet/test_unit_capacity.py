@@ -24,7 +24,8 @@ def test_unit_capacities_are_capacity_mode_at_the_days_operating_point():
     assert unit.decode_step_s / tokens_per_step <= 1 / 21.0 * (1 + 1e-9)
     assert unit.decode_imbalance > 1.0 and unit.prefill_imbalance > 1.0
     point = config.capacity.model_copy(update={
-        "prompt_tokens": 4989, "cached_share": config.fleet.traffic.cache_hit_share, "prefill_instance_nodes": 4,
+        "prompt_tokens": 4989, "prompt_length_spread": config.fleet.traffic.prompt_length_spread,
+        "cached_share": config.fleet.traffic.cache_hit_share, "prefill_instance_nodes": 4,
         "decode_context_tokens": 4989, "tpot_slo_ms": 1000 / 21.0})
     at = config.model_copy(update={"capacity": point})
     prefill, decode = prefill_capacity(at), decode_capacity(at)
