@@ -103,18 +103,27 @@ def rebalance_experts(
     phy2log, log2phy, logcnt = deepseek_rebalance(load, num_replicas, num_groups, num_nodes, num_gpus,
                                                   TORCH_ARITHMETIC)
     if policy == "cpsat":
-        budget = {"work_limit": float(work_limit), "time_limit_s": None if time_limit_s is None else
-                  float(time_limit_s), "seed": int(seed)}
-        if num_groups % num_nodes == 0:  # hierarchical, as DeepSeek's: every group's replicas on one node
-            budget.update({"groups": int(num_groups), "nodes_per_group": 1})
-        placement = _cpsat_or_greedy(load.astype(np.float64), phy2log, cluster, budget)
+        options = cpsat_options(work_limit, time_limit_s, seed, num_groups, num_nodes)
+        placement = cpsat_or_baseline(load.astype(np.float64), phy2log, cluster, options)
         phy2log, log2phy, logcnt = placement.phy2log_LP, placement.log2phy_LEX, placement.logcnt_LE
     return tensors(phy2log, log2phy, logcnt)
 
 
-def _cpsat_or_greedy(load_LE: np.ndarray, greedy_LP: np.ndarray, cluster: ClusterSpec, options: dict) -> Placement:
-    """Per layer, the cpsat fit (equal routing, `options` its budget, seed and node limits) or the greedy
-    `greedy_LP`, whichever has the lower busiest GPU under equal split.
+def cpsat_options(work_limit: float, time_limit_s: float | None, seed: int, num_groups: int, num_nodes: int) -> dict:
+    """The cpsat fit's options for an adapter call: its budget and seed, and where the engine's default policy is
+    hierarchical (num_nodes divides num_groups) every group's replicas on one node, as that policy keeps them."""
+    options = {"work_limit": float(work_limit), "time_limit_s": None if time_limit_s is None else float(time_limit_s),
+               "seed": int(seed)}
+    if num_groups % num_nodes == 0:
+        options.update({"groups": int(num_groups), "nodes_per_group": 1})
+    return options
+
+
+def cpsat_or_baseline(load_LE: np.ndarray, baseline_LP: np.ndarray, cluster: ClusterSpec, options: dict) -> Placement:
+    """Per layer, the cpsat fit (equal routing, `options` its budget, seed and node limits) or `baseline_LP` [L, P]
+    (the calling engine's default placement: DeepSeek's `eplb.py` here, vLLM's `DefaultEplbPolicy` in the vLLM
+    adapter), whichever has the lower busiest GPU under equal split on `load_LE` [L, E]; on a tie the baseline, so
+    the result is never worse than the engine's default on its own ties.
 
     The fit sees integer loads: each layer scaled to `CPSAT_LOAD_TOTAL`, so the same weights in any unit give it
     the same problem.
@@ -123,11 +132,11 @@ def _cpsat_or_greedy(load_LE: np.ndarray, greedy_LP: np.ndarray, cluster: Cluste
     total_L1 = load_LE.sum(axis=1, keepdims=True)
     counts_LE = np.rint(load_LE * (CPSAT_LOAD_TOTAL / np.where(total_L1 > 0, total_L1, 1.0))).astype(np.int64)
     fitted = fit_placement("cpsat", counts_LE[None], cluster, routing="equal", **options)
-    greedy = Placement.equal_split(greedy_LP, cluster, num_experts)
+    baseline = Placement.equal_split(baseline_LP, cluster, num_experts)
     candidate = Placement.equal_split(fitted.phy2log_LP, cluster, num_experts)
-    better_L = _equal_split_peak_L(candidate, load_LE) < _equal_split_peak_L(greedy, load_LE)
-    return Placement.equal_split(np.where(better_L[:, None], candidate.phy2log_LP, greedy_LP), cluster, num_experts,
-                                 "cpsat")
+    better_L = _equal_split_peak_L(candidate, load_LE) < _equal_split_peak_L(baseline, load_LE)
+    return Placement.equal_split(np.where(better_L[:, None], candidate.phy2log_LP, baseline_LP), cluster,
+                                 num_experts, "cpsat")
 
 
 def _equal_split_peak_L(placement: Placement, load_LE: np.ndarray) -> np.ndarray:

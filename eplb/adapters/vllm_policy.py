@@ -11,8 +11,9 @@ vLLM asks its policy class, never an instance, for a new placement:
   padded with -1, `logcnt` [L, E]).
 
 The class attribute `policy` chooses the placement: "cpsat" (this project's policy, fitted for vLLM's equal split
-and never worse than DeepSeek's greedy there, every group's replicas on one node where vLLM's default is
-hierarchical) or "deepseek" (exactly what vLLM's `DefaultEplbPolicy` returns, see `eplb.adapters.vllm_default`).
+and, layer by layer, never worse there than vLLM's own `DefaultEplbPolicy` placement, which it keeps on a tie;
+every group's replicas on one node where vLLM's default is hierarchical) or "deepseek" (exactly what vLLM's
+`DefaultEplbPolicy` returns, see `eplb.adapters.vllm_default`).
 vLLM calls the policy on every rank and broadcasts nothing, so the cpsat budget is deterministic work by default
 (`work_limit`): every rank computes the same map, whatever its load. Given the old map, the new placement keeps
 experts where they are (see `eplb.adapters.slot_keeping`): the old map may hold -1 (unused slots) and may have
@@ -30,7 +31,8 @@ import numpy as np
 import torch
 
 from eplb.adapters.arguments import check_solver_options, checked_load, checked_old_map, cluster_of
-from eplb.adapters.deepseek_policy import ADAPTER_WORK_LIMIT, POLICY_NAMES, rebalance_experts, tensors
+from eplb.adapters.deepseek_policy import (ADAPTER_WORK_LIMIT, POLICY_NAMES, cpsat_options, cpsat_or_baseline,
+                                           tensors)
 from eplb.adapters.slot_keeping import keep_in_place, old_map_on_new_ranks, preserve_intragpu_slots
 from eplb.adapters.vllm_default import vllm_default_phy2log
 from placement import Placement
@@ -49,8 +51,9 @@ class CpsatEplbPolicy(_PolicyBase):
     """This project's placement behind vLLM's `AbstractEplbPolicy` (vLLM 0.23 and later).
 
     Attributes:
-        policy: "cpsat" (this project's policy, per layer the better of its fit and DeepSeek's greedy under equal
-            split) or "deepseek" (vLLM's `DefaultEplbPolicy`, result for result).
+        policy: "cpsat" (this project's policy, per layer the better of its fit and vLLM's `DefaultEplbPolicy`
+            placement under equal split, vLLM's on a tie) or "deepseek" (vLLM's `DefaultEplbPolicy`, result for
+            result).
         work_limit: the cpsat policy's deterministic budget for all layers of one call, work units (about a second
             of one core each); the same map on every rank.
         time_limit_s: a wall-clock budget instead, seconds, only for a caller that solves once and broadcasts
@@ -155,13 +158,12 @@ def _phy2log_LP(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old
     if old is not None:
         old_LP = old_map_on_new_ranks(checked_old_map(old, num_layers, num_experts, num_replicas // num_ranks),
                                       num_replicas)
-    if cls.policy == "deepseek":
-        phy2log = vllm_default_phy2log(load, num_replicas, num_groups, num_nodes, num_ranks)
-    else:
+    # vLLM's own default placement: the answer of policy "deepseek", and what the cpsat fit must beat per layer.
+    phy2log = vllm_default_phy2log(load, num_replicas, num_groups, num_nodes, num_ranks)
+    if cls.policy == "cpsat":
         cluster = cluster_of(num_replicas, num_nodes, num_ranks)
-        fitted, _, _ = rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks, "cpsat",
-                                         work_limit=cls.work_limit, time_limit_s=cls.time_limit_s, seed=cls.seed)
-        new = Placement.equal_split(fitted.numpy(), cluster, num_experts)
+        options = cpsat_options(cls.work_limit, cls.time_limit_s, cls.seed, num_groups, num_nodes)
+        new = cpsat_or_baseline(load.astype(np.float64), phy2log, cluster, options)
         phy2log = new.phy2log_LP if old_LP is None else keep_in_place(old_LP, new).phy2log_LP
     if old_LP is not None:
         phy2log = preserve_intragpu_slots(phy2log, old_LP, num_ranks)

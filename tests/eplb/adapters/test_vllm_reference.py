@@ -159,3 +159,50 @@ def test_the_documented_registration_puts_the_class_where_eplb_state_looks(vllm_
     weight = torch.arange(24, dtype=torch.int32).view(2, 12)
     new_map = chosen.rebalance_experts(weight, 16, 4, 2, 8, torch.arange(16).remainder(12).expand(2, 16))
     assert new_map.device == torch.device("cpu") and new_map.dtype == torch.int64 and new_map.shape == (2, 16)
+
+
+TIE_SHAPES = [  # (experts, slots, groups, nodes, ranks): global and hierarchical, with and without spare slots
+    (128, 192, 16, 2, 96),
+    (64, 96, 1, 1, 48),
+    (64, 64, 8, 8, 64),
+    (32, 32, 8, 4, 16),
+]
+TIE_LAYERS = 20  # enough layers that the cpsat budget leaves some at the greedy it falls back to
+
+
+def tie_heavy_loads(generator: torch.Generator, experts: int) -> list[tuple[str, torch.Tensor]]:
+    """[TIE_LAYERS, experts] loads where many items sort equal: integers 0-3, small Poisson counts, and 0-1 with
+    all-zero layers among them."""
+    integers = torch.randint(0, 4, (TIE_LAYERS, experts), generator=generator)
+    poisson = torch.poisson(torch.full((TIE_LAYERS, experts), 0.7), generator=generator)
+    with_zeros = torch.randint(0, 2, (TIE_LAYERS, experts), generator=generator)
+    with_zeros[::4] = 0
+    return [("integers-0-3", integers), ("poisson-0.7", poisson), ("zero-layers", with_zeros)]
+
+
+def busiest_rank_L(phy2log: torch.Tensor, weight: torch.Tensor, ranks: int) -> torch.Tensor:
+    """[L] float64: the busiest rank's load under equal split (vLLM's routing) of the map [L, P]."""
+    weight = weight.double()
+    replicas = torch.zeros_like(weight).scatter_add_(1, phy2log, torch.ones_like(phy2log, dtype=torch.float64))
+    per_slot = torch.gather(weight / replicas.clamp(min=1), 1, phy2log)
+    return per_slot.view(len(phy2log), ranks, -1).sum(-1).max(-1).values
+
+
+def check_never_worse_on_ties(default_policy, shape) -> None:
+    experts, slots, groups, nodes, ranks = shape
+    generator = torch.Generator().manual_seed(2)
+    for kind, weight in tie_heavy_loads(generator, experts):
+        theirs = default_policy.rebalance_experts(weight, slots, groups, nodes, ranks)
+        ours = CpsatEplbPolicy.rebalance_experts(weight, slots, groups, nodes, ranks)
+        worse = busiest_rank_L(ours, weight, ranks) > busiest_rank_L(theirs, weight, ranks) + 1e-9
+        assert not worse.any(), (kind, worse.nonzero().flatten().tolist())
+
+
+@pytest.mark.parametrize("shape", TIE_SHAPES, ids=[f"{e}e-{p}p-{g}g-{n}n-{r}r" for e, p, g, n, r in TIE_SHAPES])
+def test_cpsat_is_never_worse_than_vllms_default_policy_on_ties(vllm_files, shape):
+    check_never_worse_on_ties(vllm_files.DefaultEplbPolicy, shape)
+
+
+@pytest.mark.parametrize("shape", TIE_SHAPES, ids=[f"{e}e-{p}p-{g}g-{n}n-{r}r" for e, p, g, n, r in TIE_SHAPES])
+def test_cpsat_is_never_worse_than_the_vllm_default_it_reproduces_on_ties(shape):
+    check_never_worse_on_ties(DEEPSEEK, shape)  # policy "deepseek": vLLM's DefaultEplbPolicy, result for result
