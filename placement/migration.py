@@ -106,9 +106,29 @@ def plan_migration(
         PlacementFormatError: the two placements are for different model shapes or clusters.
         ValueError: `bytes_per_expert` is negative.
     """
-    _check_same_shape(current, target)
     if bytes_per_expert < 0:
         raise ValueError(f"bytes_per_expert must be >= 0; found {bytes_per_expert}")
+    realised, gpu_map_G, kept_LP = realise_in_place(current, target, permute_nodes=permute_nodes,
+                                                    relabel_gpus=relabel_gpus)
+    # Step 3: one move per slot not kept, each from a GPU that holds the expert in `current`.
+    layer_V, slot_V = np.nonzero(~kept_LP)
+    expert_V = realised.phy2log_LP[layer_V, slot_V]
+    source_V = _choose_sources(current, layer_V, slot_V, expert_V)
+    moves = np.stack([layer_V, slot_V, expert_V, source_V], axis=1).astype(np.int64)
+    return MigrationPlan(realised, gpu_map_G, moves, int(moves.shape[0]) * int(bytes_per_expert))
+
+
+def realise_in_place(
+    current: Placement, target: Placement, *, permute_nodes: bool = True, relabel_gpus: bool = True,
+) -> tuple[Placement, np.ndarray, np.ndarray]:
+    """Steps 1 and 2 of `plan_migration` (same arguments): `target` relabelled and reordered to keep the most of
+    `current` in place, without choosing where each copy comes from (a caller that needs only the new map).
+
+    Returns:
+        (realised, gpu_map_G [G] int64, kept_LP [L, P] bool: slot p keeps the expert it holds now), as in
+        `MigrationPlan`.
+    """
+    _check_same_shape(current, target)
     cluster = current.cluster
     num_layers, num_gpus, slots = current.num_layers, cluster.num_gpus, cluster.slots_per_gpu
     shape_LGS = (num_layers, num_gpus, slots)
@@ -135,13 +155,7 @@ def plan_migration(
         experts_LGS.reshape(num_layers, -1), weights_LGS.reshape(num_layers, -1), cluster, target.num_experts,
         target.policy, info,
     )
-
-    # Step 3: one move per slot not kept, each from a GPU that holds the expert in `current`.
-    layer_V, slot_V = np.nonzero(~kept_LGS.reshape(num_layers, -1))
-    expert_V = realised.phy2log_LP[layer_V, slot_V]
-    source_V = _choose_sources(current, layer_V, slot_V, expert_V)
-    moves = np.stack([layer_V, slot_V, expert_V, source_V], axis=1).astype(np.int64)
-    return MigrationPlan(realised, gpu_map_G, moves, int(moves.shape[0]) * int(bytes_per_expert))
+    return realised, gpu_map_G, kept_LGS.reshape(num_layers, -1)
 
 
 def oblivious_moves(current: Placement, target: Placement) -> int:
@@ -172,13 +186,19 @@ def _multiset_keys(experts_LGS: np.ndarray, weights_LGS: np.ndarray, slots: int)
     """[L, G, S] int64: expert * S + k, unique per GPU and layer.
 
     k ranks the replicas of one expert on one GPU by (weight, slot), so that duplicates are matched lightest to
-    lightest and a target that only shuffles the current one is realised with every weight in place.
+    lightest and a target that only shuffles the current one is realised with every weight in place. One sort per
+    (layer, GPU) by (expert, weight, slot); k is the position within the expert's run.
     """
-    same_LGSS = experts_LGS[..., :, None] == experts_LGS[..., None, :]
-    weight_s, weight_t = weights_LGS[..., :, None], weights_LGS[..., None, :]
-    # before[l, g, s, t] iff slot t ranks before slot s: lighter, or as heavy and earlier
-    before_LGSS = (weight_t < weight_s) | ((weight_t == weight_s) & np.tri(slots, k=-1, dtype=bool))
-    return experts_LGS * slots + (same_LGSS & before_LGSS).sum(axis=-1)
+    rows_RS = experts_LGS.reshape(-1, slots)
+    slot_RS = np.broadcast_to(np.arange(slots), rows_RS.shape)
+    order_RS = np.lexsort((slot_RS, weights_LGS.reshape(-1, slots), rows_RS), axis=-1)
+    sorted_RS = np.take_along_axis(rows_RS, order_RS, axis=-1)
+    starts_RS = np.ones(sorted_RS.shape, dtype=bool)
+    starts_RS[:, 1:] = sorted_RS[:, 1:] != sorted_RS[:, :-1]
+    run_start_RS = np.maximum.accumulate(np.where(starts_RS, slot_RS, 0), axis=-1)
+    rank_RS = np.empty_like(order_RS)
+    np.put_along_axis(rank_RS, order_RS, slot_RS - run_start_RS, axis=-1)
+    return (rows_RS * slots + rank_RS).reshape(experts_LGS.shape)
 
 
 def _shared_experts(keys_a_LGS: np.ndarray, keys_b_LGS: np.ndarray, keys_per_layer: int) -> np.ndarray:
@@ -232,17 +252,28 @@ def _assign_slots(current_keys_LGS: np.ndarray, target_keys_LGS: np.ndarray) -> 
         source_slot_LGS: [L, G, S] int64, the slot of the target GPU (mapped here) whose expert slot s receives.
         kept_LGS: [L, G, S] bool, slot s keeps the expert it holds now (no move).
     """
-    # match[l, g, s, t] iff current slot s and target slot t hold the same key (at most one per row and column)
-    match_LGSS = current_keys_LGS[..., :, None] == target_keys_LGS[..., None, :]
-    kept_LGS = match_LGSS.any(axis=-1)
-    placed_LGS = match_LGSS.any(axis=-2)
+    # Keys are unique per (layer, GPU): offset each row's keys past the previous row's and look every current key
+    # up among the target's sorted keys; match_LGS[l, g, s] is the target slot holding current slot s's key.
+    shape, slots = current_keys_LGS.shape, current_keys_LGS.shape[-1]
+    span = int(max(current_keys_LGS.max(), target_keys_LGS.max())) + 1
+    offset_R1 = (np.arange(current_keys_LGS.size // slots, dtype=np.int64) * span)[:, None]
+    target_flat = (target_keys_LGS.reshape(-1, slots) + offset_R1).ravel()
+    current_flat = (current_keys_LGS.reshape(-1, slots) + offset_R1).ravel()
+    order = np.argsort(target_flat, kind="stable")
+    found = np.minimum(np.searchsorted(target_flat[order], current_flat), len(order) - 1)
+    kept_LGS = (target_flat[order][found] == current_flat).reshape(shape)
+    match_LGS = (order[found] % slots).reshape(shape)
+    kept_RS = kept_LGS.reshape(-1, slots)
+    placed_RS = np.zeros(kept_RS.shape, dtype=bool)  # placed[r, t]: target slot t's key is held now
+    placed_RS[np.nonzero(kept_RS)[0], match_LGS.reshape(-1, slots)[kept_RS]] = True
+    placed_LGS = placed_RS.reshape(shape)
     # The r-th freed slot (ascending) gets the r-th unplaced target slot (ascending); ranks past the freed
     # slots land on kept slots and are overwritten by the match below.
     freed_first = np.argsort(kept_LGS, axis=-1, kind="stable")
     unplaced_first = np.argsort(placed_LGS, axis=-1, kind="stable")
     source_slot_LGS = np.empty_like(freed_first)
     np.put_along_axis(source_slot_LGS, freed_first, unplaced_first, axis=-1)
-    source_slot_LGS = np.where(kept_LGS, match_LGSS.argmax(axis=-1), source_slot_LGS)
+    source_slot_LGS = np.where(kept_LGS, match_LGS, source_slot_LGS)
     return source_slot_LGS, kept_LGS
 
 

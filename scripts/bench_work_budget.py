@@ -8,6 +8,9 @@ Two callers, each on one core of this machine (the process pins itself to CPU 0)
   100-step synthetic window (top-8, 128 tokens a GPU), scored under equal split (what vLLM and SGLang route):
   max / mean GPU load of that load, mean over layers, beside DeepSeek's greedy (the same call with
   policy="deepseek") and the equal-split lower bound (`placement.bounds`);
+- vLLM's call as vLLM makes it, with the map now serving (`CpsatEplbPolicy.rebalance_experts(weight, P, 1, 1, G,
+  old)` at its default budget): at the adapter shapes, the old map fitted on the window before, whole and with 10%
+  and 30% of its slots unused (-1, scattered at random), beside the same call with no old map;
 - `fit_placement("cpsat", ..., work_limit=W, workers=1)` under dynamic routing, on 8 layers of the same window at
   144 x 2 and 72 x 4: the fitted objective (mean over the window's steps of max / mean under the best split) beside
   the greedy's and the lower bound, and the seconds.
@@ -26,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from eplb import rebalance_experts
+from eplb import CpsatEplbPolicy, rebalance_experts
 from eplb.cli.arg_types import json_output
 from placement import ClusterSpec, Placement, fit_placement, score_placement
 from placement.bounds import imbalance_lower_bound
@@ -40,6 +43,7 @@ QUICK_ADAPTER_SHAPES = ((8, 144, 2),)
 QUICK_FIT_SHAPES = ((2, 72, 4),)
 TOKENS_PER_GPU = 128
 WINDOW = 100
+UNUSED_SHARES = (0.0, 0.1, 0.3)  # of the old map's slots set to -1 in the old-map rows
 
 
 def window(layers: int, gpus: int) -> np.ndarray:
@@ -88,6 +92,37 @@ def adapter_rows(shapes, work_limits, repeats: int) -> list[dict]:
     return rows
 
 
+def old_map_rows(shapes, repeats: int) -> list[dict]:
+    """vLLM's policy call with the serving map (see the module docstring), seconds beside the call without it."""
+    rows = []
+    for layers, gpus, slots in shapes:
+        old_weight = torch.from_numpy(window(layers, gpus + 1).sum(axis=0))  # the window before: other traffic
+        weight = torch.from_numpy(window(layers, gpus).sum(axis=0))
+        serving = CpsatEplbPolicy.rebalance_experts(old_weight, gpus * slots, 1, 1, gpus)
+        _, fresh = timed(lambda: CpsatEplbPolicy.rebalance_experts(weight, gpus * slots, 1, 1, gpus).numpy(), repeats)
+        generator = torch.Generator().manual_seed(layers + gpus)
+        for unused in UNUSED_SHARES:
+            old = serving.clone()
+            old[torch.rand(old.shape, generator=generator) < unused] = -1
+            _, seconds = timed(lambda: CpsatEplbPolicy.rebalance_experts(weight, gpus * slots, 1, 1, gpus,
+                                                                         old).numpy(), repeats)
+            rows.append({"caller": "CpsatEplbPolicy (vLLM) with the serving map", "shape": f"{layers} x 256 on "
+                         f"{gpus} x {slots}", "unused_share": unused, "seconds": seconds,
+                         "seconds_without_old_map": fresh})
+            print(f"vLLM policy {rows[-1]['shape']}, {unused:.0%} of the old map unused: {seconds:.2f} s (no old "
+                  f"map {fresh:.2f} s)", file=sys.stderr, flush=True)
+    return rows
+
+
+def old_map_table(rows: list[dict]) -> str:
+    lines = ["| caller | shape | old map's slots unused | seconds (one core) | without an old map |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['caller']} | {row['shape']} | {row['unused_share']:.0%} | {row['seconds']:.2f} | "
+                     f"{row['seconds_without_old_map']:.2f} |")
+    return "\n".join(lines)
+
+
 def fit_rows(shapes, work_limits, repeats: int) -> list[dict]:
     rows = []
     for layers, gpus, slots in shapes:
@@ -132,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     rows = adapter_rows(QUICK_ADAPTER_SHAPES if args.quick else ADAPTER_SHAPES, args.work_limits, args.repeats)
     rows += fit_rows(QUICK_FIT_SHAPES if args.quick else FIT_SHAPES, args.work_limits, args.repeats)
+    old_rows = old_map_rows(QUICK_ADAPTER_SHAPES if args.quick else ADAPTER_SHAPES, args.repeats)
     print(table(rows))
+    print()
+    print(old_map_table(old_rows))
+    rows += old_rows
     if args.json:
         write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
     return 0

@@ -9,7 +9,7 @@ Three steps, each keeping the per-GPU loads of the new placement exactly:
   numbers the surviving ranks first, so old slot p is new slot p for p < min(P_old, P); slots past the old map
   (ranks that joined) count as unused (-1), slots past the new map (ranks that left) are dropped.
 - `keep_in_place` (the cpsat policy): GPUs relabelled inside their node, whole nodes swapped, slots reordered
-  inside their GPU, so that the fewest experts move (`plan_migration`).
+  inside their GPU, so that the fewest experts move (`placement.migration.realise_in_place`).
 - `preserve_intragpu_slots` (both policies; vLLM's rule of the same name in `DefaultEplbPolicy`): on each GPU an
   expert that the new placement keeps there stays in its old slot; the experts coming in take the remaining slots
   in slot order.
@@ -17,7 +17,8 @@ Three steps, each keeping the per-GPU loads of the new placement exactly:
 
 import numpy as np
 
-from placement import ClusterSpec, Placement, plan_migration
+from placement import ClusterSpec, Placement
+from placement.migration import realise_in_place
 from placement.cluster import MAX_SLOTS, MAX_SLOTS_PER_GPU
 
 
@@ -67,7 +68,7 @@ def keep_in_place(old_LP: np.ndarray, new: Placement) -> Placement:
     """`new` relabelled (GPUs inside their node, nodes, slots inside their GPU: the same per-GPU loads) so that the
     fewest experts move from the old map `old_LP` [L, P] (-1 = an unused slot).
 
-    `plan_migration` compares two placements in which every expert has a slot; an old map may leave slots unused
+    `realise_in_place` compares two placements in which every expert has a slot; an old map may leave slots unused
     and experts out. Both maps are therefore widened by the same k slots at the head of every GPU, holding a
     stand-in id E and, per layer, the experts the old layer lacks; the old map's unused slots hold E too. The head
     adds the same count of shared experts to every pair of GPUs, so the cheapest relabelling is unchanged, and it
@@ -78,7 +79,7 @@ def keep_in_place(old_LP: np.ndarray, new: Placement) -> Placement:
     cluster, num_experts = new.cluster, new.num_experts
     held_LE = _replica_counts_LE(old_LP, num_experts) > 0
     if (old_LP >= 0).all() and held_LE.all():
-        return plan_migration(Placement.equal_split(old_LP, cluster, num_experts), new).realised
+        return realise_in_place(Placement.equal_split(old_LP, cluster, num_experts), new)[0]
     stand_in = num_experts
     width = 1 + int((~held_LE).sum(axis=1).max())
     slots = cluster.slots_per_gpu + width
@@ -96,7 +97,7 @@ def keep_in_place(old_LP: np.ndarray, new: Placement) -> Placement:
         return Placement.equal_split(np.concatenate([head_by_gpu, map_LGS], axis=2).reshape(num_layers, -1), wide,
                                      num_experts + 1)
 
-    realised = plan_migration(widened(np.where(old_LP < 0, stand_in, old_LP)), widened(new.phy2log_LP)).realised
+    realised = realise_in_place(widened(np.where(old_LP < 0, stand_in, old_LP)), widened(new.phy2log_LP))[0]
     kept_LP = realised.phy2log_LP.reshape(num_layers, cluster.num_gpus, slots)[:, :, width:].reshape(num_layers, -1)
     return Placement.equal_split(kept_LP, cluster, num_experts, new.policy, new.info)
 

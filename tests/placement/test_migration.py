@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from placement import ClusterSpec, Placement, PlacementFormatError
-from placement.migration import oblivious_moves, plan_migration
+from placement.migration import oblivious_moves, plan_migration, realise_in_place
 from placement.policies.chain_layout import chain_layout
 from placement.policies.deepseek import replicate_greedy
 from placement.routing.live_router import LayerRoutingTable, route_step
@@ -292,3 +292,15 @@ def test_a_realised_chain_layout_is_still_routed_exactly():
             busiest = [route_step(torch.as_tensor(counts), table).view(num_gpus, slots).sum(1).max()
                        for table in tables]
             assert busiest[0] == busiest[1]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_realising_in_place_alone_gives_the_plans_placement_and_the_slots_it_keeps(shape):
+    rng = np.random.default_rng(11)
+    current, target = random_placement(rng, shape, equal_split=False), random_placement(rng, shape, equal_split=False)
+    plan = plan_migration(current, target)
+    realised, gpu_map_G, kept_LP = realise_in_place(current, target)
+    np.testing.assert_array_equal(realised.phy2log_LP, plan.realised.phy2log_LP)
+    np.testing.assert_array_equal(realised.weights_LP, plan.realised.weights_LP)
+    np.testing.assert_array_equal(gpu_map_G, plan.gpu_map_G)
+    assert sorted(zip(*np.nonzero(~kept_LP))) == sorted(map(tuple, plan.moves[:, :2].tolist()))
