@@ -19,7 +19,8 @@ when the popularity the held-out steps are drawn from is known, so the gap betwe
 forecast error, and the oracles' difference is what placement alone can gain.
 
 With `--real` (and ../shared/data present), instead, real routing: ESFT's four tasks in one stream (256 tokens a
-step, a task switch every ~32 steps) rolling every 16 steps on the last 16 at 12 x 6 and 24 x 4, the greedy under
+step, a task switch every ~32 steps) rolling every 16 steps on the last 16 at 12 x 6, 24 x 4 and 36 x 2 (144 x 2's
+two slots a GPU and one redundant slot in eight, for 64 experts), the greedy under
 the best split against `cpsat` under the live router; and OLMoE's per-domain totals (3 layers x 64 experts, top-8)
 at 2 and 4 slots per GPU with and without redundant slots, each placement fitted on one domain's totals and scored
 on 64 decode steps drawn from them (128 tokens a GPU: the steps' own noise) and on each other domain (a switch of
@@ -59,7 +60,8 @@ TWIN_SAMPLE_SEED = 1_000_003
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 ESFT = DATA / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
 OLMOE = DATA / "olmoe-counts" / "olmoe_mixtral_routing_counts.npz"
-ESFT_CLUSTERS = ((12, 6, 4), (24, 4, 8))  # GPUs, slots per GPU, GPUs per node
+# GPUs, slots per GPU, GPUs per node; 36 x 2 is DeepSeek-V3's 144 x 2 for 64 experts (2 slots a GPU, 1/8 redundant)
+ESFT_CLUSTERS = ((12, 6, 4), (24, 4, 8), (36, 2, 4))
 OLMOE_SHAPES = ((32, 2), (36, 2), (16, 4), (18, 4))  # 64 experts: none or 8 redundant slots
 OLMOE_DOMAINS = ("arxiv", "book", "c4", "github", "wikipedia")
 OLMOE_TOP_K = 8

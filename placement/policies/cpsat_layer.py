@@ -36,6 +36,11 @@ MARGIN = 1e-3
 # A layer stops searching once a candidate fits within this (relative) of the window's lower bound: provably near
 # the best any placement can do, nothing left to find.
 BOUND_TOLERANCE = 1e-4
+# At this many slots per GPU or fewer a GPU's load is a pair of experts, and only the greedy and the swap search from
+# it are candidates (`swaps_only`): chain layouts and CP-SAT's fit choose pairs on the window's noise and bursts.
+# There a swap is kept only if its gain exceeds PAIRING_SWAP_Z standard errors of its per-step gains.
+PAIRING_SLOTS = 2
+PAIRING_SWAP_Z = 2.0
 
 
 @dataclass(frozen=True)
@@ -203,11 +208,21 @@ def solve_layer(layer, counts_TE, mean_E, replicas_E, greedy: Placement, cluster
         search.level = budget.resume(layer, search.level, "starts",
                                      [budget.estimate("model") + MIN_SOLVE_S, 0.0, 0.0, 0.0], *search.work)
     solve = ("skipped", None, None, 0.0)
-    # Under equal routing CP-SAT's model (per-step or fixed shares) is not the router's: its solutions did not beat
-    # the swap search's there (docs/adapters.md, 'Budget'), so the swap search takes the whole budget instead.
-    if search.level == "full" and not search.enough and config.routing != "equal":
+    if search.level == "full" and not search.enough and not swaps_only(cluster, config):
         solve = cpsat_phase(search)
     return _choose(search, *solve)
+
+
+def swaps_only(cluster: ClusterSpec, config: CpSatConfig) -> bool:
+    """Whether the layer's candidates are the greedy and the swap search from it alone, the swap search with the whole
+    budget: under equal routing, where CP-SAT's model (per-step or fixed shares) is not the router's and its
+    solutions did not beat the swap search's (docs/adapters.md, 'Budget'), and at PAIRING_SLOTS slots per GPU or
+    fewer, where a GPU serves a pair of experts: a chain layout fills its chain GPUs with the halves of two
+    replicated (hot) experts and leaves the others to be paired by the window's steps, CP-SAT pairs them on a few
+    sampled steps, and both win windows on their noise and bursts to lose the steps after them; the swap search from
+    the greedy's heaviest-with-lightest pairs, each swap clearing the window's noise (PAIRING_SWAP_Z), keeps what it
+    gains (figures: docs/placement.md, 'Two slots a GPU')."""
+    return config.routing == "equal" or cluster.slots_per_gpu <= PAIRING_SLOTS
 
 
 def _score_starts(search: _LayerSearch) -> None:
@@ -240,13 +255,14 @@ def _score_starts(search: _LayerSearch) -> None:
 def _swap_phase(search: _LayerSearch) -> None:
     """Step 2: the swap search (`swap_search`) from the greedy; its slot map becomes the candidate "swap" (under
     node limits, swaps stay within a node). At level `full` it takes up to SWAP_SHARE of the layer's spare budget
-    (the ring search and CP-SAT follow), at level `starts` and under equal routing all of it."""
+    (the ring search and CP-SAT follow), at level `starts` and where the swaps are the only search (`swaps_only`)
+    all of it."""
     config, budget, cluster = search.config, search.budget, search.cluster
     if search.level not in ("full", "starts") or search.enough or not config.swap_search:
         return
     after = budget.estimate("chain") + budget.estimate("score")
     share = 1.0
-    if search.level == "full" and config.routing != "equal":
+    if search.level == "full" and not swaps_only(cluster, config):
         after += budget.estimate("model") + MIN_SOLVE_S
         share = SWAP_SHARE
     amount = share * budget.spare(search.layer, after, *search.work)
@@ -255,7 +271,8 @@ def _swap_phase(search: _LayerSearch) -> None:
     phy2log, _, spent = swap_search(search.counts_TE, search.starts["deepseek"][0], cluster.num_gpus,
                                     cluster.slots_per_gpu, search.speed_G, evaluations,
                                     recount=config.routing == "equal",
-                                    node_of_G=None if search.limits is None else search.limits.node_of_G)
+                                    node_of_G=None if search.limits is None else search.limits.node_of_G,
+                                    min_z=PAIRING_SWAP_Z if cluster.slots_per_gpu <= PAIRING_SLOTS else 0.0)
     budget.charge(search.layer, amount * min(1.0, spent / max(evaluations, 1.0)))
     search.search_seconds += budget.clock() - began
     start = np.sort(search.starts["deepseek"][0].reshape(cluster.num_gpus, -1), axis=1).reshape(-1)
@@ -328,8 +345,9 @@ def _incumbent(search: _LayerSearch) -> str | None:
 def _chain_orders(replicas_E: np.ndarray, cluster: ClusterSpec, config: CpSatConfig) -> list[tuple[str, int]]:
     """Ring orders of the chain starts, the one that level `one-chain` keeps first: a random order, which fits
     better than the interleaved one (figures: docs/placement.md, 'Chain layout'). None where an expert has more
-    replicas than there are GPUs, and under equal routing: a chain lets load move only under a per-step split."""
-    if replicas_E.max() > cluster.num_gpus or config.routing == "equal":
+    replicas than there are GPUs, and where the swap search is the only search (`swaps_only`; under equal routing a
+    chain lets no load move, which needs a per-step split)."""
+    if replicas_E.max() > cluster.num_gpus or swaps_only(cluster, config):
         return []
     randoms = [("random", config.seed * 1000 + i) for i in range(config.layout_seeds)]
     return randoms[:1] + [("interleave", 0)] + randoms[1:]

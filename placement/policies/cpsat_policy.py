@@ -2,7 +2,8 @@
 
 Legend: T window steps, L layers, E logical experts, G GPUs, S slots per GPU, P = G * S slots, B sampled steps.
 
-Per layer, in parallel threads, each within its share of the budget:
+Per layer, in parallel threads, each within its share of the budget (at two slots per GPU or fewer, and under equal
+routing, only the greedy and step 2 with the whole budget: `cpsat_layer.swaps_only`):
 1. Starting placements: DeepSeek's greedy (the placement the result is never worse than; under node limits its
    hierarchical policy) and chain layouts (`chain_layout`: replicated experts link all GPUs, so dynamic routing can
    move load anywhere; under node limits one chain per node), each with weights fitted to the window's mean load.

@@ -20,6 +20,10 @@ Moves, each kept only if it lowers the objective:
   another, as equal split then re-divides both experts' tokens: a slot of the busiest GPU to an expert it does not
   hold, or a slot elsewhere to one of the busiest GPU's experts.
 
+With `min_z` > 0 (and two or more steps) a swap is kept only if its gain is also larger than `min_z` standard errors
+of its per-step gains: a pairing that wins on the window by a few of its noisy or bursty steps is the window's luck,
+not a gain the steps after it keep (where this matters: `cpsat_layer.swaps_only`, two slots a GPU).
+
 The search is deterministic: the same input gives the same moves, and it stops after `max_evaluations` candidate
 evaluations (element-steps), when no move improves, or at the first GPU that no move relieves.
 """
@@ -62,6 +66,7 @@ def swap_search(
     max_evaluations: float = 5e7,
     recount: bool = False,
     node_of_G: np.ndarray | None = None,
+    min_z: float = 0.0,
 ) -> tuple[np.ndarray, float, float]:
     """Improve one layer's slot map by swaps (and with `recount`, replica moves) under equal split.
 
@@ -73,6 +78,8 @@ def swap_search(
         max_evaluations: the most candidate-step evaluations (T times the candidates scored), the search's budget.
         recount: also move replicas between experts (only where T == 1).
         node_of_G: [G] node of each GPU: swaps only within a node and no recount (keeps node limits), or None.
+        min_z: >= 0; a swap's mean gain over the steps must exceed this many standard errors of its per-step gains
+            (0: any improvement; not applied to one-step windows).
 
     Returns:
         (phy2log_P [P] int64, each GPU's experts in ascending order; its objective; the evaluations spent). Never
@@ -92,7 +99,7 @@ def swap_search(
     use_recount = recount and num_steps == 1 and node_of_G is None
     while spent < max_evaluations:
         moved, spent = _one_move(state, slots, best, spent, max_evaluations, (swap_cost, recount_cost),
-                                 use_recount, node_of_G)
+                                 use_recount, node_of_G, min_z if num_steps > 1 else 0.0)
         if not moved:
             break
         state.refresh()
@@ -101,14 +108,17 @@ def swap_search(
 
 
 def _one_move(state: "_State", slots: np.ndarray, best: float, spent: float, max_evaluations: float,
-              costs: tuple[float, float], use_recount: bool, node_of_G: np.ndarray | None) -> tuple[bool, float]:
-    """Apply to `slots` [G, S] the first improving move found from the busiest GPUs on (a swap, else with
-    `use_recount` a replica moved between experts); return (whether one was applied, evaluations spent so far)."""
+              costs: tuple[float, float], use_recount: bool, node_of_G: np.ndarray | None,
+              min_z: float) -> tuple[bool, float]:
+    """Apply to `slots` [G, S] the first improving move found from the busiest GPUs on (a swap, with `min_z` one
+    whose gain clears the steps' noise, else with `use_recount` a replica moved between experts); return (whether
+    one was applied, evaluations spent so far)."""
     swap_cost, recount_cost = costs
     for gpu in _busiest(state.loads_TG, GPUS_TRIED):
         spent += swap_cost
         found = _best_swap(state, int(gpu), node_of_G)
-        if found is not None and found[0] < best * (1 - IMPROVEMENT):
+        if found is not None and found[0] < best * (1 - IMPROVEMENT) and _clears_noise(state, int(gpu), found,
+                                                                                       min_z):
             _, slot, other, other_slot = found
             slots[gpu, slot], slots[other, other_slot] = slots[other, other_slot], slots[gpu, slot]
             return True, spent
@@ -125,6 +135,22 @@ def _one_move(state: "_State", slots: np.ndarray, best: float, spent: float, max
         if spent >= max_evaluations:
             break
     return False, spent
+
+
+def _clears_noise(state: _State, gpu: int, found: tuple, min_z: float) -> bool:
+    """Whether the swap `found` (from `_best_swap`) of a slot of `gpu` gains more than `min_z` standard errors of its
+    per-step gains in the objective (always with `min_z` 0)."""
+    if min_z <= 0:
+        return True
+    _, slot, other, other_slot = found
+    mine_T = state.counts_TE[:, state.slots_GS[gpu, slot]] / state.replicas_E[state.slots_GS[gpu, slot]]
+    theirs_T = (state.counts_TE[:, state.slots_GS[other, other_slot]]
+                / state.replicas_E[state.slots_GS[other, other_slot]])
+    loads_TG = state.loads_TG.copy()
+    loads_TG[:, gpu] += (theirs_T - mine_T) / state.speed_G[gpu]
+    loads_TG[:, other] += (mine_T - theirs_T) / state.speed_G[other]
+    gain_T = (state.loads_TG.max(axis=1) - loads_TG.max(axis=1)) / state.mean_T
+    return bool(gain_T.mean() > min_z * gain_T.std(ddof=1) / np.sqrt(len(gain_T)))
 
 
 def _busiest(loads_TG: np.ndarray, count: int) -> np.ndarray:

@@ -73,3 +73,15 @@ def test_the_budget_is_counted_work_and_the_search_repeats_itself():
     again = swap_search(counts, start, 16, 4, max_evaluations=2e5)
     assert np.array_equal(first[0], again[0]) and first[1:] == again[1:]
     assert first[2] <= 2e5 + 20 * 4 * 16 * 4
+
+
+def test_with_min_z_a_swap_must_clear_the_noise_of_the_window_steps():
+    rng = np.random.default_rng(3)
+    noise_TE = rng.poisson(100.0, size=(50, 16)).astype(float)  # equal means: a pairing's gain is the steps' luck
+    start_P = np.arange(16)  # 8 GPUs x 2 slots
+    moved = {z: int((swap_search(noise_TE, start_P, 8, 2, min_z=z)[0] != start_P).sum()) for z in (0.0, 2.0)}
+    assert moved[0.0] > moved[2.0]
+    # A real imbalance clears it: experts 0 and 1, three times the others, share GPU 0 until a swap parts them.
+    heavy_TE = noise_TE * np.r_[3.0, 3.0, np.ones(14)]
+    parted_P, _, _ = swap_search(heavy_TE, start_P, 8, 2, min_z=2.0)
+    assert np.flatnonzero(parted_P == 0)[0] // 2 != np.flatnonzero(parted_P == 1)[0] // 2

@@ -1,0 +1,181 @@
+"""The `cpsat` policy against DeepSeek's greedy on traffic neither was tuned on, trace seed by trace seed.
+
+A placement fitted closer to its window can serve the steps after it worse: at two slots per GPU the exact pairing
+of experts chosen on 100 noisy, drifting, bursty steps need not carry to the next 100. This benchmark judges the
+policy only on steps it was not fitted to, on traffic from settings and seeds no part of the policy was chosen on:
+
+- `--traffic synthetic` (default): `traces.synthetic` with HELD_OUT_SETTINGS (other drift, burst and domain settings
+  than the generator's defaults and than the traffic the policy's choice rule was measured on), seeds SEEDS;
+- `--traffic tuning`: `traces.synthetic` with TUNING_SETTINGS, the traffic the policy's two-slot rule was chosen
+  on (`cpsat_layer.swaps_only`), with `--seeds 101 102 103` as measured there: a check of that choice, not a
+  held-out test;
+- `--traffic regime`: `regime_trace` below, a generator that shares no code with `traces.synthetic`: the domain mix
+  jumps between Dirichlet draws (ramped over a few steps) at random times, every expert's popularity also walks
+  (an Ornstein-Uhlenbeck process in log space), bursts have lognormal factors and geometric lengths, and the picks
+  of a step are one multinomial over pick probabilities capped at 1 / top-k.
+
+Each trace (256 experts, top-8, 4 layers, 300 steps, 128 tokens a GPU a step, 2,048 at 32 x 9) is replayed rolling,
+a refit every 100 steps on the last 100, served `lag` steps after its window ends: the greedy under the best
+per-step split (`--routing dynamic`: the best router any engine could run beside it) against `cpsat` fitted for
+dynamic routing under the live router (what a decode worker runs). Rows: at 144 x 2 (DeepSeek-V3's decode) lognormal
+0.6, 0.9, 1.2 and 1.5 at lag 0 and 100; at 72 x 4, 64 x 4 and 32 x 9 lognormal 0.6 and 1.2 at lag 0. Each row gives
+both held-out means over its seeds, cpsat - greedy per seed, their mean and the worst seed.
+
+Usage: python scripts/bench_generalisation.py [--traffic synthetic|tuning|regime] [--seeds 301 302 303] [--rows 144x2]
+       [--work-limit 20] [--json out.json]
+"""
+
+import json
+import sys
+
+import numpy as np
+
+from eplb.cli.arg_types import json_output
+from eplb.cli.main import OneLineParser
+from placement import ClusterSpec, rolling_replay
+from traces.atomic_file import write_text_atomically
+from traces.synthetic import SyntheticConfig, generate_trace
+
+NUM_EXPERTS, TOP_K, LAYERS, STEPS, EVERY, WINDOW = 256, 8, 4, 300, 100, 100
+SEEDS = (301, 302, 303)
+# (shape, lognormal sigmas, lags); tokens a GPU a step: 2,048 at 32 x 9 (EP32 prefill), else 128 (decode).
+ROWS = (("144x2", (0.6, 0.9, 1.2, 1.5), (0, 100)), ("72x4", (0.6, 1.2), (0,)), ("64x4", (0.6, 1.2), (0,)),
+        ("32x9", (0.6, 1.2), (0,)))
+HELD_OUT_SETTINGS = {"drift_period_steps": 800.0, "drift_strength": 1.0, "burst_rate": 3.0,
+                     "burst_length_steps": 40.0, "burst_factor": 4.0, "num_domains": 5, "domain_overlap": 0.75}
+TUNING_SETTINGS = {"drift_period_steps": 1500.0, "drift_strength": 0.8, "burst_rate": 5.0, "burst_length_steps": 20.0,
+                   "burst_factor": 6.0, "num_domains": 6, "domain_overlap": 0.8}
+WORST_ALLOWED = 0.01  # a single trace may be worse than the greedy by at most this
+
+
+def regime_trace(steps: int, layers: int, tokens: int, sigma: float, seed: int, domains: int = 5,
+                 overlap: float = 0.8, regime_steps: float = 80.0, ramp_steps: int = 20, walk_sd: float = 0.1,
+                 walk_steps: float = 200.0, burst_rate: float = 4.0, burst_steps: float = 25.0,
+                 burst_factor: float = 5.0) -> np.ndarray:
+    """[steps, layers, 256] counts, top-8, `tokens` tokens a step (see the module docstring): domain scores correlated
+    `overlap` with a shared base, weights exp(sigma * score); a new Dirichlet(2) mix every ~`regime_steps` steps,
+    ramped in over `ramp_steps`; log-popularity walks with stationary sd `walk_sd` and time constant `walk_steps`;
+    `burst_rate` bursts per layer per 1,000 steps, each on a uniform expert, ~`burst_steps` long, factor lognormal
+    around `burst_factor`."""
+    rng = np.random.default_rng([seed, 7919])
+    base_LE = rng.standard_normal((layers, NUM_EXPERTS))
+    score_ZLE = overlap * base_LE + np.sqrt(1 - overlap ** 2) * rng.standard_normal((domains, layers, NUM_EXPERTS))
+    weight_ZLE = np.exp(sigma * score_ZLE)
+    mix_TZ = np.empty((steps, domains))
+    step, previous = 0, rng.dirichlet(np.full(domains, 2.0))
+    while step < steps:
+        following = rng.dirichlet(np.full(domains, 2.0))
+        for i in range(1 + int(rng.geometric(1 / regime_steps))):
+            if step == steps:
+                break
+            share = min(1.0, i / ramp_steps)
+            mix_TZ[step] = (1 - share) * previous + share * following
+            step += 1
+        previous = following
+    boost_TLE = np.ones((steps, layers, NUM_EXPERTS))
+    for _ in range(rng.poisson(burst_rate * steps / 1000 * layers)):
+        layer, expert, start = rng.integers(layers), rng.integers(NUM_EXPERTS), rng.integers(steps)
+        boost_TLE[start:start + rng.geometric(1 / burst_steps), layer, expert] *= np.exp(
+            rng.normal(np.log(burst_factor), 0.3))
+    walk_LE = np.zeros((layers, NUM_EXPERTS))
+    pull = 1 / walk_steps
+    counts_TLE = np.empty((steps, layers, NUM_EXPERTS), dtype=np.int64)
+    for t in range(steps):
+        walk_LE = walk_LE * (1 - pull) + walk_sd * np.sqrt(2 * pull) * rng.standard_normal(walk_LE.shape)
+        pick_LE = np.einsum("z,zle->le", mix_TZ[t], weight_ZLE) * np.exp(sigma * walk_LE) * boost_TLE[t]
+        for layer in range(layers):
+            counts_TLE[t, layer] = np.minimum(rng.multinomial(tokens * TOP_K, _capped(pick_LE[layer])), tokens)
+    return counts_TLE
+
+
+def _capped(weight_E: np.ndarray) -> np.ndarray:
+    """Pick probabilities of `weight_E`, none above 1 / top-k (a token picks distinct experts), the excess handed to
+    the others in proportion."""
+    p = weight_E / weight_E.sum()
+    for _ in range(NUM_EXPERTS):
+        over = p > 1 / TOP_K
+        if not over.any():
+            break
+        excess = (p[over] - 1 / TOP_K).sum()
+        p[over] = 1 / TOP_K
+        free = p < 1 / TOP_K
+        p[free] += excess * p[free] / p[free].sum()
+    return p / p.sum()
+
+
+def trace(traffic: str, gpus: int, tokens_per_gpu: int, sigma: float, seed: int) -> np.ndarray:
+    if traffic == "regime":
+        return regime_trace(STEPS, LAYERS, gpus * tokens_per_gpu, sigma, seed)
+    settings = TUNING_SETTINGS if traffic == "tuning" else HELD_OUT_SETTINGS
+    config = SyntheticConfig(num_steps=STEPS, num_layers=LAYERS, num_experts=NUM_EXPERTS, top_k=TOP_K,
+                             tokens_per_step=gpus * tokens_per_gpu, seed=seed, skew=sigma, **settings)
+    return generate_trace(config).counts_TLE
+
+
+def held_out(counts_TLE: np.ndarray, cluster: ClusterSpec, lag: int, options: dict) -> tuple[float, float]:
+    """(greedy under the best split, cpsat under the live router): held-out imbalance, mean over (step, layer)."""
+    greedy = rolling_replay(counts_TLE, cluster, "deepseek", every=EVERY, window=WINDOW, routing="dynamic", lag=lag)
+    cpsat = rolling_replay(counts_TLE, cluster, "cpsat", every=EVERY, window=WINDOW, routing="live", lag=lag,
+                           policy_options={"routing": "dynamic", **options})
+    return greedy.held_out.summary()["imbalance_mean"], cpsat.held_out.summary()["imbalance_mean"]
+
+
+def measure(traffic: str, seeds: list[int], shapes: list[str], options: dict) -> list[dict]:
+    rows = []
+    for shape, sigmas, lags in ROWS:
+        if shape not in shapes:
+            continue
+        gpus, slots = (int(n) for n in shape.split("x"))
+        tokens_per_gpu = 2048 if shape == "32x9" else 128
+        cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
+        for sigma in sigmas:
+            traces = [trace(traffic, gpus, tokens_per_gpu, sigma, seed) for seed in seeds]
+            for lag in lags:
+                pairs = [held_out(counts_TLE, cluster, lag, options) for counts_TLE in traces]
+                differences = [cpsat - greedy for greedy, cpsat in pairs]
+                rows.append({"traffic": traffic, "shape": f"{gpus} x {slots}", "sigma": sigma, "lag": lag,
+                             "seeds": seeds, "greedy": float(np.mean([p[0] for p in pairs])),
+                             "cpsat": float(np.mean([p[1] for p in pairs])), "differences": differences,
+                             "difference_mean": float(np.mean(differences)), "difference_worst": max(differences)})
+                print(f"{shape} lognormal {sigma:g} lag {lag}: greedy {rows[-1]['greedy']:.4f} cpsat "
+                      f"{rows[-1]['cpsat']:.4f}, per seed {' '.join(f'{d:+.4f}' for d in differences)}",
+                      file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| traffic | shape | popularity | lag | greedy + best split | cpsat, live router | cpsat - greedy, per "
+             "seed | mean | worst | holds |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        holds = row["difference_mean"] <= 0 and row["difference_worst"] <= WORST_ALLOWED
+        lines.append(f"| {row['traffic']} | {row['shape']} | lognormal {row['sigma']:g} | {row['lag']} | "
+                     f"{row['greedy']:.4f} | {row['cpsat']:.4f} | "
+                     f"{' '.join(f'{d:+.4f}' for d in row['differences'])} | {row['difference_mean']:+.4f} | "
+                     f"{row['difference_worst']:+.4f} | {'yes' if holds else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--traffic", choices=("synthetic", "tuning", "regime"), default="synthetic",
+                        help="held-out settings of traces.synthetic, the settings the two-slot rule was chosen on, "
+                        "or the independent regime generator")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="trace seeds (default: %(default)s)")
+    parser.add_argument("--rows", nargs="+", default=[row[0] for row in ROWS], choices=[row[0] for row in ROWS],
+                        help="shapes to run (default: all)")
+    parser.add_argument("--work-limit", type=float, default=None, help="cpsat: work budget per fit (default: "
+                        "CpSatConfig's)")
+    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
+    args = parser.parse_args(argv)
+    if min(args.seeds) < 0 or (args.work_limit is not None and not 0 < args.work_limit <= 1e6):
+        parser.error("--seeds must be >= 0 and --work-limit in (0, 1e6]")
+    options = {} if args.work_limit is None else {"work_limit": args.work_limit}
+    rows = measure(args.traffic, args.seeds, args.rows, options)
+    print(table(rows))
+    if args.json:
+        write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
