@@ -188,7 +188,7 @@ def test_good_enough_is_refused_below_one():
 def test_at_two_slots_a_gpu_the_candidates_are_the_greedy_and_its_swaps_alone(routing):
     counts = skewed_counts(20, 2, 28, 5)
     pairs = fit_placement("cpsat", counts, ClusterSpec(num_gpus=16, slots_per_gpu=2), work_limit=2.0, routing=routing)
-    assert set(pairs.info["fitted_mean"]) <= {"deepseek", "swap"} and "swap" in pairs.info["fitted_mean"]
+    assert set(pairs.info["fitted_mean"]) <= {"deepseek", "swap"}  # "swap" where a swap clears the steps' noise
     assert set(pairs.info["layers_from"]) <= {"deepseek", "swap"} and pairs.info["status"] == {"skipped": 2}
     # At three slots a GPU the chain layouts and CP-SAT are candidates again.
     triples = fit_placement("cpsat", counts, ClusterSpec(num_gpus=12, slots_per_gpu=3, gpus_per_node=4), work_limit=2.0,
