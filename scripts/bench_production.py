@@ -36,8 +36,8 @@ Usage: python scripts/bench_production.py [--shapes 144x2 72x4 64x4 128x2 32x9] 
        [--real] [--json out.json]
 """
 
-import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -47,6 +47,7 @@ import torch
 
 from eplb import rebalance_experts
 from eplb.cli.arg_types import json_output
+from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, Placement, fit_placement, rolling_replay, score_placement
 from traces import load_trace
 from traces.atomic_file import write_text_atomically
@@ -229,7 +230,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), help="GxS shapes (default: %(default)s)")
     parser.add_argument("--skews", type=float, nargs="+", default=[0.6, 1.2], help="lognormal sigmas")
     parser.add_argument("--steps", type=int, default=400, help="steps of each trace")
@@ -246,10 +247,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         shapes = [parse_shape(s) for s in args.shapes]
+        for gpus, slots in shapes:
+            ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
     except ValueError:
-        parser.error("--shapes take the form GxS, for example 144x2")
+        parser.error("--shapes take the form GxS, G a multiple of 8 (whole nodes) within the cluster limits, for "
+                     "example 144x2")
     if min(g * s for g, s in shapes) < NUM_EXPERTS or args.window + 1 > args.steps:
         parser.error(f"every shape needs at least {NUM_EXPERTS} slots, and --steps must exceed --window")
+    if not (1 <= args.layers <= 61 and 1 <= args.every and 1 <= args.window and 0 <= args.seed < 2**32
+            and args.steps <= 20_000):
+        parser.error("--layers must be in [1, 61], --every and --window >= 1, --seed in [0, 2**32), --steps <= 20000")
+    if not all(math.isfinite(skew) and 0 <= skew <= 5 for skew in args.skews):
+        parser.error("--skews must be lognormal sigmas in [0, 5]")
+    if args.groups is not None and (not 1 <= args.groups <= NUM_EXPERTS or NUM_EXPERTS % args.groups
+                                    or all(args.groups % (gpus // 8) for gpus, _ in shapes)):
+        parser.error(f"--groups must divide {NUM_EXPERTS} and be a multiple of some shape's node count (G / 8)")
+    if args.work_limit is not None and not (math.isfinite(args.work_limit) and 0 < args.work_limit <= 1e6):
+        parser.error("--work-limit must be a number of work units in (0, 1e6]")
     options = {} if args.work_limit is None else {"work_limit": args.work_limit}
     if args.real:
         if not (ESFT.exists() and OLMOE.exists()):

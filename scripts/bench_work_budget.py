@@ -20,8 +20,8 @@ W returns the same map: the script checks it). Usage: python scripts/bench_work_
 16] [--repeats 2] [--quick] [--json out.json]
 """
 
-import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -31,6 +31,7 @@ import torch
 
 from eplb import CpsatEplbPolicy, rebalance_experts
 from eplb.cli.arg_types import json_output
+from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, Placement, fit_placement, score_placement
 from placement.bounds import imbalance_lower_bound
 from placement.scoring import static_gpu_loads
@@ -154,14 +155,14 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-limits", type=float, nargs="+", default=[0.25, 1.0, 4.0, 16.0])
     parser.add_argument("--repeats", type=int, default=2, help="calls per work limit (the best time is kept)")
     parser.add_argument("--quick", action="store_true", help="one small shape per caller (a smoke run)")
     parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
     args = parser.parse_args(argv)
-    if min(args.work_limits) <= 0 or args.repeats < 1:
-        parser.error("--work-limits must be > 0 and --repeats >= 1")
+    if not all(math.isfinite(w) and 0 < w <= 1e6 for w in args.work_limits) or not 1 <= args.repeats <= 100:
+        parser.error("--work-limits must be work units in (0, 1e6] and --repeats in [1, 100]")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     torch.set_num_threads(1)

@@ -1,0 +1,21 @@
+"""`scripts/bench_production.py` and `scripts/bench_work_budget.py` refuse bad flags in one line with exit 2, before
+any work (no usage block, no traceback, no node-limited row dropped in silence)."""
+
+import pytest
+
+PRODUCTION_FLAGS = [["--layers", "0"], ["--every", "0"], ["--window", "0"], ["--seed", "-1"], ["--groups", "1000"],
+                    ["--groups", "3"], ["--work-limit", "nan"], ["--skews", "nan"], ["--shapes", "2000x16"],
+                    ["--shapes", "33x9"], ["--json", "README.md"]]
+WORK_BUDGET_FLAGS = [["--work-limits", "nan"], ["--work-limits", "-1"], ["--repeats", "0"]]
+
+
+@pytest.mark.parametrize(("script", "flags"), [("bench_production", f) for f in PRODUCTION_FLAGS]
+                         + [("bench_work_budget", f) for f in WORK_BUDGET_FLAGS],
+                         ids=[f"production{' '.join(f)}" for f in PRODUCTION_FLAGS]
+                         + [f"work-budget{' '.join(f)}" for f in WORK_BUDGET_FLAGS])
+def test_a_bad_flag_is_refused_in_one_line(load_script, capsys, monkeypatch, script, flags):
+    bench = load_script(script)
+    monkeypatch.chdir(bench.__file__.rsplit("/", 2)[0])  # README.md is the repository's own
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(flags)
+    assert exit_info.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
