@@ -29,6 +29,7 @@ from placement.migration import oblivious_moves, plan_migration
 from placement.patch_planner import PatchPace, PatchSettings
 from placement.scoring import check_compatible
 from traces import RoutingTrace, TraceFormatError, load_trace, save_trace
+from traces.request_traffic import RequestTrafficConfig, generate_request_traffic
 from traces.synthetic import SyntheticConfig, generate_trace
 
 logger = logging.getLogger(__name__)
@@ -138,11 +139,36 @@ def synthetic_config(args: argparse.Namespace) -> SyntheticConfig:
     )
 
 
+REQUEST_FLAGS = {"concentration": "--concentration", "prompt_tokens": "--prompt-tokens",
+                 "output_tokens": "--output-tokens", "tokens_per_request": "--tokens-per-request",
+                 "request_trace": "--request-trace"}
+
+
+def request_traffic_config(args: argparse.Namespace) -> RequestTrafficConfig:
+    """`eplb synth --requests`'s config from its flags; Zipf popularity is refused (the requests' is lognormal)."""
+    if args.popularity != "lognormal" or args.zipf_exponent is not None:
+        raise TraceFormatError("--requests draws lognormal popularity; drop --popularity zipf and --zipf-exponent, "
+                               "and shape it with --skew")
+    given = {key: getattr(args, key) for key in REQUEST_FLAGS if getattr(args, key) is not None}
+    if args.request_trace is not None and not Path(args.request_trace).is_file():
+        raise TraceFormatError(f"--request-trace {args.request_trace} not found; give a Mooncake .jsonl or Azure "
+                               f".csv request trace")
+    return RequestTrafficConfig(
+        mode=args.requests, num_steps=args.steps, num_layers=args.layers, num_experts=args.experts,
+        top_k=args.top_k, tokens_per_step=args.tokens_per_step, seed=args.seed,
+        **({"skew": args.skew} if args.skew is not None else {}), **given)
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from eplb.cli import plots  # matplotlib is imported only by what draws
-    config = synthetic_config(args)
+    if args.requests is None:
+        unused = [flag for key, flag in REQUEST_FLAGS.items() if getattr(args, key) is not None]
+        if unused:
+            raise TraceFormatError(f"{', '.join(unused)} shape request-level traffic; add --requests prefill or "
+                                   f"--requests decode")
+    config = synthetic_config(args) if args.requests is None else request_traffic_config(args)
     began = time.perf_counter()
-    trace = generate_trace(config)
+    trace = generate_trace(config) if args.requests is None else generate_request_traffic(config)
     save_trace(trace, args.out)
     if args.plot:
         plots.plot_load_heatmap(trace.load_LE(), args.plot, title=f"Expert load: {Path(args.out).name}")

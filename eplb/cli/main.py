@@ -66,6 +66,8 @@ FLAG_OF_PARAMETER = {
 SYNTH_FLAG_OF_PARAMETER = {
     "num_steps": "--steps", "num_layers": "--layers", "num_experts": "--experts", "top_k": "--top-k",
     "tokens_per_step": "--tokens-per-step", "zipf_exponent": "--zipf-exponent", "skew": "--skew",
+    "tokens_per_request": "--tokens-per-request", "concentration": "--concentration",
+    "prompt_tokens": "--prompt-tokens", "output_tokens": "--output-tokens", "request_trace": "--request-trace",
 }
 
 
@@ -207,6 +209,21 @@ def _add_synth_command(sub: argparse._SubParsersAction) -> None:
                    help="lognormal only: sigma of expert popularity (default 0.8)")
     p.add_argument("--zipf-exponent", type=NON_NEGATIVE_FLOAT, default=None,
                    help="zipf only: exponent s of popularity rank**-s (default 1.0)")
+    p.add_argument("--requests", default=None, choices=("prefill", "decode"),
+                   help="request-level traffic instead of independent tokens: prefill batches of whole prompts "
+                        "(chunked) or decode steps under continuous batching; requests keep their own experts")
+    p.add_argument("--concentration", type=POSITIVE_FLOAT, default=None,
+                   help="--requests only: Dirichlet concentration of a request's expert preferences (default "
+                        "158, measured on ESFT; smaller: requests keep more to their own experts)")
+    p.add_argument("--prompt-tokens", type=POSITIVE_FLOAT, default=None,
+                   help="--requests only: mean prompt length (default 4096)")
+    p.add_argument("--output-tokens", type=POSITIVE_FLOAT, default=None,
+                   help="--requests only: mean output length (default 512)")
+    p.add_argument("--tokens-per-request", type=POSITIVE_INT, default=None,
+                   help="--requests decode only: tokens a request adds a step, 1 + accepted drafts (default 1)")
+    p.add_argument("--request-trace", default=None,
+                   help="--requests only: Mooncake .jsonl or Azure .csv trace whose prompt and output lengths the "
+                        "requests take (default: lognormal lengths)")
     p.add_argument("--plot", default=None, help="also write a load heatmap PNG here")
     _add_common(p)
 

@@ -85,6 +85,31 @@ def test_synth_npy_output_holds_the_bare_counts_array(run_eplb, tmp_path):
     assert np.load(tmp_path / "trace.npy").shape == (60, 3, 32)
 
 
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_synth_requests_writes_request_level_traffic_that_replay_takes(run_eplb, tmp_path, mode):
+    result = run_eplb("synth", "--out", "trace.npz", *SYNTH, "--requests", mode, "--prompt-tokens", "100",
+                      "--output-tokens", "20", "--json", cwd=tmp_path)
+    assert ok_json(result)["shape"] == [60, 3, 32]
+    counts = counts_of(tmp_path / "trace.npz")
+    assert (counts.sum(axis=2) == 256 * 4).all()
+    replay = run_eplb("replay", "--trace", "trace.npz", *CLUSTER, "--every", "10", "--window", "10", "--json",
+                      cwd=tmp_path)
+    assert ok_json(replay)["imbalance_mean"] >= 1.0
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--concentration", "5"), "--requests"),
+    (("--requests", "decode", "--tokens-per-request", "3"), "--tokens-per-request"),
+    (("--requests", "prefill", "--popularity", "zipf"), "--popularity zipf"),
+    (("--requests", "prefill", "--request-trace", "missing.jsonl"), "--request-trace"),
+    (("--requests", "decode", "--concentration", "0"), "--concentration"),
+])
+def test_synth_requests_refuses_bad_flags_in_one_line(run_eplb, tmp_path, flags, says, one_line_error):
+    result = run_eplb("synth", "--out", "trace.npz", *SYNTH, *flags, cwd=tmp_path)
+    one_line_error(result, says)
+    assert not (tmp_path / "trace.npz").exists()
+
+
 # --- place -----------------------------------------------------------------------------------------------------
 
 
