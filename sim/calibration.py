@@ -43,7 +43,8 @@ class CalibrationError(ValueError):
 
 
 REQUIRED = ("efficiency.compute", "efficiency.attention", "efficiency.memory", "efficiency.network",
-            "speculative.draft_cost_share", "speculative.acceptance_decay", "utilisation.day", "store.return_share")
+            "speculative.draft_cost_share", "speculative.acceptance_decay", "utilisation.day", "store.return_share",
+            "traffic.skew")
 
 
 def load_calibration(path: Path = CALIBRATION_PATH) -> dict[str, FittedConstant]:

@@ -59,7 +59,7 @@ def decode_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     if fixed is not None and round(fixed * cards) > fits:
         raise ValueError(f"capacity.decode_batch_per_card={fixed:g} sequences of {context} tokens do not fit the "
                          f"unit's HBM after the weights ({fits / cards:.1f} per card do); lower it or the context")
-    curve = load_imbalance(config, cards, config.decode_slots_per_card) if imbalance is None else None
+    curve = load_imbalance(config, cards, config.decode_slots_per_card, "decode") if imbalance is None else None
 
     def imbalance_at(batch: int) -> float:
         return curve.at(batch * verified / cards / MICRO_BATCHES) if curve is not None else imbalance
@@ -89,7 +89,7 @@ def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     redundant = prefill_redundant_experts(config)
     slots = math.ceil((model.num_routed_experts + redundant) / cards)
     limit = capacity.ttft_slo_s if capacity.ttft_slo_s is not None else math.inf
-    curve = load_imbalance(config, cards, slots) if imbalance is None else None
+    curve = load_imbalance(config, cards, slots, "prefill") if imbalance is None else None
 
     def imbalance_at(prompts: int) -> float:
         return curve.at(prompts * (prompt - cached) / cards / MICRO_BATCHES) if curve is not None else imbalance

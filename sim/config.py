@@ -24,6 +24,7 @@ from sim.hardware import PROFILES
 from sim.model_profile import ModelProfile
 from sim.speculative import SpeculativeConfig
 from traces.errors import EplbError
+from traces.request_traffic import ESFT_CONCENTRATION
 
 MAX_DURATION_S = 86_400.0  # a day of arrivals request by request; longer spans are the fleet run's (`fleet`)
 MAX_MEAN_TOKENS = 1_000_000.0  # mean prompt, turn or reply of a class
@@ -167,6 +168,19 @@ class BalanceConfig(_Strict):
                                                      "mean).")
     steps: int = Field(300, ge=10, le=100_000, description="Steps of the synthetic routing trace (replayed "
                                                            "cyclically).")
+    routing: Literal["live", "static"] = Field("live", description="How a step splits a replicated expert's tokens: "
+                                             "the project's live router, or a fixed equal split (the static "
+                                             "dispatch of SGLang, vLLM and DeepSeek's reference).")
+    traffic: Literal["requests", "tokens"] = Field("requests", description="Synthetic routing: requests that keep "
+                                                  "their own experts (traces.request_traffic: prefill batches of "
+                                                  "whole prompts, decode under continuous batching), or tokens "
+                                                  "drawn independently (traces.synthetic).")
+    skew: float | None = Field(None, ge=0, le=20, description="Sigma of the lognormal expert popularity (None: the "
+                               "fitted traffic.skew under requests, traces.synthetic's 0.8 under tokens).")
+    concentration: float = Field(ESFT_CONCENTRATION, gt=0, le=1e9, description="Requests only: Dirichlet "
+                                 "concentration of a request's expert preferences (default: measured on ESFT).")
+    output_tokens: float = Field(512.0, ge=1, le=1e6, description="Requests only: mean output length of a decoding "
+                                 "request (lognormal, sigma 1): how long a request keeps its experts in the batch.")
     refit_every: int = Field(50, ge=1, le=100_000, description="Steps between refits, as a live rebalancer would.")
     window: int = Field(50, ge=1, le=100_000, description="Steps each fit sees.")
     work_limit: float = Field(1.0, gt=0, le=3600, description="cpsat's deterministic budget per fit (all layers), "

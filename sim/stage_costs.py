@@ -66,7 +66,7 @@ def prefill_instance_imbalance(config: SimConfig, new_tokens: int) -> float:
         return 1.0
     cards = nodes * config.cluster.cards_per_node
     slots = math.ceil((config.model.num_routed_experts + prefill_redundant_experts(config)) / cards)
-    return load_imbalance(config, cards, slots).at(new_tokens / cards / MICRO_BATCHES)
+    return load_imbalance(config, cards, slots, "prefill").at(new_tokens / cards / MICRO_BATCHES)
 
 
 def prefill_redundant_experts(config: SimConfig) -> int:

@@ -1,10 +1,11 @@
 """The busiest decode card's share of a step's expert work, from the project's own placement code.
 
-A decode routing trace (a file `eplb replay` reads, or synthetic at the model's shape) is replayed through the
-configured policy exactly as `eplb replay` does (`placement.replay.rolling_replay`: refit every `refit_every` steps
-on the last `window`, the per-step router splitting tokens over replicas), and each served step's max / mean card
-load, averaged over layers, becomes that step's MoE imbalance in the decode cost model. Policy "none" serves one
-replica per expert on contiguous slots with no rebalancing, as an unbalanced deployment would.
+A decode routing trace (a file `eplb replay` reads, or synthetic at the model's shape: request-level traffic by
+default, `traces.request_traffic`) is replayed through the configured policy exactly as `eplb replay` does
+(`placement.replay.rolling_replay`: refit every `refit_every` steps on the last `window`, the per-step live router
+splitting tokens over replicas, or a fixed equal split under `balance.routing: static`), and each served step's max
+/ mean card load, averaged over layers, becomes that step's MoE imbalance in the decode cost model. Policy "none"
+serves one replica per expert on contiguous slots with no rebalancing, as an unbalanced deployment would.
 
 A trace file must be of the served model: its experts per layer are `model.num_routed_experts` (a trace of another
 model would be balanced over the wrong experts and its imbalance reported as this model's). Its layers may be any
@@ -13,6 +14,8 @@ number (the imbalance is their mean), and it needs two steps at least (one to fi
 Legend: T steps, L layers, E experts.
 """
 
+import math
+
 import numpy as np
 
 from placement import ClusterSpec, fit_placement
@@ -20,6 +23,7 @@ from placement.replay import rolling_replay
 from placement.scoring import score_placement
 from sim.config import SimConfig, SimConfigError
 from traces import TraceFormatError, load_trace
+from traces.request_traffic import MAX_LIVE_VALUES, RequestTrafficConfig, request_traffic_TLE
 from traces.synthetic import SyntheticConfig, generate_trace
 
 TOKENS_PER_CARD_PER_STEP = 64  # the synthetic routing trace's step: a decode card's typical batch
@@ -70,13 +74,48 @@ def decode_imbalance_T(config: SimConfig, counts_TLE: np.ndarray | None = None,
     return served_imbalance_T(config, cards, config.decode_slots_per_card, counts_TLE)[0]
 
 
-def synthetic_counts(config: SimConfig, cards: int, tokens_per_card: float) -> np.ndarray:
+def synthetic_counts(config: SimConfig, cards: int, tokens_per_card: float, stage: str = "decode") -> np.ndarray:
     """[T, L, E] the synthetic routing trace at the model's shape (`balance.steps` x `balance.layers`) for a group of
-    `cards` cards at `tokens_per_card` tokens per card per step, drawn from `config.seed`."""
+    `cards` cards at `tokens_per_card` tokens per card per step, drawn from `config.seed`: under `balance.traffic`
+    "requests", `stage`'s request-level traffic (`traffic_config`), else independent tokens (`traces.synthetic`)."""
     balance, model = config.balance, config.model
+    tokens = max(1, round(tokens_per_card * cards))
+    if balance.traffic == "requests":
+        return request_traffic_TLE(traffic_config(config, stage, tokens))
+    skew = {} if balance.skew is None else {"skew": balance.skew}
     return generate_trace(SyntheticConfig(
         num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts, top_k=model.top_k,
-        tokens_per_step=max(1, round(tokens_per_card * cards)), seed=config.seed)).counts_TLE
+        tokens_per_step=tokens, seed=config.seed, **skew)).counts_TLE
+
+
+def traffic_config(config: SimConfig, stage: str, tokens: int) -> RequestTrafficConfig:
+    """The request-level traffic of `stage` ("decode" or "prefill") with about `tokens` tokens a step:
+
+    - decode: continuous batching; a request adds 1 + draft_tokens tokens a step under speculative decoding (the
+      model verifies every draft), lives for lognormal outputs of mean `balance.output_tokens` (sigma 1);
+    - prefill: chunked batches of the new tokens of `capacity.prompt_tokens`-long prompts (their cached share not
+      computed), lognormal with `capacity.prompt_length_spread` = E[P^2] / E[P]^2 = exp(sigma^2).
+
+    The popularity's skew is `balance.skew`, else the fitted `traffic.skew`; the concentration `balance.concentration`."""
+    from sim.calibration import fitted
+
+    balance, model, capacity = config.balance, config.model, config.capacity
+    common = dict(num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts,
+                  top_k=model.top_k, seed=config.seed, concentration=balance.concentration,
+                  skew=fitted("traffic.skew") if balance.skew is None else balance.skew)
+    if stage == "prefill":
+        prompt = max(1.0, capacity.prompt_tokens * (1.0 - capacity.cached_share))
+        return RequestTrafficConfig(mode="prefill", tokens_per_step=tokens, prompt_tokens=prompt,
+                                    prompt_spread=math.sqrt(math.log(capacity.prompt_length_spread)), **common)
+    per_request = 1 + config.speculative.draft_tokens if config.speculative.enabled else 1
+    live = max(1, round(tokens / per_request))
+    values = live * balance.layers * model.num_routed_experts
+    if values > MAX_LIVE_VALUES:
+        raise SimConfigError(f"the decode imbalance's request-level traffic would hold {values:,} preferences ({live:,} "
+                             f"live requests x {balance.layers} layers x {model.num_routed_experts} experts; limit "
+                             f"{MAX_LIVE_VALUES:,}): lower balance.layers, or set balance.traffic: tokens")
+    return RequestTrafficConfig(mode="decode", tokens_per_step=live * per_request, tokens_per_request=per_request,
+                                output_tokens=balance.output_tokens, output_spread=1.0, **common)
 
 
 def served_imbalance_T(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndarray,
@@ -92,10 +131,12 @@ def served_imbalance_T(config: SimConfig, cards: int, slots: int, counts_TLE: np
         placement = fit_placement("trivial", counts_TLE[:1], cluster)
         return [score_placement(placement, trace, "static").imbalance_TL.mean(axis=1)
                 for trace in [counts_TLE, *also_TLE]]
-    options = {"work_limit": balance.work_limit, "routing": "dynamic"} if balance.policy == "cpsat" else {}
+    live = balance.routing == "live"
+    options = {"work_limit": balance.work_limit, "routing": "dynamic" if live else "static"} \
+        if balance.policy == "cpsat" else {}
     window = min(balance.window, counts_TLE.shape[0] // 2)
     result = rolling_replay(counts_TLE, cluster, balance.policy, every=balance.refit_every, window=window,
-                            routing="live", policy_options=options,
+                            routing="live" if live else "static", policy_options=options,
                             also_served={str(index): trace for index, trace in enumerate(also_TLE)})
     return [result.held_out.imbalance_TL.mean(axis=1),
             *(result.held_out_served[str(index)].imbalance_TL.mean(axis=1) for index in range(len(also_TLE)))]

@@ -2,15 +2,22 @@
 numbers: the curve that capacity mode and the prefill batches read.
 
 At a load of n tokens per card per step the busiest card carries `floor + noise / sqrt(n)` times the mean: `floor` is
-what the placement leaves at any load (replica granularity, the forecast's error), `noise / sqrt(n)` the sampling
-noise of a step's few tokens, which the router's per-step split can only partly even out. Both come from one synthetic
-routing trace per group shape (`CURVE_LOADS[-1]` tokens per card per step), replayed through `balance.policy` as `eplb
-replay` does; the placements it fits also serve the lower `CURVE_LOADS`, each a binomial thinning of the trace above
-it (the same popular experts, the same steps, fewer tokens), since a deployment fits on a window of many steps, which
-holds far more tokens than one step at any batch. The curve is a least-squares fit of the served means at the three
-loads. One trace for every load level, rather than a fresh draw per level, makes the imbalance a smooth,
-non-increasing function of the load, so that a larger batch or a looser latency target never buys less throughput
-through noise in the imbalance.
+what the placement leaves at any load (replica granularity, the forecast's error), `noise / sqrt(n)` what a step's
+few tokens or few requests add, which the router's per-step split can only partly even out. The curve is a
+least-squares fit of the served means at three loads, each replayed through `balance.policy` as `eplb replay` does,
+the placements fitted on the largest load serving the lower ones too (a deployment fits on a window of many steps,
+which holds far more tokens than one step at any batch).
+
+- Request-level traffic (`balance.traffic: requests`, the default): each stage has its own traffic
+  (`sim.engine.decode_balance.traffic_config`: decode under continuous batching, prefill in chunked batches of whole
+  prompts) at its own loads (`REQUEST_CURVE_LOADS`). A lower load holds fewer requests, not the same ones thinned, so
+  each load is a trace of its own, drawn from the same seed (the same popularity, drift and bursts).
+- Independent tokens (`balance.traffic: tokens`): one synthetic trace per group shape at `CURVE_LOADS[-1]`, each
+  lower load a binomial thinning of the trace above it (the same popular experts, the same steps, fewer tokens), so
+  that the imbalance is a smooth, non-increasing function of the load.
+
+The fit never rises with the load, so a larger batch or a looser latency target never buys less throughput through
+noise in the imbalance.
 """
 
 import math
@@ -22,6 +29,9 @@ from sim.config import SimConfig
 from sim.engine.decode_balance import served_imbalance_T, synthetic_counts
 
 CURVE_LOADS = (4, 64, 1024)  # tokens per card per step the imbalance is measured at: decode's few to prefill's many
+# Under request-level traffic each stage has its own traffic and loads: a decode card's batch, a prefill card's
+# chunk of whole prompts.
+REQUEST_CURVE_LOADS = {"decode": (4, 32, 256), "prefill": (1024, 4096, 16384)}
 
 
 @dataclass(frozen=True)
@@ -57,25 +67,37 @@ def fit_load_imbalance(loads: tuple[int, ...], measured: tuple[float, ...]) -> L
     return LoadImbalance(float(floor), float(noise), tuple(loads), tuple(float(v) for v in measured))
 
 
-def load_imbalance(config: SimConfig, cards: int, slots: int) -> LoadImbalance:
-    """The curve of a group of `cards` cards with `slots` expert slots each under `config.balance` (cached per shape
-    and balance settings)."""
+def load_imbalance(config: SimConfig, cards: int, slots: int, stage: str = "decode") -> LoadImbalance:
+    """The curve of a group of `cards` cards with `slots` expert slots each under `config.balance`, for `stage`'s
+    traffic ("decode" or "prefill"; cached per shape, stage and settings)."""
     model = config.model
-    key = (config.balance.model_dump_json(), model.num_routed_experts, model.top_k, config.seed, cards, slots)
+    key = (config.model_dump_json(include={"balance", "capacity", "speculative"}), model.num_routed_experts,
+           model.top_k, config.seed, cards, slots, stage)
     if key not in _CURVES:
-        _CURVES[key] = _measure(config, cards, slots)
+        _CURVES[key] = _measure(config, cards, slots, stage)
     return _CURVES[key]
 
 
-def _measure(config: SimConfig, cards: int, slots: int) -> LoadImbalance:
-    counts_TLE = synthetic_counts(config, cards, CURVE_LOADS[-1])
-    thinning = np.random.default_rng([config.seed, cards, slots])
-    thinner, above = [], counts_TLE
-    for load, denser in zip(CURVE_LOADS[-2::-1], CURVE_LOADS[:0:-1]):
-        above = thinning.binomial(above, load / denser)
-        thinner.append(above)
-    served_T = served_imbalance_T(config, cards, slots, counts_TLE, tuple(thinner))  # top load first, then falling
-    return fit_load_imbalance(CURVE_LOADS, tuple(float(steps.mean()) for steps in reversed(served_T)))
+def curve_loads(config: SimConfig, stage: str) -> tuple[int, ...]:
+    """The loads (tokens per card per step) the curve of `stage` is measured at, ascending."""
+    return REQUEST_CURVE_LOADS[stage] if config.balance.traffic == "requests" else CURVE_LOADS
 
 
-_CURVES: dict[tuple, LoadImbalance] = {}  # (balance settings, E, K, seed, cards, slots) -> curve
+def _measure(config: SimConfig, cards: int, slots: int, stage: str) -> LoadImbalance:
+    loads = curve_loads(config, stage)
+    counts_TLE = synthetic_counts(config, cards, loads[-1], stage)
+    if config.balance.traffic == "requests":
+        # Fewer tokens are fewer requests, not the same requests thinned: a trace of its own per load.
+        lower = tuple(synthetic_counts(config, cards, load, stage) for load in loads[-2::-1])
+    else:
+        thinning = np.random.default_rng([config.seed, cards, slots])
+        lower, above = [], counts_TLE
+        for load, denser in zip(loads[-2::-1], loads[:0:-1]):
+            above = thinning.binomial(above, load / denser)
+            lower.append(above)
+        lower = tuple(lower)
+    served_T = served_imbalance_T(config, cards, slots, counts_TLE, lower)  # top load first, then falling
+    return fit_load_imbalance(loads, tuple(float(steps.mean()) for steps in reversed(served_T)))
+
+
+_CURVES: dict[tuple, LoadImbalance] = {}  # (settings, E, K, seed, cards, slots, stage) -> curve

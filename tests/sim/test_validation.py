@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.validation import ANCHORS_PATH, ROLES, _refit_one, load_anchors, simulate, validation_rows
+from sim.validation import (ANCHORS_PATH, ROLES, _refit_one, anchor_error, load_anchors, simulate, validation_rows,
+                            within_tolerance)
 from sim.calibration import load_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,3 +63,21 @@ def test_a_predicted_row_is_within_its_documented_error():
     rows = validation_rows([anchor for anchor in load_anchors() if anchor.name == "cloudmatrix384-decode-npu"])
     assert rows[0]["role"] == "predicted" and abs(rows[0]["error"]) < 0.15
     assert rows[0]["command"].startswith("eplb sim --config sim/anchors/cloudmatrix384-decode.yaml --capacity")
+
+
+def test_imbalance_rows_are_judged_on_their_excess_over_one():
+    anchors = {anchor.name: anchor for anchor in load_anchors()}
+    predicted = anchors["trtllm-r1-ep36-offline-eplb"]
+    assert predicted.role == "predicted" and predicted.measure["fit"] == "rerun"
+    assert anchor_error(predicted, 1.0 + 2 * (predicted.published - 1.0)) == pytest.approx(1.0)  # twice the excess
+    assert anchor_error(anchors["cloudmatrix384-decode-npu"], 2 * 1943) == pytest.approx(1.0)  # a rate: itself
+    assert within_tolerance({"unit": predicted.unit, "error": -0.3})
+    assert not within_tolerance({"unit": predicted.unit, "error": -0.34})
+    assert not within_tolerance({"unit": "output tokens/s per node", "error": -0.3})
+
+
+def test_the_offline_eplb_prediction_runs_on_the_fitted_skew_and_beats_no_balancing():
+    anchors = {anchor.name: anchor for anchor in load_anchors()}
+    rows = validation_rows([anchors["trtllm-r1-ep36-offline-eplb"]])
+    assert 1.0 < rows[0]["simulated"] < anchors["trtllm-r1-ep32-no-balancing"].published
+    assert rows[0]["error"] == pytest.approx((rows[0]["simulated"] - 1) / (rows[0]["published"] - 1) - 1)
