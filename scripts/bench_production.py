@@ -27,13 +27,17 @@ on 64 decode steps drawn from them (128 tokens a GPU: the steps' own noise) and 
 traffic), under equal split (`rebalance_experts`, what vLLM and SGLang route) and under the best split
 (`fit_placement`, dynamic).
 
+With `--traffic requests`, the synthetic traffic is request-level (`traces.request_traffic`: requests keep their own
+experts; decode steps under continuous batching, and at 32 x 9 prefill batches of whole 4K prompts, chunked) at the
+same skews, beside today's independent tokens.
+
 With `--groups 8`, also node-limited rows: the hierarchical greedy (each of 8 expert groups on one node) under the
 best split against `cpsat` with `groups=8, nodes_per_group=1` under the live router, on the shapes whose GPU count
 is a multiple of 8 nodes' worth.
 
 Usage: python scripts/bench_production.py [--shapes 144x2 72x4 64x4 128x2 32x9] [--skews 0.6 1.2] [--steps 400]
        [--layers 4] [--every 100] [--window 100] [--seed 0] [--groups 8] [--oracle] [--work-limit 20]
-       [--real] [--json out.json]
+       [--real] [--traffic tokens|requests] [--json out.json]
 """
 
 import json
@@ -51,10 +55,13 @@ from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, Placement, fit_placement, rolling_replay, score_placement
 from traces import load_trace
 from traces.atomic_file import write_text_atomically
+from traces.request_traffic import RequestTrafficConfig, request_traffic_TLE
 from traces.synthetic import SyntheticConfig, generate_trace
 
 # "G x S" -> tokens a GPU carries a step (EP32 prefill batches 2,048 tokens a GPU; decode 128)
 SHAPES = {"144x2": 128, "72x4": 128, "64x4": 128, "128x2": 128, "32x9": 2048}
+PREFILL_SHAPES = ("32x9",)  # under --traffic requests, prefill batches of whole prompts; the others decode
+PREFILL_PROMPT_TOKENS = 4096.0
 NUM_EXPERTS = 256
 TOP_K = 8
 TWIN_SAMPLE_SEED = 1_000_003
@@ -76,9 +83,16 @@ def parse_shape(text: str) -> tuple[int, int]:
 
 
 def trace(gpus: int, tokens_per_gpu: int, skew: float, steps: int, layers: int, seed: int,
-          sample_seed: int | None = None) -> np.ndarray:
+          sample_seed: int | None = None, traffic: str = "tokens", stage: str = "decode") -> np.ndarray:
     """[T, L, 256] synthetic counts at `gpus * tokens_per_gpu` tokens a step, lognormal popularity of sigma `skew`
-    (with `sample_seed`, the twin: the same popularity, other samples)."""
+    (with `sample_seed`, the twin: the same popularity and requests, other samples); `traffic` "requests" draws
+    request-level traffic of `stage` (decode: continuous batching, outputs of mean 512; prefill: chunked batches of
+    4K prompts), "tokens" independent tokens."""
+    if traffic == "requests":
+        stage_settings = {"prompt_tokens": PREFILL_PROMPT_TOKENS} if stage == "prefill" else {}
+        return request_traffic_TLE(RequestTrafficConfig(
+            mode=stage, num_steps=steps, num_layers=layers, num_experts=NUM_EXPERTS, top_k=TOP_K,
+            tokens_per_step=gpus * tokens_per_gpu, seed=seed, skew=skew, sample_seed=sample_seed, **stage_settings))
     config = SyntheticConfig(num_steps=steps, num_layers=layers, num_experts=NUM_EXPERTS, top_k=TOP_K,
                              tokens_per_step=gpus * tokens_per_gpu, seed=seed, skew=skew, sample_seed=sample_seed)
     return generate_trace(config).counts_TLE
@@ -109,14 +123,15 @@ def replay_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, routin
 
 
 def measure(shapes: list[str], skews: list[float], steps: int, layers: int, every: int, window: int, seed: int,
-            groups: int | None, cpsat_options: dict, oracle: bool = False) -> list[dict]:
+            groups: int | None, cpsat_options: dict, oracle: bool = False, traffic: str = "tokens") -> list[dict]:
     rows = []
     for shape in shapes:
         gpus, slots = parse_shape(shape)
         tokens_per_gpu = SHAPES.get(shape, 128)
         cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
         for skew in skews:
-            counts_TLE = trace(gpus, tokens_per_gpu, skew, steps, layers, seed)
+            stage = "prefill" if shape in PREFILL_SHAPES else "decode"
+            counts_TLE = trace(gpus, tokens_per_gpu, skew, steps, layers, seed, traffic=traffic, stage=stage)
             limits = [None] + ([groups] if groups and cluster.num_nodes >= 1 and groups % cluster.num_nodes == 0
                                else [])
             for group_count in limits:
@@ -126,13 +141,13 @@ def measure(shapes: list[str], skews: list[float], steps: int, layers: int, ever
                          replay_row(counts_TLE, cluster, "cpsat", "live",
                                     {"routing": "dynamic", **cpsat_options, **node_options}, every, window)]
                 if oracle:
-                    twin_TLE = trace(gpus, tokens_per_gpu, skew, steps, layers, seed, TWIN_SAMPLE_SEED)
+                    twin_TLE = trace(gpus, tokens_per_gpu, skew, steps, layers, seed, TWIN_SAMPLE_SEED, traffic, stage)
                     for row, options in zip(found, (greedy_options, {"routing": "dynamic", **cpsat_options,
                                                                        **node_options})):
                         row["oracle"] = oracle_row(counts_TLE, twin_TLE, cluster, row["policy"], row["routing"],
                                                    options, every, window)["oracle"]
                 for row in found:
-                    row.update({"shape": f"{gpus} x {slots}", "tokens_per_gpu": tokens_per_gpu,
+                    row.update({"shape": f"{gpus} x {slots}", "tokens_per_gpu": tokens_per_gpu, "traffic": traffic,
                                 "redundant": gpus * slots - NUM_EXPERTS, "skew": skew,
                                 "groups": group_count})
                     print(f"{row['shape']} skew {skew} groups {group_count} {row['policy']}/{row['routing']}: "
@@ -219,7 +234,8 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if oracle else "")]
     for greedy, cpsat in zip(rows[0::2], rows[1::2]):
         limit = "-" if greedy["groups"] is None else f"{greedy['groups']} groups, 1 node each"
-        line = (f"| {greedy['shape']} | {greedy['redundant']} | lognormal {greedy['skew']:g} | {limit} | "
+        requests = ", requests" if greedy.get("traffic") == "requests" else ""
+        line = (f"| {greedy['shape']} | {greedy['redundant']} | lognormal {greedy['skew']:g}{requests} | {limit} | "
                 f"{greedy['held_out']:.4f} ({greedy['fitted']:.4f}) | {cpsat['held_out']:.4f} "
                 f"({cpsat['fitted']:.4f}) | {cpsat['held_out'] - greedy['held_out']:+.4f} | {greedy['bound']:.4f} "
                 f"({cpsat['fitted_bound']:.4f}) | {cpsat['fitted'] - cpsat['fitted_bound']:.4f} |")
@@ -241,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=None, help="also node-limited rows with this many groups")
     parser.add_argument("--oracle", action="store_true", help="also each policy's oracle (popularity known)")
     parser.add_argument("--real", action="store_true", help="instead, the real-routing rows (ESFT, OLMoE)")
+    parser.add_argument("--traffic", choices=("tokens", "requests"), default="tokens",
+                        help="synthetic traffic: independent tokens, or requests that keep their own experts "
+                             "(decode under continuous batching; 32x9: prefill batches of whole 4K prompts)")
     parser.add_argument("--work-limit", type=float, default=None, help="cpsat: work budget per fit (default: "
                         "CpSatConfig's)")
     parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
@@ -274,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
         return 0
     rows = measure(args.shapes, args.skews, args.steps, args.layers, args.every, args.window, args.seed,
-                   args.groups, options, args.oracle)
+                   args.groups, options, args.oracle, args.traffic)
     print(table(rows))
     if args.json:
         write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
