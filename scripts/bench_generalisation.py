@@ -9,6 +9,9 @@ policy only on steps it was not fitted to, on traffic from settings and seeds no
 - `--traffic tuning`: `traces.synthetic` with TUNING_SETTINGS, the traffic the policy's two-slot rule was chosen
   on (`cpsat_layer.swaps_only`), with `--seeds 101 102 103` as measured there: a check of that choice, not a
   held-out test;
+- `--traffic requests`: request-level traffic (`traces.request_traffic`: requests that keep their own experts; decode
+  under continuous batching, and at 32 x 9 prefill batches of whole 4K prompts) at HELD_OUT_SETTINGS' drift, bursts
+  and domains, seeds SEEDS;
 - `--traffic regime`: `regime_trace` below, a generator that shares no code with `traces.synthetic`: the domain mix
   jumps between Dirichlet draws (ramped over a few steps) at random times, every expert's popularity also walks
   (an Ornstein-Uhlenbeck process in log space), bursts have lognormal factors and geometric lengths, and the picks
@@ -21,7 +24,7 @@ dynamic routing under the live router (what a decode worker runs). Rows: at 144 
 0.6, 0.9, 1.2 and 1.5 at lag 0 and 100; at 72 x 4, 64 x 4 and 32 x 9 lognormal 0.6 and 1.2 at lag 0. Each row gives
 both held-out means over its seeds, cpsat - greedy per seed, their mean and the worst seed.
 
-Usage: python scripts/bench_generalisation.py [--traffic synthetic|tuning|regime] [--seeds 301 302 303] [--rows 144x2]
+Usage: python scripts/bench_generalisation.py [--traffic synthetic|tuning|regime|requests] [--seeds 301 302 303] [--rows 144x2]
        [--work-limit 20] [--json out.json]
 """
 
@@ -34,6 +37,7 @@ from eplb.cli.arg_types import json_output
 from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, rolling_replay
 from traces.atomic_file import write_text_atomically
+from traces.request_traffic import RequestTrafficConfig, request_traffic_TLE
 from traces.synthetic import SyntheticConfig, generate_trace
 
 NUM_EXPERTS, TOP_K, LAYERS, STEPS, EVERY, WINDOW = 256, 8, 4, 300, 100, 100
@@ -103,9 +107,14 @@ def _capped(weight_E: np.ndarray) -> np.ndarray:
     return p / p.sum()
 
 
-def trace(traffic: str, gpus: int, tokens_per_gpu: int, sigma: float, seed: int) -> np.ndarray:
+def trace(traffic: str, gpus: int, tokens_per_gpu: int, sigma: float, seed: int, stage: str = "decode") -> np.ndarray:
     if traffic == "regime":
         return regime_trace(STEPS, LAYERS, gpus * tokens_per_gpu, sigma, seed)
+    if traffic == "requests":
+        lengths = {"prompt_tokens": 4096.0} if stage == "prefill" else {}
+        return request_traffic_TLE(RequestTrafficConfig(
+            mode=stage, num_steps=STEPS, num_layers=LAYERS, num_experts=NUM_EXPERTS, top_k=TOP_K,
+            tokens_per_step=gpus * tokens_per_gpu, seed=seed, skew=sigma, **lengths, **HELD_OUT_SETTINGS))
     settings = TUNING_SETTINGS if traffic == "tuning" else HELD_OUT_SETTINGS
     config = SyntheticConfig(num_steps=STEPS, num_layers=LAYERS, num_experts=NUM_EXPERTS, top_k=TOP_K,
                              tokens_per_step=gpus * tokens_per_gpu, seed=seed, skew=sigma, **settings)
@@ -129,7 +138,8 @@ def measure(traffic: str, seeds: list[int], shapes: list[str], options: dict) ->
         tokens_per_gpu = 2048 if shape == "32x9" else 128
         cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
         for sigma in sigmas:
-            traces = [trace(traffic, gpus, tokens_per_gpu, sigma, seed) for seed in seeds]
+            stage = "prefill" if shape == "32x9" else "decode"
+            traces = [trace(traffic, gpus, tokens_per_gpu, sigma, seed, stage) for seed in seeds]
             for lag in lags:
                 pairs = [held_out(counts_TLE, cluster, lag, options) for counts_TLE in traces]
                 differences = [cpsat - greedy for greedy, cpsat in pairs]
@@ -157,9 +167,9 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--traffic", choices=("synthetic", "tuning", "regime"), default="synthetic",
+    parser.add_argument("--traffic", choices=("synthetic", "tuning", "regime", "requests"), default="synthetic",
                         help="held-out settings of traces.synthetic, the settings the two-slot rule was chosen on, "
-                        "or the independent regime generator")
+                        "the independent regime generator, or request-level traffic at the held-out settings")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="trace seeds (default: %(default)s)")
     parser.add_argument("--rows", nargs="+", default=[row[0] for row in ROWS], choices=[row[0] for row in ROWS],
                         help="shapes to run (default: all)")

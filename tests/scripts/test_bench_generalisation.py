@@ -36,3 +36,12 @@ def test_bad_flags_are_refused_in_one_line(load_script, capsys, flags):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(flags)
     assert exit_info.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("stage", ["decode", "prefill"])
+def test_request_traffic_rows_draw_the_stage_of_their_shape(load_script, stage):
+    bench = load_script("bench_generalisation")
+    counts_TLE = bench.trace("requests", 32, 64, 0.6, seed=1, stage=stage)
+    assert counts_TLE.shape == (bench.STEPS, bench.LAYERS, bench.NUM_EXPERTS)
+    assert (counts_TLE.sum(axis=2) == 32 * 64 * bench.TOP_K).all()
+    assert np.array_equal(counts_TLE, bench.trace("requests", 32, 64, 0.6, seed=1, stage=stage))

@@ -1,6 +1,7 @@
 """`scripts/bench_production.py` and `scripts/bench_work_budget.py` refuse bad flags in one line with exit 2, before
 any work (no usage block, no traceback, no node-limited row dropped in silence)."""
 
+import numpy as np
 import pytest
 
 PRODUCTION_FLAGS = [["--layers", "0"], ["--every", "0"], ["--window", "0"], ["--seed", "-1"], ["--groups", "1000"],
@@ -19,3 +20,12 @@ def test_a_bad_flag_is_refused_in_one_line(load_script, capsys, monkeypatch, scr
     with pytest.raises(SystemExit) as exit_info:
         bench.main(flags)
     assert exit_info.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_request_traffic_beside_independent_tokens(load_script):
+    bench = load_script("bench_production")
+    tokens = bench.trace(32, 64, 0.6, 30, 2, seed=0)
+    requests = bench.trace(32, 64, 0.6, 30, 2, seed=0, traffic="requests", stage="prefill")
+    twin = bench.trace(32, 64, 0.6, 30, 2, seed=0, sample_seed=5, traffic="requests", stage="prefill")
+    assert tokens.shape == requests.shape == (30, 2, bench.NUM_EXPERTS)
+    assert (requests.sum(axis=2) == 32 * 64 * bench.TOP_K).all() and not np.array_equal(requests, twin)
