@@ -71,7 +71,22 @@ def load_anchors(path: Path = ANCHORS_PATH) -> list[Anchor]:
         if anchor.measure["kind"] in ("decode", "prefill", "fleet_nodes", "store_hit_share", "decode_imbalance") and \
                 (anchor.config is None or not (Path(path).parent / anchor.config).is_file()):
             raise AnchorError(f"anchor {anchor.name!r}: its config {anchor.config!r} is missing beside {path}")
+        band = anchor.measure.get("band")
+        if band is not None and not _valid_band(band):
+            raise AnchorError(f"anchor {anchor.name!r}: band must be {{field: SECTION.FIELD of the simulator config, "
+                              f"values: [{{trace: NAME, value: NUMBER}}, ...]}}; found {band!r:.200}")
     return anchors
+
+
+def _valid_band(band) -> bool:
+    if not isinstance(band, dict) or not isinstance(band.get("field"), str) or band["field"].count(".") != 1:
+        return False
+    section, field = band["field"].split(".")
+    model = SimConfig.model_fields.get(section)
+    values = band.get("values")
+    return (model is not None and field in getattr(model.annotation, "model_fields", {}) and isinstance(values, list)
+            and bool(values) and all(isinstance(v, dict) and isinstance(v.get("trace"), str)
+                                     and isinstance(v.get("value"), (int, float)) for v in values))
 
 
 def anchor_config(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, speculative: dict | None = None) -> SimConfig:
@@ -85,10 +100,11 @@ def anchor_config(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, speculative
 
 def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Efficiency | None = None,
              speculative: dict | None = None, utilisation: float | None = None,
-             return_share: float | None = None, skew: float | None = None) -> float:
+             return_share: float | None = None, skew: float | None = None, config: SimConfig | None = None) -> float:
     """The simulator's figure for `anchor`, in the anchor's unit; `efficiency`, `speculative` (SpeculativeConfig
     fields), `utilisation` (of a day-average anchor), `return_share` (of the prefix store) and `skew` (of the
-    request-level traffic's popularity) replace the calibrated ones (the refit searches with them)."""
+    request-level traffic's popularity) replace the calibrated ones (the refit searches with them); `config`
+    replaces the anchor's operating point (a band's values)."""
     from sim.capacity import decode_capacity, prefill_capacity
 
     kind, measure = anchor.measure["kind"], anchor.measure
@@ -105,7 +121,7 @@ def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Effi
                                  **(speculative or {}))
         tokens = expected_step(spec, 0).tokens_per_step
         return tokens / (1.0 + spec.draft_cost_share) if kind == "mtp_speedup" else tokens
-    config = anchor_config(anchor, anchors_path, speculative)
+    config = config or anchor_config(anchor, anchors_path, speculative)
     if kind == "store_hit_share":
         return _store_hit_share(config, return_share)
     imbalance = measure.get("imbalance")  # a balance the source states (perfect), else the placement code's
@@ -165,10 +181,28 @@ def validation_rows(anchors: list[Anchor] | None = None, anchors_path: Path = AN
     rows = []
     for anchor in anchors:
         value = simulate(anchor, anchors_path)
-        rows.append({"name": anchor.name, "role": anchor.role, "source": anchor.source,
-                     "conditions": anchor.conditions, "unit": anchor.unit, "published": anchor.published,
-                     "simulated": value, "error": anchor_error(anchor, value), "command": command(anchor)})
+        row = {"name": anchor.name, "role": anchor.role, "source": anchor.source,
+               "conditions": anchor.conditions, "unit": anchor.unit, "published": anchor.published,
+               "simulated": value, "error": anchor_error(anchor, value), "command": command(anchor)}
+        if "band" in anchor.measure:
+            band = band_values(anchor, anchors_path)
+            row["band"] = [{**entry, "simulated": figure, "error": anchor_error(anchor, figure)}
+                           for entry, figure in zip(anchor.measure["band"]["values"], band)]
+        rows.append(row)
     return rows
+
+
+def band_values(anchor: Anchor, anchors_path: Path = ANCHORS_PATH) -> list[float]:
+    """The anchor's figure at each value of its `band` (a config field the source does not state, set to each
+    measured real trace's value in turn: `measure.band.field`, `measure.band.values[*].value`)."""
+    band = anchor.measure["band"]
+    section, field = band["field"].split(".")
+    figures = []
+    for entry in band["values"]:
+        config = anchor_config(anchor, anchors_path)
+        updated = getattr(config, section).model_copy(update={field: entry["value"]})
+        figures.append(simulate(anchor, anchors_path, config=config.model_copy(update={section: updated})))
+    return figures
 
 
 IMBALANCE_MEASURES = ("imbalance", "decode_imbalance")
@@ -183,9 +217,11 @@ def anchor_error(anchor: Anchor, value: float) -> float:
 
 
 def within_tolerance(row: dict) -> bool:
-    """Whether a row's error is within the project's bar: 15% of a figure, a third of an imbalance's excess."""
+    """Whether a row's error is within the project's bar: 15% of a figure, a third of an imbalance's excess; a row
+    with a band (a value its source does not state) only if every value of the band is."""
     limit = 1.0 / 3.0 if row["unit"].startswith("max / mean") else 0.15
-    return abs(row["error"]) <= limit
+    errors = [row["error"], *(entry["error"] for entry in row.get("band", ()))]
+    return all(abs(error) <= limit for error in errors)
 
 
 def validation_text(rows: list[dict]) -> str:
@@ -196,10 +232,16 @@ def validation_text(rows: list[dict]) -> str:
         for row in (r for r in rows if r["role"] == role):
             lines.append(f"{row['name']:{width}} {row['role']:9} {_figure(row['published']):>11} "
                          f"{_figure(row['simulated']):>11} {row['error']:+7.1%}  {row['unit']}")
+    for row in rows:
+        if "band" in row:
+            errors = [entry["error"] for entry in row["band"]]
+            lines.append(f"{row['name']}: over its band ({', '.join(entry['trace'] for entry in row['band'])}) "
+                         f"{min(errors):+.1%} to {max(errors):+.1%}")
+    roles = {role: sum(r["role"] == role for r in rows) for role in ROLES}
     predicted = [r for r in rows if r["role"] == "predicted"]
-    if predicted:
-        lines.append(f"predicted rows within 15% (imbalance rows: within a third of the excess over 1.0): "
-                     f"{sum(map(within_tolerance, predicted))} of {len(predicted)}")
+    lines.append(f"rows: {roles['fitted']} fitted, {roles['identity']} identity, {roles['predicted']} predicted; "
+                 f"predicted rows within 15% (imbalance rows: a third of the excess over 1.0; a band: all of it): "
+                 f"{sum(map(within_tolerance, predicted))} of {len(predicted)}")
     return "\n".join(lines)
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.validation import (ANCHORS_PATH, ROLES, _refit_one, anchor_error, load_anchors, simulate, validation_rows,
-                            within_tolerance)
+from sim.validation import (ANCHORS_PATH, ROLES, AnchorError, _refit_one, anchor_error, load_anchors, simulate,
+                            validation_rows, within_tolerance)
 from sim.calibration import load_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,3 +81,47 @@ def test_the_offline_eplb_prediction_runs_on_the_fitted_skew_and_beats_no_balanc
     rows = validation_rows([anchors["trtllm-r1-ep36-offline-eplb"]])
     assert 1.0 < rows[0]["simulated"] < anchors["trtllm-r1-ep32-no-balancing"].published
     assert rows[0]["error"] == pytest.approx((rows[0]["simulated"] - 1) / (rows[0]["published"] - 1) - 1)
+
+
+def test_a_row_with_a_band_counts_only_if_every_value_of_the_band_is_within():
+    row = {"unit": "input tokens/s per node", "error": 0.05,
+           "band": [{"trace": "a", "value": 1.9, "error": -0.10}, {"trace": "b", "value": 2.7, "error": 0.05}]}
+    assert within_tolerance(row)
+    row["band"][0]["error"] = -0.16
+    assert not within_tolerance(row)
+
+
+def test_the_prompt_spread_band_is_every_measured_trace_and_each_value_is_that_traces():
+    anchors = {anchor.name: anchor for anchor in load_anchors()}
+    band = anchors["deepseek-prefill-node"].measure["band"]
+    assert band["field"] == "capacity.prompt_length_spread"
+    data = ROOT.parent / "shared" / "data" / "requests"
+    if not data.is_dir():
+        pytest.skip("../shared/data/requests is absent")
+    from sim.prompt_mix import length_spread
+    from traces import load_request_trace
+
+    traces = sorted(path.name for path in data.iterdir() if path.suffix in (".csv", ".jsonl"))
+    assert sorted(entry["trace"] for entry in band["values"]) == traces
+    for entry in band["values"]:
+        lengths = [request.input_tokens for request in load_request_trace(data / entry["trace"])]
+        assert length_spread(lengths) == pytest.approx(entry["value"], abs=0.001), entry["trace"]
+
+
+def test_a_malformed_band_is_refused_naming_the_anchor(tmp_path):
+    text = ANCHORS_PATH.read_text().replace("field: capacity.prompt_length_spread", "field: capacity.nothing")
+    broken = tmp_path / "anchors.yaml"
+    broken.write_text(text)
+    for config in {anchor.config for anchor in load_anchors() if anchor.config}:
+        target = tmp_path / config
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text((ANCHORS_PATH.parent / config).read_text())
+    with pytest.raises(AnchorError, match="deepseek-prefill-node"):
+        load_anchors(broken)
+
+
+def test_a_row_whose_figure_is_a_fitted_rows_is_an_identity():
+    anchors = {anchor.name: anchor for anchor in load_anchors()}
+    perfect, profile = anchors["sglang-h100-prefill-ep32-4k-perfect-node"], anchors["deepseek-profile-prefill-node"]
+    assert perfect.role == "identity"
+    assert simulate(perfect) == pytest.approx(simulate(profile), rel=1e-9)
