@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-
-from eplb.cli.arg_types import json_output
 from collectives.lifeline import parent_of_child
+from eplb.cli.arg_types import json_output
+from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, fit_placement
 from placement.policies.cpsat_policy import LEVELS, fitted_objective
 from traces.synthetic import SyntheticConfig, generate_trace
@@ -89,7 +89,7 @@ def print_table(rows: list[dict], time_limit: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--time-limit", type=float, default=10.0, help="cpsat budget per fit, seconds (default 10)")
     parser.add_argument("--repeats", type=int, default=3, help="fits per cluster and load (default 3)")
     parser.add_argument("--busy", type=int, default=2, help="spinning processes beside the busy fits (default 2)")

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from eplb.cli.arg_types import json_output
+from eplb.cli.main import OneLineParser
 from eplb.rebalance.config import RebalanceConfig
 from placement import ClusterSpec, fit_placement
 from placement.drift_swaps import MIN_GAIN, _Ring, ring_spans, swap_layer
@@ -41,7 +42,7 @@ TOKENS_PER_GPU = 128
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 128], help="GPUs of each cluster")
     parser.add_argument("--slots-per-gpu", type=int, nargs="+", default=[5, 3], help="slots per GPU of each cluster")
     parser.add_argument("--later", type=int, default=100, help="steps after the fit window that the swaps' window ends")

@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from eplb.cli.arg_types import json_output
+from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, Placement, fit_placement
 from placement.burst_exposure import burst_exposure
 from placement.forecast import hedged_window, trend_supported
@@ -433,7 +434,7 @@ def patching_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one small shape, short drifting traces (a smoke run)")
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 100], help="lags of the rolling rows (steps)")
     parser.add_argument("--work-limit", type=float, default=4.0,

@@ -24,8 +24,8 @@ dynamic routing under the live router (what a decode worker runs). Rows: at 144 
 0.6, 0.9, 1.2 and 1.5 at lag 0 and 100; at 72 x 4, 64 x 4 and 32 x 9 lognormal 0.6 and 1.2 at lag 0. Each row gives
 both held-out means over its seeds, cpsat - greedy per seed, their mean and the worst seed.
 
-Usage: python scripts/bench_generalisation.py [--traffic synthetic|tuning|regime|requests] [--seeds 301 302 303] [--rows 144x2]
-       [--work-limit 20] [--json out.json]
+Usage: python scripts/bench_generalisation.py [--traffic synthetic|tuning|regime|requests] [--seeds 301 302 303]
+       [--rows 144x2] [--work-limit 20] [--json out.json]
 """
 
 import json

@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 
+from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, fit_placement, score_placement
 
 EXPERTS, TOP_K, GROUPS, TOP_GROUPS = 256, 8, 8, 4
@@ -52,7 +53,7 @@ def served_imbalance(gpus: int, slots: int, tokens: int, limited: bool, log_popu
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one small shape, few steps (a smoke run)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the popularity and the sampling (default 0)")
     args = parser.parse_args(argv)

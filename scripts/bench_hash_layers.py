@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from eplb.cli.arg_types import json_output
+from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, fit_placement, score_placement
 from placement.hash_routing import hash_counts_TE, table_steps_TE
 from traces.synthetic import SyntheticConfig, generate_trace
@@ -150,7 +151,7 @@ def demo_section(args) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--section", choices=("zipf", "demo", "all"), default="all")
     parser.add_argument("--steps", type=int, default=600, help="steps of each stream (default 600)")
     parser.add_argument("--every", type=int, default=100, help="refit every N steps (default 100)")

@@ -59,17 +59,32 @@ from pathlib import Path
 
 import numpy as np
 
-
 from collectives import run_local_group
 from collectives.lifeline import end_with_parent, parent_of_child
+from eplb.cli.main import OneLineParser
+from eplb.harness.rebalancing_loop import (
+    Faults,
+    run_rebalancing_loop,
+    shifting_traffic_setup,
+)
+from eplb.harness.rebalancing_summary import (
+    PHASES,
+    pooled_p99_ratio,
+    summarize_rebalancing,
+)
+from eplb.harness.synthetic_decode import DecodeSetup, run_decode_loop, summarize
 from eplb.live import MoELayerConfig
 from eplb.rebalance import RebalanceConfig
-from eplb.harness.rebalancing_loop import Faults, run_rebalancing_loop, shifting_traffic_setup
-from eplb.harness.rebalancing_summary import PHASES, pooled_p99_ratio, summarize_rebalancing
-from eplb.harness.synthetic_decode import DecodeSetup, run_decode_loop, summarize
 from eplb.rebalance.move_plan import (
-    TransferShape, backup_wanted, decode_fills, decode_for_rank, decode_rounds, encode_fills, encode_rounds,
-    plan_rebalance)
+    TransferShape,
+    backup_wanted,
+    decode_fills,
+    decode_for_rank,
+    decode_rounds,
+    encode_fills,
+    encode_rounds,
+    plan_rebalance,
+)
 from placement import ClusterSpec, fit_placement, plan_migration
 from traces.synthetic import SyntheticConfig, generate_trace
 
@@ -95,7 +110,7 @@ def run_variants(comm, setups: dict, steps: int, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30, help="decode steps per run (default 30)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each variant (default 5)")

@@ -46,9 +46,15 @@ import time
 import numpy as np
 
 from eplb.cli.arg_types import json_output
+from eplb.cli.main import OneLineParser
 from eplb.live.replica_assignment import ReplicaTables
-from eplb.rebalance.attempt import (changed_layers, last_rounds, layer_switch_steps, layers_per_step,
-                                    moving_steps)
+from eplb.rebalance.attempt import (
+    changed_layers,
+    last_rounds,
+    layer_switch_steps,
+    layers_per_step,
+    moving_steps,
+)
 from eplb.rebalance.background_solver import SolveResult, import_solving_modules, solve
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.move_plan import KINDS, TransferShape, backup_wanted
@@ -67,7 +73,7 @@ STEADY = 6  # steady patches after the first, each from the last
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 128], help="GPUs of each cluster")
     parser.add_argument("--slots-per-gpu", type=int, nargs="+", default=[5, 3], help="slots per GPU of each cluster")
     parser.add_argument("--step-ms", type=float, default=50.0, help="decode step time for the steps to a switch")

@@ -43,12 +43,18 @@ from pathlib import Path
 
 import numpy as np
 
-
 from eplb.cli.arg_types import json_output
-from placement import ClusterSpec, fit_placement, plan_migration, rolling_replay, score_placement
-from placement.scoring import StepScores
+from eplb.cli.main import OneLineParser
+from placement import (
+    ClusterSpec,
+    fit_placement,
+    plan_migration,
+    rolling_replay,
+    score_placement,
+)
 from placement.policies.deepseek import deepseek_rebalance
 from placement.policies.deepseek_reference import reference_rebalance
+from placement.scoring import StepScores
 from traces import load_trace
 from traces.synthetic import SyntheticConfig, generate_trace
 
@@ -255,7 +261,7 @@ def print_tables(speed: list[dict], synthetic: list[dict], esft: list[dict]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=500, help="steps of each synthetic trace (default 500)")
     parser.add_argument("--every", type=int, default=50, help="rolling replay: refit every N steps (default 50)")
     parser.add_argument("--window", type=int, default=50, help="rolling replay: fit on the last W steps (default 50)")

@@ -179,7 +179,8 @@ def sglang_table(rows: list[dict]) -> str:
     lines = ["operating point | greedy, static: imbalance, tokens/s per node | cpsat, live router | perfect balance | "
              "throughput recovered", "---|---|---|---|---"]
     for r in rows:
-        lines.append(f"{r['config']} | {r['greedy_static_imbalance']:.3f}, {r['greedy_static_tokens_per_s_per_node']:,.0f} | "
+        lines.append(f"{r['config']} | {r['greedy_static_imbalance']:.3f}, "
+                     f"{r['greedy_static_tokens_per_s_per_node']:,.0f} | "
                      f"{r['cpsat_live_imbalance']:.3f}, {r['cpsat_live_tokens_per_s_per_node']:,.0f} | "
                      f"1.000, {r['perfect_tokens_per_s_per_node']:,.0f} | {r['recovered']:.0%}")
     return "\n".join(lines)

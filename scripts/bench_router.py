@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch._inductor.config as inductor_config
 
-
+from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, fit_placement
 from placement.migration import plan_migration
 from placement.routing.exact_split import exact_max_load
@@ -98,7 +98,7 @@ def busiest_over_lp(route, steps_TE: np.ndarray, lp_T: np.ndarray, num_gpus: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=50, help="held-out steps routed per shape (default 50)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as a worker's side)")
     parser.add_argument("--policy", default="cpsat", help="placement to route on (default cpsat)")

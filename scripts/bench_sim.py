@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-
+from eplb.cli.main import OneLineParser
 from sim import SimConfig, load_sim_config, run_simulation
-from sim.stage_costs import decode_step
-from sim.fleet.run import run_fleet
 from sim.fleet.config import FleetConfig
 from sim.fleet.prefix_store import fleet_store, store_of, store_state
+from sim.fleet.run import run_fleet
 from sim.fleet.unit_capacity import unit_capacity
+from sim.stage_costs import decode_step
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT / "sim" / "configs" / "mooncake-conversation.yaml"
@@ -272,7 +272,7 @@ def agreement(quick: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--section", default="all", choices=("all", "speed", "balance", "windows", "fleet"))
     parser.add_argument("--quick", action="store_true", help="short runs, for a smoke test")
     args = parser.parse_args(argv)

@@ -12,12 +12,11 @@ cards, one spare expert slot per card) with every sequence at DeepSeek's average
 Usage: python scripts/bench_speculative.py [--quick] [--plot PNG]
 """
 
-import argparse
 import sys
 import time
 
-
 from eplb.cli.arg_types import png_output
+from eplb.cli.main import OneLineParser
 from sim import SimConfig
 from sim.hardware import PROFILES
 from sim.speculative import POLICIES, batch_for_gain, gain_table
@@ -27,7 +26,7 @@ TARGET_GAIN = 0.06  # the post's gain of selective verification over verify-all
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Fewer acceptances and batch sizes.")
     parser.add_argument("--plot", type=png_output(), default=None, metavar="PNG",
                         help="also draw the threshold policy's gain over verify-all against sequences per card")

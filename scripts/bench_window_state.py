@@ -33,6 +33,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from eplb.cli.main import OneLineParser
 from sim import SimConfig, load_sim_config, run_simulation
 from sim.engine.kv_cache import PrefixCache
 from sim.workload import TYPICAL_OUTPUT_TOKENS_PER_S, synthetic_requests, trace_requests
@@ -360,7 +361,7 @@ def _plain(value):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short simulations and a short synthetic gap horizon")
     parser.add_argument("--json", action="store_true", help="also print every figure as one JSON object, last")
     args = parser.parse_args(argv)

@@ -20,6 +20,7 @@ import sys
 import time
 
 from eplb.cli.arg_types import json_output
+from eplb.cli.main import TIME_LIMIT, WORK_LIMIT, OneLineParser
 
 SPINNER = ("import sys; from collectives.lifeline import end_with_parent; end_with_parent(int(sys.argv[1]), True)\n"
            "while True: pass")
@@ -62,33 +63,45 @@ def one_process(work_limit: float | None, time_limit: float | None = None) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--processes", type=int, default=4)
-    parser.add_argument("--busy", type=int, default=2, help="busy loops beside them")
-    parser.add_argument("--work-limit", type=float, default=None, help="the entry points' work budget (default: "
-                        "theirs)")
-    parser.add_argument("--time-limit", type=float, default=None, help="a wall-clock budget instead, seconds")
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, default=4, help="processes computing the maps (2 to 64)")
+    parser.add_argument("--busy", type=int, default=2, help="busy loops beside them (0 to 64)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--work-limit", type=WORK_LIMIT, default=None, help="the entry points' work budget "
+                        "(default: theirs)")
+    budget.add_argument("--time-limit", type=TIME_LIMIT, default=None, help="a wall-clock budget instead, seconds")
     parser.add_argument("--json", type=json_output(), default=None, help="also write the result here")
-    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: print its maps
+    parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child of this parent pid
     args = parser.parse_args(argv)
-    if args.one:
+    if args.one is not None:
+        from collectives.lifeline import end_with_parent
+
+        end_with_parent(args.one, True)  # a child ends with the parent, however the parent ends
         print(json.dumps(one_process(args.work_limit, args.time_limit)))
         return 0
-    if args.processes < 2 or args.busy < 0:
-        parser.error("--processes must be >= 2 and --busy >= 0")
+    if not (2 <= args.processes <= 64 and 0 <= args.busy <= 64):
+        parser.error("--processes must be in [2, 64] and --busy in [0, 64]")
     spinners = [subprocess.Popen([sys.executable, "-c", SPINNER, str(os.getpid())]) for _ in range(args.busy)]
+    children = []
     try:
-        command = [sys.executable, __file__, "--one"]
+        command = [sys.executable, __file__, "--one", str(os.getpid())]
         if args.work_limit is not None:
             command += ["--work-limit", str(args.work_limit)]
         if args.time_limit is not None:
             command += ["--time-limit", str(args.time_limit)]
         children = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(args.processes)]
-        results = [json.loads(child.communicate()[0].strip().splitlines()[-1]) for child in children]
+        outputs = [child.communicate()[0].strip().splitlines() for child in children]
     finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
+        for process in spinners + children:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+    failed = [index for index, (child, lines) in enumerate(zip(children, outputs)) if child.returncode or not lines]
+    if failed:
+        print(f"check_same_map.py: error: process {failed[0]} exited {children[failed[0]].returncode} without its "
+              f"maps (its error is above)", file=sys.stderr)
+        return 1
+    results = [json.loads(lines[-1]) for lines in outputs]
     summary = {}
     for name in results[0]:
         distinct = len({result[name]["hash"] for result in results})

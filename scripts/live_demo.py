@@ -26,6 +26,7 @@ Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dyna
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -57,6 +58,20 @@ MAX_HIDDEN_SIZE = 1 << 16
 MAX_SECONDS = 86_400.0  # one day: any budget or timeout beyond it is a typo
 MAX_BYTES_PER_STEP = 1 << 40
 MAX_DEMO_BYTES = 16 << 30  # the ranks' weights and activations together (each rank builds the dense reference)
+
+
+RANKS_PER_CORE = 8  # rank processes a core can start and keep stepping without a rank timing out
+RANK_BYTES = 512 << 20  # one rank process with torch loaded
+
+
+def machine_ranks() -> int:
+    """The most ranks this machine runs as processes at once: RANKS_PER_CORE a core, RANK_BYTES of memory each."""
+    cores = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = RANK_BYTES * RANKS_PER_CORE * cores
+    return max(1, min(RANKS_PER_CORE * cores, memory // RANK_BYTES))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +162,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"the demo would need {demo_bytes(args) / 2**30:.0f} GiB of weights and activations over its "
                      f"ranks (at most {MAX_DEMO_BYTES >> 30}); lower --layers, --experts, --hidden-size, "
                      f"--tokens-per-step or --world-size")
+    most = machine_ranks()
+    if args.world_size > most:
+        parser.error(f"--world-size {args.world_size} is more ranks than this machine runs at once (at most {most}: "
+                     f"{RANKS_PER_CORE} a core over {os.cpu_count() or 1} cores, {RANK_BYTES >> 20} MiB of memory "
+                     f"a rank); lower --world-size, or run on a machine with more cores")
     slots = slots_per_gpu(args)
     if args.world_size * slots < args.experts:
         parser.error(f"--world-size x --slots-per-gpu must be >= --experts (every expert needs a slot); got "

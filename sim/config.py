@@ -10,6 +10,7 @@ can make a run hang or exhaust memory. What a whole run would cost is estimated 
 """
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal, get_args, get_origin
 
@@ -275,6 +276,17 @@ class SimConfig(_Strict):
         return [(key, Path(path)) for key, path in named if path is not None]
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML as `yaml.safe_load` reads it, except that a plain number with an exponent and no sign in it (608.0e9,
+    1e6) is a number, as YAML 1.2 and JSON read it, not the string YAML 1.1 makes of it. A quoted value stays a
+    string, which the config's strict fields refuse where they expect a number."""
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
 def load_sim_config(path: str | Path | None) -> SimConfig:
     """The config in a YAML or JSON file (None: the embedded default).
 
@@ -289,7 +301,7 @@ def load_sim_config(path: str | Path | None) -> SimConfig:
                              f"the embedded default")
     try:
         text = file.read_text()
-        data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if file.suffix == ".json" else yaml.load(text, Loader=_ConfigLoader)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
         raise SimConfigError(f"{file}: cannot parse it as {'JSON' if file.suffix == '.json' else 'YAML'}: "
                              f"{' '.join(str(exc).split())[:200]}") from exc

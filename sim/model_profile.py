@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LayerKind = Literal["full", "sliding", "compressed"]
 
@@ -91,7 +91,7 @@ def _kind_counts(kinds: tuple[LayerKind, ...]) -> dict[LayerKind, int]:
 class ModelProfile(BaseModel):
     """A DeepSeek-style MoE model with MLA attention and optional sliding-window and compressed layers."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
     name: str = Field("DeepSeek-V3", description="Label used in reports.")
     num_layers: int = Field(61, ge=1, le=512, description="Decoder layers (MTP module excluded).")
@@ -126,6 +126,11 @@ class ModelProfile(BaseModel):
                                 "(cache.window_recompute_tokens), which restores it only if the window is no longer.")
     compressed_layers: tuple[int, ...] = Field((), description="Layer indices with a compressed cache.")
     compression_ratio: int = Field(4, ge=1, le=1024, description="Tokens per cached entry in a compressed layer.")
+
+    @field_validator("sliding_window_layers", "compressed_layers", mode="before")
+    @classmethod
+    def _indices_from_a_list(cls, value):
+        return tuple(value) if isinstance(value, list) else value  # YAML and JSON write indices as a list
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelProfile":

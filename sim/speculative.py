@@ -63,7 +63,7 @@ class SpeculativeConfig(BaseModel):
       nearly free), higher at larger ones.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
     enabled: bool = Field(False, description="Decode with a draft model (off: one token per sequence and step).")
     draft_tokens: int = Field(5, ge=1, le=32, description="k: draft tokens proposed per sequence and step.")

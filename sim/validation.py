@@ -56,10 +56,24 @@ def load_anchors(path: Path = ANCHORS_PATH) -> list[Anchor]:
     Raises:
         AnchorError: the file cannot be read, or an anchor is malformed (the message names it).
     """
+    expected = "a YAML mapping whose `anchors` is a list of anchors (name, role, published, unit, source, " \
+               "conditions, measure, config), as sim/anchors/anchors.yaml"
     try:
         data = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise AnchorError(f"anchors file {path}: cannot read it ({' '.join(str(exc).split())[:200]}); expected "
+                          f"{expected}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("anchors"), list):
+        if data is None:
+            found = "an empty file"
+        elif not isinstance(data, dict):
+            found = f"a {type(data).__name__}"
+        else:
+            found = "no `anchors` key" if "anchors" not in data else f"`anchors` a {type(data['anchors']).__name__}"
+        raise AnchorError(f"anchors file {path}: found {found}; expected {expected}")
+    try:
         anchors = [Anchor.model_validate(entry) for entry in data["anchors"]]
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValidationError) as exc:
+    except ValidationError as exc:
         raise AnchorError(f"anchors file {path}: {' '.join(str(exc).split())[:300]}") from exc
     names = [anchor.name for anchor in anchors]
     for anchor in anchors:
@@ -270,10 +284,11 @@ def refit(anchors_path: Path = ANCHORS_PATH) -> list[Refit]:
     """Refit every constant of the declared calibration from its fitted anchor (none of them reads a predicted
     anchor): first the popularity skew of request-level traffic, by bisection on TensorRT-LLM's no-balancing
     imbalance (the others read it through the placement code's imbalance as the file holds it, so a moved skew takes
-    a second refit to settle them), then memory and network as ratios of a kernel's published figure to its line rate, the MTP constants by
-    bisection on `sim.speculative`, the two compute factors together on DeepSeek's saturated, balanced profile
-    (`_refit_compute_factors`), and last the day's utilisation as DeepSeek's published day average over the decode
-    capacity at the post's operating point (the expert imbalance at that batch from the placement code)."""
+    a second refit to settle them), then memory and network as ratios of a kernel's published figure to its line
+    rate, the MTP constants by bisection on `sim.speculative`, the two compute factors together on DeepSeek's
+    saturated, balanced profile (`_refit_compute_factors`), and last the day's utilisation as DeepSeek's published day
+    average over the decode capacity at the post's operating point (the expert imbalance at that batch from the
+    placement code)."""
     constants = load_calibration()
     anchors = {anchor.name: anchor for anchor in load_anchors(anchors_path)}
     refitted: dict[str, float] = {}

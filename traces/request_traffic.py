@@ -78,8 +78,8 @@ class RequestTrafficConfig(BaseModel):
     tokens_per_request: int = Field(1, ge=1, le=64, description="Decode: tokens a request adds a step (1 + accepted "
                                                                 "drafts); divides tokens_per_step.")
     seed: int = Field(0, ge=0, description="Seed of the requests, popularity, drift and bursts.")
-    sample_seed: int | None = Field(None, ge=0, description="Seed of the token sampling alone (None: from seed): a "
-                                    "twin with another sample_seed serves the same requests with fresh noise (a rerun).")
+    sample_seed: int | None = Field(None, ge=0, description="Seed of the token sampling alone (None: from seed): "
+                                    "a twin with another sample_seed serves the same requests with fresh noise.")
     skew: float = Field(0.8, ge=0, le=20, description="Sigma of the lognormal popularity of a layer's experts.")
     concentration: float = Field(ESFT_CONCENTRATION, gt=0, le=1e9, description="Dirichlet concentration of a "
                                  "request's pick probabilities around the popularity; smaller: requests keep more to "

@@ -73,8 +73,8 @@ def _output(kind: str, holds_kind):
         if not os.access(target.parent, os.W_OK):
             raise argparse.ArgumentTypeError(f"folder {target.parent} is not writable; give a path you can write")
         if target.exists() and target.stat().st_size and not holds_kind(target):
-            raise argparse.ArgumentTypeError(f"{path} exists and is not a {kind} file; give a new path (this would "
-                                             "replace it)")
+            raise argparse.ArgumentTypeError(f"{path} exists and is not a {kind} file of this script's kind; give a "
+                                             f"new path (this would replace it), or remove it first")
         return path
 
     parse.writes = kind  # marks an output flag's type (the scripts' flag fuzz tells outputs from numbers by it)
@@ -82,11 +82,12 @@ def _output(kind: str, holds_kind):
 
 
 def _holds_json(path: Path) -> bool:
+    """JSON that is not a placement file (a script's rows never replace a placement a worker may load)."""
     try:
-        json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         return False
-    return True
+    return not (isinstance(data, dict) and "physical_to_logical_map" in data)
 
 
 def _holds_png(path: Path) -> bool:

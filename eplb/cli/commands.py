@@ -65,20 +65,32 @@ def cluster_from(args: argparse.Namespace) -> ClusterSpec:
     return ClusterSpec(num_gpus=args.gpus, slots_per_gpu=args.slots_per_gpu, gpus_per_node=args.gpus_per_node)
 
 
+CPSAT_WORK_LIMIT, CPSAT_WORKERS, CPSAT_SEED = 20.0, 2, 0  # cpsat's defaults on the command line
+
+
 def policy_options(args: argparse.Namespace) -> dict:
     """Keyword options of the chosen policy from the command line."""
     options: dict = {}
     if args.policy == "cpsat":
         # cpsat fits the live router's split when scored with either per-step routing.
-        options = {"work_limit": args.work_limit, "time_limit_s": args.time_limit, "workers": args.workers,
-                   "seed": args.seed, "routing": "static" if args.routing == "static" else "dynamic"}
+        budget = {"time_limit_s": args.time_limit} if args.time_limit is not None else \
+            {"work_limit": CPSAT_WORK_LIMIT if args.work_limit is None else args.work_limit}
+        options = {**budget, "workers": CPSAT_WORKERS if args.workers is None else args.workers,
+                   "seed": CPSAT_SEED if args.seed is None else args.seed,
+                   "routing": "static" if args.routing == "static" else "dynamic"}
         if args.nodes_per_group is not None or args.groups is not None:
             options.update({"groups": args.groups, "nodes_per_group": args.nodes_per_group})
         if args.migration_cost:
             options["migration_cost"] = args.migration_cost
         return options
-    if args.nodes_per_group is not None or args.migration_cost:
-        raise PlacementInfeasibleError("--nodes-per-group and --migration-cost apply only to --policy cpsat")
+    given = [flag for flag, value in (("--work-limit", args.work_limit), ("--time-limit", args.time_limit),
+                                      ("--workers", args.workers), ("--seed", args.seed),
+                                      ("--nodes-per-group", args.nodes_per_group),
+                                      ("--migration-cost", args.migration_cost or None)) if value is not None]
+    if given:
+        one = len(given) == 1
+        raise PlacementInfeasibleError(f"{', '.join(given)} {'applies' if one else 'apply'} only to --policy cpsat, "
+                                       f"not {args.policy}; drop {'it' if one else 'them'} or use --policy cpsat")
     if args.groups is None:
         return options
     if args.policy != "deepseek":

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from collectives.lifeline import exit_on_signals
 from eplb.cli import commands, demo, sim_command
 from eplb.cli.arg_types import SEED_MAX
+from eplb.cli.commands import CPSAT_SEED, CPSAT_WORKERS
 from eplb.cli.demo import DEMO_EXPERTS, DEMO_LAYERS
 from eplb.cli.output_paths import check_paths
 from placement import POLICIES, ROUTINGS, PlacementFormatError
@@ -46,7 +47,9 @@ examples:
   eplb place --trace trace.npz --gpus 64 --slots-per-gpu 5 --out placement.json --plot gpu_loads.png
   eplb score --placement placement.json --trace trace.npz --routing dynamic --json
   eplb replay --trace trace.npz --gpus 64 --slots-per-gpu 5 --policy deepseek --every 50 --window 50 --plot replay.png
-  eplb place --trace ../shared/data/esft-dsv2lite/esft_vanilla_lite_routing.npz --tokens-per-step 256 \\
+  eplb synth --out requests.npz --requests decode --steps 400 --layers 8 --tokens-per-step 8192
+  # a top-k id log of real routing (ESFT's, converted from deepseek-ai/ESFT's results/expert_scores: docs/cli.md)
+  eplb place --trace esft_vanilla_lite_routing.npz --tokens-per-step 256 \\
       --task law --gpus 16 --slots-per-gpu 5 --out esft.json
 """
 
@@ -139,17 +142,21 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
                              "hierarchical policy runs; cpsat: with --nodes-per-group, node-limited placement")
     parser.add_argument("--nodes-per-group", type=POSITIVE_INT, default=None,
                         help="cpsat: most nodes one expert group's replicas may span (needs --groups)")
-    _add_budget(parser)
-    parser.add_argument("--workers", type=POSITIVE_INT, default=2,
-                        help="cpsat: layers solved at once (default 2; the placement does not depend on it)")
-    parser.add_argument("--seed", type=SEED, default=0, help="cpsat: solver and sampling seed (default 0)")
+    _add_budget(parser, given_only=True)
+    parser.add_argument("--workers", type=POSITIVE_INT, default=None,
+                        help=f"cpsat: layers solved at once (default {CPSAT_WORKERS}; the placement does not depend on "
+                             f"it)")
+    parser.add_argument("--seed", type=SEED, default=None,
+                        help=f"cpsat: solver and sampling seed (default {CPSAT_SEED})")
     parser.add_argument("--migration-cost", type=NON_NEGATIVE_FLOAT, default=0.0,
                         help="cpsat with --current: penalty per expert copy, in units of imbalance (default 0: off)")
 
 
-def _add_budget(parser: argparse.ArgumentParser, default_work: float = 20.0) -> None:
+def _add_budget(parser: argparse.ArgumentParser, default_work: float = 20.0, given_only: bool = False) -> None:
+    """--work-limit and --time-limit; with `given_only` --work-limit stays None unless given (the policy's options
+    apply the default, so that a flag given to a policy it does not apply to can be refused)."""
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--work-limit", type=WORK_LIMIT, default=default_work, metavar="UNITS",
+    budget.add_argument("--work-limit", type=WORK_LIMIT, default=None if given_only else default_work, metavar="UNITS",
                         help=f"cpsat: deterministic budget per fit for all layers, in work units of about a second of "
                              f"one core (default {default_work:g}); the same input gives the same placement in any "
                              f"process, under any load")

@@ -1,12 +1,15 @@
 """What each subcommand reads and writes, checked before any work: no output may destroy an input.
 
 An output path that names an input (the same file after symbolic links, or a hard link to it), two outputs that
-name one file, and an output that exists but is not a regular file are refused with exit 2 before anything is
-computed or written. The inputs are the files the flags name and, for `eplb sim`, every file its config names
-(the request trace, the routing trace): the config is read here for them.
+name one file, an output that exists but is not a regular file, and an output that exists and holds another kind of
+file than the one it would be replaced with (a placement only over a placement, a PNG only over a PNG, a trace only
+over a trace, JSON only over JSON: never README.md) are refused with exit 2 before anything is computed or written;
+to replace such a file on purpose, remove it first. The inputs are the files the flags name and, for `eplb sim`,
+every file its config names (the request trace, the routing trace): the config is read here for them.
 """
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -55,8 +58,36 @@ def outputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return found
 
 
+KIND_NAMES = {"placement": "placement", "json": "JSON", "png": "PNG", "trace": "routing trace"}
+
+
+def output_kind(command: str, flag: str, path: Path) -> str:
+    """The kind of file `flag` of `command` writes at `path`: placement, json, png or trace."""
+    if flag in ("--out", "--sglang-out") and command == "place" or path.name == "placement.json":
+        return "placement"
+    if flag == "--out" and command == "synth" or path.suffix in (".npz", ".npy"):
+        return "trace"
+    return "png" if flag == "--plot" or path.suffix == ".png" else "json"
+
+
+def holds_kind(kind: str, path: Path) -> bool:
+    """Whether the existing file at `path` is of `kind` (what a command may replace)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+        if kind == "png":
+            return head == b"\x89PNG\r\n\x1a\n"
+        if kind == "trace":
+            return head[:4] == b"PK\x03\x04" or head[:6] == b"\x93NUMPY"
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return kind == "json" or isinstance(data, dict) and "physical_to_logical_map" in data
+
+
 def check_paths(args: argparse.Namespace) -> None:
-    """Raise `EplbError` unless every output can be written without touching an input or another output."""
+    """Raise `EplbError` unless every output can be written without touching an input, another output, or a file of
+    another kind."""
     inputs = inputs_of(args)
     seen: list[tuple[str, Path, Path]] = []
     for flag, path in outputs_of(args):
@@ -72,6 +103,10 @@ def check_paths(args: argparse.Namespace) -> None:
                 raise EplbError(
                     f"{other_flag} {other_path} and {flag} {path} name the same file; give each output its own path"
                 )
+        kind = output_kind(args.command, flag.split(" ")[0], path)
+        if target.is_file() and target.stat().st_size and not holds_kind(kind, target):
+            raise EplbError(f"{flag} {path} exists and is not a {KIND_NAMES[kind]} file; give a new path, or remove "
+                            f"it first to replace it on purpose")
         seen.append((flag, path, target))
 
 

@@ -39,6 +39,7 @@ Examples:
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -61,7 +62,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
     config = load_sim_config(args.config)
     if args.capacity or args.tpot_slo_ms is not None or args.ttft_slo_s is not None or args.curve is not None \
             or args.plot:
+        if args.out_dir:
+            raise SimConfigError("--out-dir takes a run's report and plots; --capacity runs none (it writes --json "
+                                 "and --plot): drop --out-dir")
         return _capacity(args, config)
+    if args.out_dir:
+        _check_out_dir(Path(args.out_dir))
     if args.days is not None:
         if config.fleet is None:
             raise SimConfigError(f"--days needs a config with a fleet section (for example "
@@ -83,6 +89,16 @@ def cmd_sim(args: argparse.Namespace) -> int:
         write_plots(result, report, out)
     emit(args, clean, text_report(report))
     return 0
+
+
+def _check_out_dir(out: Path) -> None:
+    """Refuse, before any work, an --out-dir that cannot be written (its nearest existing ancestor, when it does not
+    exist yet); a file in its place is refused earlier, with the other output paths (`output_paths.check_paths`)."""
+    from sim import SimConfigError
+
+    existing = next(parent for parent in (out.absolute(), *out.absolute().parents) if parent.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SimConfigError(f"--out-dir {out}: {existing} cannot be written; give a folder you can write")
 
 
 def _fleet(args: argparse.Namespace, config) -> int:

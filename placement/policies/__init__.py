@@ -65,6 +65,9 @@ def fit_placement(policy: str, counts_TLE: np.ndarray, cluster: ClusterSpec, **o
         except ValidationError as exc:
             first = exc.errors()[0]
             name = ".".join(map(str, first["loc"]))
+            if not name:  # a check of several options together: its own message names them
+                reason = first.get("ctx", {}).get("error", first["msg"])
+                raise PlacementInfeasibleError(" ".join(str(reason).split())) from None
             raise PlacementInfeasibleError(f"{name}={first.get('input')!r}: {first['msg'].lower()}") from None
     return POLICIES[policy](counts, cluster, **options)
 

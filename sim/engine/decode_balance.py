@@ -96,7 +96,8 @@ def traffic_config(config: SimConfig, stage: str, tokens: int) -> RequestTraffic
     - prefill: chunked batches of the new tokens of `capacity.prompt_tokens`-long prompts (their cached share not
       computed), lognormal with `capacity.prompt_length_spread` = E[P^2] / E[P]^2 = exp(sigma^2).
 
-    The popularity's skew is `balance.skew`, else the fitted `traffic.skew`; the concentration `balance.concentration`."""
+    The popularity's skew is `balance.skew`, else the fitted `traffic.skew`; the concentration
+    `balance.concentration`."""
     from sim.calibration import fitted
 
     balance, model, capacity = config.balance, config.model, config.capacity
@@ -111,9 +112,10 @@ def traffic_config(config: SimConfig, stage: str, tokens: int) -> RequestTraffic
     live = max(1, round(tokens / per_request))
     values = live * balance.layers * model.num_routed_experts
     if values > MAX_LIVE_VALUES:
-        raise SimConfigError(f"the decode imbalance's request-level traffic would hold {values:,} preferences ({live:,} "
-                             f"live requests x {balance.layers} layers x {model.num_routed_experts} experts; limit "
-                             f"{MAX_LIVE_VALUES:,}): lower balance.layers, or set balance.traffic: tokens")
+        raise SimConfigError(f"the decode imbalance's request-level traffic would hold {values:,} preferences "
+                             f"({live:,} live requests x {balance.layers} layers x {model.num_routed_experts} "
+                             f"experts; limit {MAX_LIVE_VALUES:,}): lower balance.layers, or set balance.traffic: "
+                             f"tokens")
     return RequestTrafficConfig(mode="decode", tokens_per_step=live * per_request, tokens_per_request=per_request,
                                 output_tokens=balance.output_tokens, output_spread=1.0, **common)
 

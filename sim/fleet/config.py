@@ -16,14 +16,14 @@ estimated before it starts (`sim.work_budget`).
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_TOKENS_PER_DAY = 1e15  # over a thousand times the default day (DeepSeek's published one)
 MAX_NODES = 1_000_000  # nodes of a fleet (quota, minimums, fixed split, spares)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class DailyTraffic(_Strict):
@@ -96,6 +96,11 @@ class Prices(_Strict):
                                        "(1.0: list price all day).")
     card_hour_usd: float | None = Field(None, ge=0, le=1000, description="$ per card-hour of every card (None: "
                                                                          "each stage's card profile price).")
+
+    @field_validator("valley_hours", mode="before")
+    @classmethod
+    def _pair_from_a_list(cls, value):
+        return tuple(value) if isinstance(value, list) else value  # YAML and JSON write a pair as a list
 
     @model_validator(mode="after")
     def _valley_within_the_day(self) -> "Prices":

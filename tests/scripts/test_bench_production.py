@@ -29,3 +29,13 @@ def test_request_traffic_beside_independent_tokens(load_script):
     twin = bench.trace(32, 64, 0.6, 30, 2, seed=0, sample_seed=5, traffic="requests", stage="prefill")
     assert tokens.shape == requests.shape == (30, 2, bench.NUM_EXPERTS)
     assert (requests.sum(axis=2) == 32 * 64 * bench.TOP_K).all() and not np.array_equal(requests, twin)
+
+
+def test_the_rows_never_replace_a_placement_file(load_script, capsys, tmp_path):
+    bench = load_script("bench_production")
+    placement = tmp_path / "placement.json"
+    placement.write_text('{"physical_to_logical_map": [[0, 1]]}')
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--json", str(placement)])
+    assert exit_info.value.code == 2 and "remove it first" in capsys.readouterr().err
+    assert placement.read_text() == '{"physical_to_logical_map": [[0, 1]]}'

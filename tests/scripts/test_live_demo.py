@@ -182,3 +182,13 @@ def test_a_signal_to_the_demo_process_alone_ends_every_process_it_started(tmp_pa
     if signum == signal.SIGTERM:  # stopped its ranks, and exited quietly with the shell's status for SIGTERM
         assert returncode == 128 + signal.SIGTERM
         assert "Traceback" not in (tmp_path / "stderr").read_text()
+
+
+def test_a_group_larger_than_the_machine_runs_is_refused_before_any_rank_starts(load_script, capsys, monkeypatch):
+    demo = load_script("live_demo")
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: 2)
+    assert demo.machine_ranks() <= 2 * demo.RANKS_PER_CORE
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--world-size", str(2 * demo.RANKS_PER_CORE + 1)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and "more ranks than this machine runs" in err[0]

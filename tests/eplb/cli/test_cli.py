@@ -113,6 +113,21 @@ def test_synth_requests_refuses_bad_flags_in_one_line(run_eplb, tmp_path, flags,
 # --- place -----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("command, flags, says", [
+    ("place", ("--policy", "deepseek", "--work-limit", "5"), "--work-limit applies only to --policy cpsat"),
+    ("place", ("--policy", "deepseek", "--seed", "3"), "--seed applies only to --policy cpsat"),
+    ("place", ("--policy", "trivial", "--time-limit", "5"), "--time-limit applies only to --policy cpsat"),
+    ("place", ("--policy", "deepseek", "--workers", "3", "--seed", "1"), "--workers, --seed apply only"),
+    ("replay", ("--policy", "deepseek", "--work-limit", "3", "--every", "10", "--window", "10"), "--work-limit"),
+], ids=["deepseek-work-limit", "deepseek-seed", "trivial-time-limit", "two-flags", "replay-work-limit"])
+def test_a_cpsat_option_given_to_another_policy_is_refused(run_eplb, small_trace, tmp_path, one_line_error, command,
+                                                            flags, says):
+    out = ("--out", str(tmp_path / "p.json")) if command == "place" else ()
+    one_line_error(run_eplb(command, "--trace", small_trace, *CLUSTER, *flags, *out), says)
+    assert not (tmp_path / "p.json").exists()
+
+
+
 @pytest.mark.parametrize("policy", ["deepseek", "trivial"], ids=["deepseek", "trivial"])
 def test_place_writes_the_design_md_placement_file(run_eplb, small_trace, tmp_path, policy):
     out = tmp_path / "placement.json"
@@ -462,3 +477,35 @@ def test_replay_follows_a_drifting_mix_with_drift_swaps_unless_told_not_to(run_e
     followed, fixed = ok_json(run_eplb(*args)), ok_json(run_eplb(*args, "--drift-swaps", "0"))
     assert followed["drift_swaps"] == 4 and fixed["drift_swaps"] == 0
     assert followed["patch_moves"] > fixed["patch_moves"]
+
+
+def test_options_refused_together_are_named_without_leaking_the_options_dict(run_eplb, tmp_path, one_line_error):
+    trace = tmp_path / "t.npz"
+    assert run_eplb("synth", "--out", trace, "--steps", "30", "--layers", "2", "--experts", "48", "--top-k", "4",
+                    "--tokens-per-step", "256", "--quiet").returncode == 0
+    result = run_eplb("place", "--trace", trace, "--gpus", "16", "--slots-per-gpu", "3", "--gpus-per-node", "4",
+                      "--policy", "cpsat", "--nodes-per-group", "1", "--out", tmp_path / "p.json")
+    one_line_error(result, "--nodes-per-group go together")
+    assert "{" not in result.stderr and not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("command, kind", [
+    (("place", "--trace", "{trace}", *CLUSTER, "--out", "{victim}"), "placement"),
+    (("place", "--trace", "{trace}", *CLUSTER, "--out", "p.json", "--plot", "{victim}"), "PNG"),
+    (("synth", "--out", "{victim}", *SYNTH), "routing trace"),
+    (("sim", "--capacity", "--curve", "20", "--plot", "{victim}"), "PNG"),
+], ids=["place-out", "place-plot", "synth-out", "sim-plot"])
+def test_an_output_never_replaces_a_file_of_another_kind(run_eplb, small_trace, tmp_path, one_line_error, command,
+                                                        kind):
+    victim = tmp_path / "README.md"
+    victim.write_text("# a document, not an output\n")
+    args = [str(part).format(trace=small_trace, victim=victim) for part in command]
+    one_line_error(run_eplb(*args, cwd=tmp_path), f"is not a {kind} file; give a new path, or remove it first")
+    assert victim.read_text() == "# a document, not an output\n" and not (tmp_path / "p.json").exists()
+
+
+def test_an_output_replaces_a_file_of_its_own_kind(run_eplb, small_trace, tmp_path):
+    out = tmp_path / "p.json"
+    for _ in range(2):
+        assert run_eplb("place", "--trace", small_trace, *CLUSTER, "--out", out, "--quiet").returncode == 0
+    assert "physical_to_logical_map" in json.loads(out.read_text())

@@ -74,7 +74,7 @@ def test_output_naming_an_input_or_another_output_is_refused_and_every_file_kept
 def test_output_through_a_symlink_writes_its_target_and_keeps_the_link(run_eplb, inputs):
     folder = inputs["dir"]
     real = folder / "real.json"
-    real.write_text("old\n")
+    real.write_text('{"physical_to_logical_map": [[0]]}\n')  # an earlier placement: an output replaces its own kind
     os.symlink(real, folder / "link.json")
     result = run_eplb("place", "--trace", inputs["trace"], *SMALL_CLUSTER, "--out", folder / "link.json", "--quiet")
     assert result.returncode == 0, result.stderr
@@ -84,7 +84,7 @@ def test_output_through_a_symlink_writes_its_target_and_keeps_the_link(run_eplb,
 
 def test_output_keeps_the_mode_of_the_file_it_replaces(run_eplb, inputs):
     out = inputs["dir"] / "o.json"
-    out.write_text("old\n")
+    out.write_text('{"physical_to_logical_map": [[0]]}\n')  # an earlier placement: an output replaces its own kind
     os.chmod(out, 0o640)
     result = run_eplb("place", "--trace", inputs["trace"], *SMALL_CLUSTER, "--out", out, "--quiet")
     assert result.returncode == 0, result.stderr

@@ -154,3 +154,17 @@ def test_capacity_curve_prints_every_target_and_plots_it(tmp_path, run_eplb_here
     one_line_error(run_eplb_here("sim", "--config", str(config), "--curve"), "add --capacity")
     one_line_error(run_eplb_here("sim", "--capacity", "--curve", "0"), "--curve")
     one_line_error(run_eplb_here("sim", "validate", "--plot", str(plot)), "drop --plot")
+
+
+def test_capacity_refuses_an_out_dir_it_would_not_use(run_eplb_here, tmp_path, one_line_error):
+    one_line_error(run_eplb_here("sim", "--capacity", "--out-dir", str(tmp_path / "d")), "drop --out-dir")
+    assert not (tmp_path / "d").exists()
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch):
+    from eplb.cli import sim_command
+    from sim import SimConfigError
+
+    monkeypatch.setattr(sim_command.os, "access", lambda path, mode: False)
+    with pytest.raises(SimConfigError, match="cannot be written"):
+        sim_command._check_out_dir(tmp_path / "new" / "folder")

@@ -39,3 +39,14 @@ def test_validate_refuses_run_flags_and_a_broken_anchors_file(tmp_path, run_eplb
             "name": "x", "role": "predicted", "published": 1.0, "unit": "u", "source": "s", "conditions": "c",
             "measure": {"kind": "decode"}, "config": "absent.yaml"}]}))
         load_anchors(broken)
+
+
+@pytest.mark.parametrize("text, found", [("", "an empty file"), ("- a\n", "a list"), ("other: 1\n", "no `anchors` key"),
+                                         ("anchors: 3\n", "`anchors` a int")],
+                         ids=["empty", "a-list", "no-key", "not-a-list"])
+def test_an_anchors_file_of_the_wrong_shape_says_what_was_found_and_expected(tmp_path, run_eplb_here, one_line_error,
+                                                                             text, found):
+    broken = tmp_path / "anchors.yaml"
+    broken.write_text(text)
+    one_line_error(run_eplb_here("sim", "validate", "--anchors", str(broken)),
+                   f"found {found}; expected a YAML mapping")
