@@ -64,9 +64,9 @@ def rebalance_experts(
     num_gpus: int,
     policy: str = "deepseek",
     *,
-    work_limit: float = ADAPTER_WORK_LIMIT,
+    work_limit: float | None = None,
     time_limit_s: float | None = None,
-    seed: int = 0,
+    seed: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Place `num_replicas` physical experts on `num_gpus` GPUs for the loads `weight`.
 
@@ -80,10 +80,10 @@ def rebalance_experts(
         num_gpus: G, GPUs in the EP group.
         policy: "deepseek" (DeepSeek's greedy, identical output) or "cpsat".
         work_limit: the cpsat policy's deterministic budget for all layers, in work units (about a second of one
-            core each).
-        time_limit_s: a wall-clock budget instead, seconds (None: work_limit); the placement then depends on the
-            machine's speed and load.
-        seed: the cpsat policy's seed.
+            core each; None: ADAPTER_WORK_LIMIT).
+        time_limit_s: a wall-clock budget instead of work_limit (give one of the two), seconds; the placement then
+            depends on the machine's speed and load.
+        seed: the cpsat policy's seed (None: 0). The three are the cpsat policy's: "deepseek" takes none of them.
 
     Returns:
         phy2log: [L, P] int64, the logical expert of each physical slot.
@@ -97,6 +97,14 @@ def rebalance_experts(
     load = checked_load(weight, num_replicas, num_groups, num_nodes, num_gpus, "num_gpus")
     if policy not in POLICY_NAMES:
         raise ValueError(f"policy must be one of {POLICY_NAMES}; got {policy!r}")
+    given = [name for name, value in (("work_limit", work_limit), ("time_limit_s", time_limit_s), ("seed", seed))
+             if value is not None]
+    if policy != "cpsat" and given:
+        raise ValueError(f"{', '.join(given)}: the cpsat policy's options; policy={policy!r} takes none of them")
+    if work_limit is not None and time_limit_s is not None:
+        raise ValueError("give work_limit (a deterministic budget) or time_limit_s (a wall-clock one), not both")
+    work_limit = ADAPTER_WORK_LIMIT if work_limit is None else work_limit
+    seed = 0 if seed is None else seed
     if policy == "cpsat":  # its options and cluster checked before any work too
         check_solver_options(work_limit, time_limit_s, seed)
         cluster = cluster_of(num_replicas, num_nodes, num_gpus)
@@ -112,8 +120,8 @@ def rebalance_experts(
 def cpsat_options(work_limit: float, time_limit_s: float | None, seed: int, num_groups: int, num_nodes: int) -> dict:
     """The cpsat fit's options for an adapter call: its budget and seed, and where the engine's default policy is
     hierarchical (num_nodes divides num_groups) every group's replicas on one node, as that policy keeps them."""
-    options = {"work_limit": float(work_limit), "time_limit_s": None if time_limit_s is None else float(time_limit_s),
-               "seed": int(seed)}
+    budget = {"work_limit": float(work_limit)} if time_limit_s is None else {"time_limit_s": float(time_limit_s)}
+    options = {**budget, "seed": int(seed)}
     if num_groups % num_nodes == 0:
         options.update({"groups": int(num_groups), "nodes_per_group": 1})
     return options

@@ -70,6 +70,8 @@ class CpsatEplbPolicy(_PolicyBase):
     def configured(cls, *, policy: str | None = None, work_limit: float | None = None,
                    time_limit_s: float | None = None, seed: int | None = None) -> type:
         """A subclass with the options given (the others inherited), checked now: a ValueError names a bad one."""
+        if work_limit is not None and time_limit_s is not None:
+            raise ValueError("give work_limit (a deterministic budget) or time_limit_s (a wall-clock one), not both")
         options = {"policy": cls.policy if policy is None else policy,
                    "work_limit": cls.work_limit if work_limit is None else work_limit,
                    "time_limit_s": cls.time_limit_s if time_limit_s is None else time_limit_s,

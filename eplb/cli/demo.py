@@ -40,7 +40,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     tick = progress.callback()
     jobs = [(policy, routing) for policy in ("trivial", "deepseek") for routing in ("static", "dynamic")]
     jobs.append(("cpsat", "dynamic"))
-    solver = {"routing": "dynamic", "work_limit": args.work_limit, "time_limit_s": args.time_limit}
+    budget = {"work_limit": args.work_limit} if args.time_limit is None else {"time_limit_s": args.time_limit}
+    solver = {"routing": "dynamic", **budget}
     refit_steps: list[int] = []
     for done, (policy, routing) in enumerate(jobs, 1):
         also = ("live",) if policy == "cpsat" else ()

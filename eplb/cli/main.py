@@ -209,7 +209,7 @@ def _add_synth_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--experts", type=POSITIVE_INT, default=256, help="E: logical experts per layer (default 256)")
     p.add_argument("--top-k", type=POSITIVE_INT, default=8, help="K: experts per token (default 8)")
     p.add_argument("--tokens-per-step", type=POSITIVE_INT, default=8192, help="N: tokens per step (default 8192)")
-    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=SEED, default=0, help="random seed (default 0)")
     p.add_argument("--popularity", default="lognormal", choices=("lognormal", "zipf"),
                    help="popularity shape: lognormal (tuned by --skew) or zipf (tuned by --zipf-exponent)")
     p.add_argument("--skew", type=NON_NEGATIVE_FLOAT, default=None,

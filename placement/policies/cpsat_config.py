@@ -84,6 +84,8 @@ class CpSatConfig(BaseModel):
 
     @model_validator(mode="after")
     def _node_awareness_is_complete(self) -> "CpSatConfig":
+        if self.time_limit_s is not None and "work_limit" in self.model_fields_set:
+            raise ValueError("give work_limit (a deterministic budget) or time_limit_s (a wall-clock one), not both")
         if (self.groups is None) != (self.nodes_per_group is None):
             raise ValueError("groups and nodes_per_group go together: set both for node awareness, or neither")
         if self.gpu_capacity is not None and min(self.gpu_capacity) <= 0:

@@ -58,7 +58,7 @@ def fit_cpsat(
 ) -> Placement:
     """Fit a placement with CP-SAT to the window `counts_TLE` [T, L, E]; `overrides` update `config` fields."""
     config = (config or CpSatConfig()).model_copy(update=overrides)
-    config = CpSatConfig.model_validate(config.model_dump())
+    config = CpSatConfig.model_validate(config.model_dump(exclude_unset=True))  # what was set, checked together
     began = time.perf_counter()
     num_steps, num_layers, num_experts = counts_TLE.shape
     cluster.check_fits(num_experts)
