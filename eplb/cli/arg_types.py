@@ -58,7 +58,7 @@ def json_output():
 def png_output():
     """An argparse type: a path a script writes a PNG figure to at its end (atomically), refused as `json_output`
     refuses, an existing file that is not a PNG included."""
-    return _output("PNG", _holds_png)
+    return _output("PNG", holds_png)
 
 
 def _output(kind: str, holds_kind):
@@ -90,7 +90,7 @@ def _holds_json(path: Path) -> bool:
     return not (isinstance(data, dict) and "physical_to_logical_map" in data)
 
 
-def _holds_png(path: Path) -> bool:
+def holds_png(path: Path) -> bool:
     try:
         with open(path, "rb") as handle:
             return handle.read(8) == b"\x89PNG\r\n\x1a\n"

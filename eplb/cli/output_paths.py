@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from eplb.cli.arg_types import holds_png
 from traces import EplbError
 from traces.atomic_file import resolve_target
 
@@ -72,13 +73,13 @@ def output_kind(command: str, flag: str, path: Path) -> str:
 
 def holds_kind(kind: str, path: Path) -> bool:
     """Whether the existing file at `path` is of `kind` (what a command may replace)."""
+    if kind == "png":
+        return holds_png(path)
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-        if kind == "png":
-            return head == b"\x89PNG\r\n\x1a\n"
         if kind == "trace":
-            return head[:4] == b"PK\x03\x04" or head[:6] == b"\x93NUMPY"
+            with open(path, "rb") as handle:
+                head = handle.read(6)
+            return head[:4] == b"PK\x03\x04" or head == b"\x93NUMPY"
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         return False
