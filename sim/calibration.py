@@ -43,6 +43,7 @@ class CalibrationError(ValueError):
 
 
 REQUIRED = ("efficiency.compute", "efficiency.attention", "efficiency.memory", "efficiency.network",
+            "efficiency.all_to_all_floor_us", "efficiency.layer_overhead_us",
             "speculative.draft_cost_share", "speculative.acceptance_decay", "utilisation.day", "store.return_share",
             "traffic.skew")
 

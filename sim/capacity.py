@@ -105,6 +105,30 @@ def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
             "redundant_experts": redundant, "prompt_tokens": prompt, "cached_tokens": cached}
 
 
+def speculation_gain(config: SimConfig, batches_per_card: list[float], imbalance: float | None = None) -> list[dict]:
+    """Per decode batch (sequences per card, fixed): tokens/s per card and step with the config's speculative
+    decoding and without it, and the gain; `imbalance` fixes the expert imbalance (else the placement code's at each
+    batch, as `decode_capacity`). What the draft buys as the batch grows: its verification is nearly free while the
+    fixed time per layer dominates a step, and costs its full work where attention binds."""
+    if not config.speculative.enabled:
+        raise ValueError("speculation_gain compares speculative decoding with none; the config has "
+                         "speculative.enabled false")
+    plain = config.model_copy(update={"speculative": config.speculative.model_copy(update={"enabled": False})})
+    rows = []
+    for per_card in batches_per_card:
+        def at(base: SimConfig) -> SimConfig:
+            return base.model_copy(update={"capacity": base.capacity.model_copy(
+                update={"decode_batch_per_card": per_card})})
+
+        with_draft, without = decode_capacity(at(config), imbalance), decode_capacity(at(plain), imbalance)
+        rows.append({"batch_per_card": per_card,
+                     "tokens_per_s_per_card": with_draft["tokens_per_s_per_card"],
+                     "plain_tokens_per_s_per_card": without["tokens_per_s_per_card"],
+                     "step_ms": with_draft["step_ms"], "plain_step_ms": without["step_ms"],
+                     "gain": with_draft["tokens_per_s_per_card"] / without["tokens_per_s_per_card"] - 1.0})
+    return rows
+
+
 def _tokens_per_step(config: SimConfig) -> tuple[float, float]:
     """(tokens a sequence gains per step, tokens it runs through the target per step)."""
     if not config.speculative.enabled:

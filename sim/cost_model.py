@@ -7,15 +7,19 @@ to their experts and back by an all-to-all (dispatch, combine). Every pass is co
   attention_s = max(compute, reads)  MLA projections (FP8/INT8) + attention core (BF16) | MLA weights + KV cache
   moe_s       = max(compute, reads)  routed experts of the BUSIEST card: mean tokens x moe_imbalance | its experts
   dense_s     = max(compute, reads)  dense FFNs, shared experts, gates, output head | their weights
-  comm_s      = dispatch + combine bytes of the busiest card over scale-up and scale-out, the slower of the two
-  total_s     = max(attention_s + dense_s, dispatch_s) + max(moe_s, combine_s) with two micro-batches (DeepSeek,
-                CloudMatrix, SGLang's two-batch overlap: one micro-batch's dispatch hides only under the other's
-                attention and dense part, its combine only under the other's routed experts), or the sum without.
+  comm_s      = dispatch + combine of the busiest card: each a latency floor per MoE layer and micro-batch plus its
+                bytes over scale-up and scale-out, the slower of the two
+  fixed_s     = a fixed time per layer and micro-batch that overlaps with nothing (launches, synchronisation, the
+                small kernels' minimum durations): what a small batch pays and a large one hides nothing of either
+  total_s     = max(attention_s + dense_s, dispatch_s) + max(moe_s, combine_s) + fixed_s with two micro-batches
+                (DeepSeek, CloudMatrix, SGLang's two-batch overlap: one micro-batch's dispatch hides only under the
+                other's attention and dense part, its combine only under the other's routed experts), or the sum
+                without (one micro-batch: the floors and the fixed time once per layer).
 
 with the weight matrices at `Efficiency.compute` x FP8/INT8 peak, the attention core at `.attention` x BF16 peak,
-reads at `.memory` x HBM bandwidth and the all-to-all at `.network` x
-line rate (`sim.hardware.active_efficiency()`, the declared calibration, unless given). Tokens are assumed spread
-evenly over the cards' attention.
+reads at `.memory` x HBM bandwidth, the all-to-all at `.network` x line rate
+above `.all_to_all_floor_us`, and `.layer_overhead_us` per layer and micro-batch (`sim.hardware.active_efficiency()`,
+the declared calibration, unless given). Tokens are assumed spread evenly over the cards' attention.
 """
 
 import math
@@ -34,7 +38,8 @@ class StepCost:
     """Seconds of one pass (a prefill batch or a decode step) on the busiest card, by part.
 
     `float(cost)` is `total_s`. `moe_share` is moe_s / total_s: the part that removing expert imbalance shrinks
-    (call again with moe_imbalance=1.0 for the exact gain; comm_s also scales with imbalance).
+    (call again with moe_imbalance=1.0 for the exact gain; comm_s also scales with imbalance). `fixed_s` is the
+    part no work changes (launches and synchronisation per layer and micro-batch).
     """
 
     attention_s: float
@@ -42,6 +47,7 @@ class StepCost:
     dense_s: float
     comm_s: float
     total_s: float
+    fixed_s: float = 0.0  # the fixed time per layer and micro-batch, summed (part of total_s)
 
     @property
     def compute_s(self) -> float:
@@ -149,6 +155,21 @@ def _all_to_all_seconds(model: ModelProfile, hardware: HardwareProfile, cards: i
                card_bytes * out_copies / (hardware.scale_out_gb_s * 1e9)) / efficiency.network
 
 
+def all_to_all_latency_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, tokens_per_card: float,
+                               efficiency: Efficiency | None = None) -> tuple[float, float]:
+    """(dispatch, combine) seconds of one call each, one MoE layer, `tokens_per_card` tokens on every card of a group
+    of `cards` with balanced routing: the latency floor plus the bytes (what DeepEP's and CloudMatrix's operator
+    benchmarks time)."""
+    _check_positive(cards=cards, tokens_per_card=tokens_per_card)
+    efficiency = efficiency or active_efficiency()
+    if cards <= 1:
+        return 0.0, 0.0
+    both = _all_to_all_seconds(model, hardware, cards, tokens_per_card, 1.0, efficiency) / model.num_moe_layers
+    dispatch = both * model.dispatch_bytes / (model.dispatch_bytes + model.combine_bytes)
+    floor = efficiency.all_to_all_floor_us * 1e-6
+    return dispatch + floor, both - dispatch + floor
+
+
 def _pass_cost(model: ModelProfile, hardware: HardwareProfile, cards: int, tokens: float, flops: FlopCount,
                kv_bytes: float, moe_imbalance: float, redundant_experts: int, efficiency: Efficiency,
                overlap: bool, per_domain: bool = False) -> StepCost:
@@ -164,12 +185,27 @@ def _pass_cost(model: ModelProfile, hardware: HardwareProfile, cards: int, token
     moe_s = _part_seconds(per_card.routed_linear * moe_imbalance, 0.0, expert_reads, hardware, efficiency)
     dense_s = _part_seconds(per_card.dense_linear, 0.0, constants.dense_weights, hardware, efficiency)
     comm_s = _all_to_all_seconds(model, hardware, cards, tokens / cards, moe_imbalance, efficiency, per_domain)
+    micro_batches = MICRO_BATCHES if overlap else 1
+    floor_s = efficiency.all_to_all_floor_us * 1e-6 * model.num_moe_layers * micro_batches if cards > 1 else 0.0
+    dispatch_bytes_s = comm_s * model.dispatch_bytes / (model.dispatch_bytes + model.combine_bytes)
+    dispatch_s, combine_s = dispatch_bytes_s + floor_s, comm_s - dispatch_bytes_s + floor_s
+    fixed_s = efficiency.layer_overhead_us * 1e-6 * model.num_layers * micro_batches
     if overlap:  # each micro-batch's dispatch runs under the other's attention, its combine under the other's experts
-        dispatch_s = comm_s * model.dispatch_bytes / (model.dispatch_bytes + model.combine_bytes)
-        total = max(attention_s + dense_s, dispatch_s) + max(moe_s, comm_s - dispatch_s)
+        total = max(attention_s + dense_s, dispatch_s) + max(moe_s, combine_s) + fixed_s
     else:
-        total = attention_s + moe_s + dense_s + comm_s
-    return StepCost(attention_s=attention_s, moe_s=moe_s, dense_s=dense_s, comm_s=comm_s, total_s=total)
+        total = attention_s + moe_s + dense_s + dispatch_s + combine_s + fixed_s
+    return StepCost(attention_s=attention_s, moe_s=moe_s, dense_s=dense_s, comm_s=dispatch_s + combine_s,
+                    total_s=total, fixed_s=fixed_s)
+
+
+def draft_pass_fixed_seconds(model: ModelProfile, cards: int, efficiency: Efficiency | None = None, *,
+                             draft_layers: int = 1, overlap: bool = True) -> float:
+    """The fixed seconds of one draft pass of `draft_layers` MoE layers (DeepSeek's MTP module is one): each
+    layer's fixed time and, over an EP group, its dispatch and combine floors, per micro-batch. What a draft token
+    costs whatever the batch, beside its share of the work."""
+    efficiency = efficiency or active_efficiency()
+    floors = 2 * efficiency.all_to_all_floor_us if cards > 1 else 0.0
+    return (efficiency.layer_overhead_us + floors) * 1e-6 * draft_layers * (MICRO_BATCHES if overlap else 1)
 
 
 def prefill_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, new_tokens: int | Sequence[int],

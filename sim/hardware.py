@@ -59,7 +59,8 @@ PROFILES: dict[str, HardwareProfile] = {
 
 
 class Efficiency(BaseModel):
-    """Achieved fraction of peak: time = work / (peak x factor) for compute, memory and network alike."""
+    """What kernels achieve: a fraction of peak (time = work / (peak x factor) for compute, memory and network
+    alike), and the fixed times a pass pays whatever its work (per layer and micro-batch, in microseconds)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -70,10 +71,18 @@ class Efficiency(BaseModel):
     memory: float = Field(gt=0, le=1, description="Fraction of HBM bandwidth achieved.")
     network: float = Field(gt=0, le=1, description="Fraction of scale-up and scale-out line rate achieved by the "
                                                    "all-to-all.")
+    all_to_all_floor_us: float = Field(0.0, ge=0, le=10_000, description="Latency floor of one dispatch or one "
+                                       "combine, microseconds per MoE layer and micro-batch: an all-to-all takes "
+                                       "floor + bytes / (line rate x network).")
+    layer_overhead_us: float = Field(0.0, ge=0, le=10_000, description="Fixed time per layer and micro-batch, "
+                                     "microseconds, that overlaps with nothing: kernel launches, synchronisation and "
+                                     "the many small kernels' minimum durations.")
 
 
 CALIBRATED = Efficiency(compute=fitted("efficiency.compute"), attention=fitted("efficiency.attention"),
-                        memory=fitted("efficiency.memory"), network=fitted("efficiency.network"))
+                        memory=fitted("efficiency.memory"), network=fitted("efficiency.network"),
+                        all_to_all_floor_us=fitted("efficiency.all_to_all_floor_us"),
+                        layer_overhead_us=fitted("efficiency.layer_overhead_us"))
 """The one set of factors every profile and every experiment uses; never tuned per run.
 
 Read from the declared calibration (`sim/calibration.yaml`, `sim.calibration`), which names each factor's anchor

@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sim.calibration import fitted
-from sim.cost_model import decode_step_seconds
+from sim.cost_model import decode_step_seconds, draft_pass_fixed_seconds
 from sim.hardware import HardwareProfile
 from sim.model_profile import ModelProfile
 
@@ -56,8 +56,10 @@ class SpeculativeConfig(BaseModel):
     - predictor_noise 0.5 logits: EAGLE-2 finds the draft's confidence tracks the acceptance rate closely; 0.5
       keeps it informative without making it an oracle.
     - draft_cost_share (fitted, sim/calibration.yaml): one MTP module is one MLA + MoE layer, a projection and the
-      shared output head, a few percent of a V3 token's time; the share is fitted so that DeepSeek's tokens per step
-      give its published speed-up. A DSpark-style parallel drafter costs less per token; lower the share for one.
+      shared output head, a few percent of a V3 token's work; the share is fitted so that DeepSeek's tokens per step
+      give its published speed-up. Each drafted token also pays its own pass's fixed time: one layer's launches,
+      synchronisation and all-to-all floors (`sim.cost_model.draft_pass_fixed_seconds`), whatever the batch. A
+      DSpark-style parallel drafter costs less per token; lower the share for one.
     - threshold 0.4: the best fixed cut where verification starts to be what the step pays for
       (scripts/bench_speculative.py sweeps it); lower is better at smaller batches (memory-bound, verification
       nearly free), higher at larger ones.
@@ -194,10 +196,12 @@ def expected_step(spec: SpeculativeConfig, seed: int) -> SpeculativeStep:
     return expected_steps(spec, seed)[spec.policy]
 
 
-def draft_seconds(spec: SpeculativeConfig, step: SpeculativeStep, one_token_step_s: float) -> float:
-    """Seconds the draft takes: drafted tokens x draft_cost_share x a target step of one token per sequence (the
-    batch drafts in lockstep; a pass is charged for the mean drafted tokens, not the longest sequence's)."""
-    return spec.draft_cost_share * step.drafted_per_step * one_token_step_s
+def draft_seconds(spec: SpeculativeConfig, step: SpeculativeStep, one_token_work_s: float,
+                  pass_fixed_s: float = 0.0) -> float:
+    """Seconds the draft takes: per drafted token, draft_cost_share x the work of a target step of one token per
+    sequence (its seconds less the fixed time per layer) plus the draft pass's own fixed seconds (the batch drafts in
+    lockstep; a pass is charged for the mean drafted tokens, not the longest sequence's)."""
+    return step.drafted_per_step * (spec.draft_cost_share * one_token_work_s + pass_fixed_s)
 
 
 def step_cost(spec: SpeculativeConfig, step: SpeculativeStep, model: ModelProfile, hardware: HardwareProfile,
@@ -206,10 +210,10 @@ def step_cost(spec: SpeculativeConfig, step: SpeculativeStep, model: ModelProfil
     """Cost of one speculative step of a unit of `cards` serving `batch_size` sequences with `kv_tokens` of
     context in all: the target verifies 1 + verified tokens per sequence, the draft proposes drafted ones."""
     base = dict(moe_imbalance=moe_imbalance, redundant_experts=redundant_experts)
-    one = decode_step_seconds(model, hardware, cards, batch_size, kv_tokens, **base).total_s
+    one = decode_step_seconds(model, hardware, cards, batch_size, kv_tokens, **base)
     verify = decode_step_seconds(model, hardware, cards, batch_size, kv_tokens,
                                  tokens_per_sequence=1.0 + step.verified_per_step, **base)
-    draft = draft_seconds(spec, step, one)
+    draft = draft_seconds(spec, step, one.total_s - one.fixed_s, draft_pass_fixed_seconds(model, cards))
     rate = batch_size * step.tokens_per_step / (verify.total_s + draft) if batch_size else 0.0
     return SpeculativeCost(step=step, verify_s=verify.total_s, draft_s=draft, tokens_per_s=rate,
                            verify_moe_s=verify.moe_s)

@@ -25,8 +25,8 @@ from sim.speculative import SpeculativeConfig, expected_step
 ANCHORS_DIR = Path(__file__).with_name("anchors")
 ANCHORS_PATH = ANCHORS_DIR / "anchors.yaml"
 ROLES = ("fitted", "predicted", "identity")
-MEASURES = ("decode", "prefill", "efficiency", "mtp_speedup", "mtp_tokens_per_step", "fleet_nodes",
-            "store_hit_share", "imbalance", "decode_imbalance")
+MEASURES = ("decode", "prefill", "efficiency", "all_to_all_latency", "mtp_speedup", "mtp_tokens_per_step",
+            "fleet_nodes", "store_hit_share", "imbalance", "decode_imbalance")
 REFIT_TOLERANCE = 0.002  # relative: a refit within this of the file's value leaves the file as it is
 
 
@@ -130,6 +130,8 @@ def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Effi
         profile_name, field = measure["spec"].split(".")
         factor = getattr(efficiency or CALIBRATED, measure["factor"])
         return factor * getattr(PROFILES[profile_name], field) * measure.get("scale", 1.0)
+    if kind == "all_to_all_latency":
+        return all_to_all_latency_us(measure, efficiency or CALIBRATED)
     if kind in ("mtp_speedup", "mtp_tokens_per_step"):
         spec = SpeculativeConfig(enabled=True, policy="all", draft_tokens=measure.get("draft_tokens", 1),
                                  **(speculative or {}))
@@ -153,6 +155,19 @@ def simulate(anchor: Anchor, anchors_path: Path = ANCHORS_PATH, efficiency: Effi
     if measure.get("day_average"):  # a day's average over deployed nodes: the capacity times the day's utilisation
         rate *= utilisation if utilisation is not None else fitted("utilisation.day")
     return rate * (config.cluster.cards_per_node if measure.get("per") == "node" else 1)
+
+
+def all_to_all_latency_us(measure: dict, efficiency: Efficiency) -> float:
+    """The mean modelled latency, microseconds per call, of a dispatch and combine benchmark's entries (`measure`:
+    hardware, tokens_per_card, cards, dispatch_us, combine_us) on the default model's shape (DeepSeek-V3's hidden size,
+    top-8, FP8 dispatch, BF16 combine): `sim.cost_model.all_to_all_latency_seconds` at each group size."""
+    from sim.cost_model import all_to_all_latency_seconds
+    from sim.model_profile import ModelProfile
+
+    model, hardware = ModelProfile(), PROFILES[measure["hardware"]]
+    calls = [all_to_all_latency_seconds(model, hardware, cards, measure["tokens_per_card"], efficiency)
+             for cards in measure["cards"]]
+    return 1e6 * sum(dispatch + combine for dispatch, combine in calls) / (2 * len(calls))
 
 
 def _store_hit_share(config: SimConfig, return_share: float | None) -> float:
@@ -297,6 +312,8 @@ def refit(anchors_path: Path = ANCHORS_PATH) -> list[Refit]:
     def order(item: tuple[str, FittedConstant]) -> int:
         if item[0] == "traffic.skew":
             return -1  # first: every imbalance from the placement code reads it
+        if item[0] == "efficiency.all_to_all_floor_us":
+            return 0.5  # after the network factor: the floor is what the bandwidth leaves of the latencies
         return 2 if item[0] == "utilisation.day" else int(item[0] in COMPUTE_FACTORS)
 
     for name, constant in sorted(constants.items(), key=order):
@@ -313,6 +330,8 @@ def _refit_one(name: str, anchor: Anchor, anchors_path: Path, done: dict[str, fl
     if kind == "efficiency":
         profile_name, field = anchor.measure["spec"].split(".")
         return anchor.published / (getattr(PROFILES[profile_name], field) * anchor.measure.get("scale", 1.0))
+    if name == "efficiency.all_to_all_floor_us":  # the floor adds to every call: the mean's gap is the floor
+        return anchor.published - simulate(anchor, anchors_path, _efficiency(done, all_to_all_floor_us=0.0))
     if name == "speculative.draft_cost_share":
         tokens = expected_step(SpeculativeConfig(enabled=True, policy="all", draft_tokens=1), 0).tokens_per_step
         return tokens / anchor.published - 1.0
@@ -338,7 +357,8 @@ def _refit_one(name: str, anchor: Anchor, anchors_path: Path, done: dict[str, fl
     raise AnchorError(f"no refit is defined for {name}")
 
 
-COMPUTE_FACTORS = ("efficiency.compute", "efficiency.attention")
+COMPUTE_FACTORS = ("efficiency.compute", "efficiency.layer_overhead_us")
+SEARCH_RANGES = {"efficiency.compute": (0.02, 1.0), "efficiency.layer_overhead_us": (0.0, 2000.0)}
 
 
 def _efficiency(done: dict[str, float], **factors: float) -> Efficiency:
@@ -349,8 +369,8 @@ def _efficiency(done: dict[str, float], **factors: float) -> Efficiency:
 
 
 def _refit_compute_factors(anchors_path: Path, done: dict[str, float]) -> dict[str, float]:
-    """efficiency.compute and efficiency.attention solved together on their two saturated anchors (each rate moves
-    with both factors): alternate one-dimensional roots until neither moves, every other factor as refitted."""
+    """efficiency.compute and efficiency.layer_overhead_us solved together on their two saturated anchors (each
+    rate moves with both): alternate one-dimensional roots until neither moves, every other factor as refitted."""
     constants = load_calibration()
     anchors = {anchor.name: anchor for anchor in load_anchors(anchors_path)}
     fitted_to = {name: anchors[constants[name].anchor] for name in COMPUTE_FACTORS}
@@ -362,8 +382,8 @@ def _refit_compute_factors(anchors_path: Path, done: dict[str, float]) -> dict[s
                 trial = {key.split(".")[1]: factor for key, factor in {**factors, name: value}.items()}
                 return math.log(simulate(anchor, anchors_path, _efficiency(done, **trial)) / anchor.published)
 
-            solved = brentq(gap, 0.02, 1.0, xtol=1e-6)
-            moved = max(moved, abs(solved / factors[name] - 1.0))
+            solved = brentq(gap, *SEARCH_RANGES[name], xtol=1e-6)
+            moved = max(moved, abs(solved - factors[name]) / max(abs(factors[name]), 1e-3))
             factors[name] = solved
         if moved < 1e-5:
             break

@@ -8,8 +8,8 @@ EP144 on 18 H800 nodes with 32 redundant experts, 14.8k output tok/s per node at
 import pytest
 
 from sim.calibration import load_calibration
-from sim.cost_model import (StepCost, decode_step_seconds, kv_cache_read_seconds, max_decode_batch,
-                            prefill_seconds, vision_encode_seconds)
+from sim.cost_model import (MICRO_BATCHES, StepCost, all_to_all_latency_seconds, decode_step_seconds,
+                            kv_cache_read_seconds, max_decode_batch, prefill_seconds, vision_encode_seconds)
 from sim.hardware import CALIBRATED, PROFILES, Efficiency
 from sim.model_profile import ModelProfile
 
@@ -81,8 +81,7 @@ def test_calibrated_factors_are_the_declared_calibration():
     # every factor is read from sim/calibration.yaml; tests/sim/test_validation.py checks the file
     # against its anchors
     constants = load_calibration()
-    assert (CALIBRATED.compute, CALIBRATED.memory, CALIBRATED.network) == tuple(
-        constants[f"efficiency.{name}"].value for name in ("compute", "memory", "network"))
+    assert CALIBRATED.model_dump() == {name: constants[f"efficiency.{name}"].value for name in Efficiency.model_fields}
 
 
 def test_calibrated_network_factor_is_deepep_39_of_50_gb_s():
@@ -92,6 +91,40 @@ def test_calibrated_network_factor_is_deepep_39_of_50_gb_s():
 def test_deepseek_decode_fits_in_h800_memory():
     sequences, _ = _deepseek_decode_unit()
     assert max_decode_batch(V3, H800, 144, DS_KV_LENGTH, redundant_experts=32) >= sequences
+
+
+def test_the_all_to_all_floor_is_what_deepeps_latencies_leave_after_their_bytes():
+    # DeepEP's low-latency table (H800, 128 tokens a rank, EP16-256): the fitted floor makes the modelled calls'
+    # mean the table's; each call within 15%; the floor is what a call of almost no tokens costs
+    published = {16: (118, 195), 32: (155, 273), 64: (173, 314), 128: (192, 369), 256: (194, 360)}
+    modelled = {cards: all_to_all_latency_seconds(V3, H800, cards, 128) for cards in published}
+    assert sum(1e6 * sum(calls) for calls in modelled.values()) == pytest.approx(
+        sum(sum(calls) for calls in published.values()), rel=0.005)
+    for cards, calls in published.items():
+        for seconds, us in zip(modelled[cards], calls):
+            assert 1e6 * seconds == pytest.approx(us, rel=0.15), cards
+    assert 0 < CALIBRATED.all_to_all_floor_us < min(min(calls) for calls in published.values())
+    tiny = all_to_all_latency_seconds(V3, H800, 256, 1e-3)
+    assert tiny == pytest.approx((CALIBRATED.all_to_all_floor_us * 1e-6,) * 2, rel=1e-3)
+    assert all_to_all_latency_seconds(V3, H800, 1, 128) == (0.0, 0.0)  # one card sends nothing
+
+
+def test_a_pass_pays_the_fixed_time_per_layer_and_micro_batch_whatever_its_work():
+    layer_s = CALIBRATED.layer_overhead_us * 1e-6
+    tiny = decode_step_seconds(V3, H800, 144, 144, 144 * 4096)
+    large = decode_step_seconds(V3, H800, 144, 144 * 128, 144 * 128 * 4096)
+    assert tiny.fixed_s == large.fixed_s == pytest.approx(V3.num_layers * MICRO_BATCHES * layer_s)
+    assert decode_step_seconds(V3, H800, 144, 144, 144 * 4096, overlap=False).fixed_s == pytest.approx(
+        V3.num_layers * layer_s)
+    assert prefill_seconds(V3, H800, 32, [4096] * 32).fixed_s == tiny.fixed_s
+    # a small batch is mostly fixed time (doubling it costs little); a large one mostly work
+    assert tiny.fixed_s / tiny.total_s > 0.5 > large.fixed_s / large.total_s
+    doubled = decode_step_seconds(V3, H800, 144, 288, 288 * 4096)
+    assert doubled.total_s < 1.2 * tiny.total_s
+    # without the fixed times the same small step is a fraction of it: the roofline alone does not bend
+    bare = CALIBRATED.model_copy(update={"layer_overhead_us": 0.0, "all_to_all_floor_us": 0.0})
+    roofline = decode_step_seconds(V3, H800, 144, 144, 144 * 4096, efficiency=bare)
+    assert roofline.fixed_s == 0 and roofline.total_s < 0.5 * tiny.total_s
 
 
 # ---- the cost model's shape ------------------------------------------------------------------------------------

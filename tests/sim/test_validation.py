@@ -11,8 +11,8 @@ from sim.validation import (ANCHORS_PATH, ROLES, AnchorError, _refit_one, anchor
 from sim.calibration import load_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
-CHEAP = ("deepep-low-latency-h800", "flashmla-memory-bound-h800", "deepseek-v3-mtp-speedup",
-         "nebius-mtp-k7-tokens-per-step")
+CHEAP = ("deepep-low-latency-h800", "deepep-low-latency-latency-h800", "flashmla-memory-bound-h800",
+         "flashmla-compute-bound-h800", "deepseek-v3-mtp-speedup", "nebius-mtp-k7-tokens-per-step")
 
 
 def _spellings(value: float) -> set[str]:
@@ -59,10 +59,10 @@ def test_the_calibration_reproduces_its_fitted_anchors():
 
 
 def test_a_predicted_row_is_within_its_documented_error():
-    # CloudMatrix384's decode at 50 ms is predicted from H800 fits; docs/simulator.md states its error
-    rows = validation_rows([anchor for anchor in load_anchors() if anchor.name == "cloudmatrix384-decode-npu"])
+    # CloudMatrix384's prefill is predicted from H800 fits; docs/simulator.md states its error
+    rows = validation_rows([anchor for anchor in load_anchors() if anchor.name == "cloudmatrix384-prefill-npu"])
     assert rows[0]["role"] == "predicted" and abs(rows[0]["error"]) < 0.15
-    assert rows[0]["command"].startswith("eplb sim --config sim/anchors/cloudmatrix384-decode.yaml --capacity")
+    assert rows[0]["command"].startswith("eplb sim --config sim/anchors/cloudmatrix384-prefill.yaml --capacity")
 
 
 def test_imbalance_rows_are_judged_on_their_excess_over_one():
