@@ -10,16 +10,19 @@ steps and layers), imbalance_planned (the same from the quotas), tokens_lost, se
 With --rebalance-every R and/or --fail-rank K [--fail-at-step N] it runs the loop with a `Rebalancer`: the traffic
 shifts at --shift-at-step (a new mix of experts; default half of R), a rebalance starts every R steps (or when the
 imbalance drifts), moves the weights in chunks between steps and switches every rank at once; rank K's process is
-killed outright (SIGKILL) in the middle of step N and the survivors recover and finish the run. The JSON object then
-also holds imbalance_before, imbalance_after, rebalances (and rebalances_kept: fits not worth moving to),
-bytes_moved, requests_requeued, failed_rank, decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they
-rest on (see `eplb.harness.rebalancing_summary.summarize_rebalancing`).
+killed outright (SIGKILL) in the middle of step N (or, with --fail-at-start, as the rebalancers start) and the
+survivors recover and finish the run. The JSON object then also holds imbalance_before, imbalance_after,
+rebalances (and rebalances_kept: fits not worth moving to), bytes_moved, requests_requeued, failed_rank,
+decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they rest on (see
+`eplb.harness.rebalancing_summary.summarize_rebalancing`). A run that cannot go on (a rank lost whose experts lived
+nowhere else, before host copies of them existed) exits 1, its JSON object then `stopped` (the reason),
+`stopped_rank`, `failed_rank`, `world_size` and `ranks_finished`.
 
 A bad flag value exits 2 with one line on stderr, before any process starts. The ranks and the solver's helper end
 with this process however it ends; SIGTERM or SIGINT stops them and exits 128 + the signal's number.
 
 Usage: python scripts/live_demo.py [--world-size 4] [--steps 20] [--routing dynamic] [--layers 2] [--json]
-       [--rebalance-every R] [--fail-rank K [--fail-at-step N]] [--rebalance-policy cpsat|deepseek]
+       [--rebalance-every R] [--fail-rank K [--fail-at-step N | --fail-at-start]] [--rebalance-policy P]
        [--rebalance-good-enough X] [--rebalance-min-gain G] [--solve-cpu-share F] [--max-bytes-per-step B]
        [--patch-every STEPS] [--shift-at-step N] [--step-times FILE]
 """
@@ -131,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="kill rank K's process (SIGKILL)")
     parser.add_argument("--fail-at-step", type=integer(0, MAX_STEPS), default=None, metavar="N",
                         help="the step rank K dies in (default: half way)")
+    parser.add_argument("--fail-at-start", action="store_true",
+                        help="rank K dies as the rebalancers start instead (its peers building their host copies)")
     parser.add_argument("--step-times", type=json_output(), default=None, metavar="FILE",
                         help="with a rebalancer: also write each step's time (slowest rank), whether a rebalance was "
                              "in progress, its phase and group size, as JSON to FILE (written whole or not at all)")
@@ -191,6 +196,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--fail-rank needs --world-size >= 2 (someone must survive)")
     if args.fail_at_step is not None and args.fail_rank is None:
         parser.error("--fail-at-step needs --fail-rank")
+    if args.fail_at_start and (args.fail_rank is None or args.fail_at_step is not None):
+        parser.error("--fail-at-start needs --fail-rank and replaces --fail-at-step; drop one")
     if args.shift_at_step is not None and args.rebalance_every is None and args.fail_rank is None:
         parser.error("--shift-at-step needs --rebalance-every or --fail-rank (the shifting traffic is the "
                      "rebalancing loop's)")
@@ -261,7 +268,8 @@ def rebalancing_demo(args) -> int:
                                 patches=PatchSettings(every=args.patch_every) if args.patch_every else None,
                                 transfer_timeout_s=min(5.0, args.timeout / 2))
     fail_at = args.fail_at_step if args.fail_at_step is not None else args.steps // 2
-    faults = Faults(kills=((args.fail_rank, fail_at),) if args.fail_rank is not None else ())
+    faults = Faults(kills=((args.fail_rank, fail_at),) if args.fail_rank is not None and not args.fail_at_start
+                    else (), kill_at_start=args.fail_rank if args.fail_at_start else None)
     reports = run_local_group(run_rebalancing_loop, args.world_size, setup, args.steps, rebalance, faults,
                               timeout_s=args.timeout, deadline_s=120 + 10 * args.steps, allow_failures=True,
                               device=args.device)
@@ -273,7 +281,13 @@ def rebalancing_demo(args) -> int:
               if isinstance(r, BaseException) and rank != args.fail_rank and rank not in lost]
     if errors or not any(isinstance(r, LoopReport) for r in reports):
         rank, error = errors[0] if errors else (None, "no rank finished")
-        print(f"live_demo: rank {rank} failed: {' '.join(str(error).split())[:300]}", file=sys.stderr)
+        reason = ' '.join(str(error).split())[:300]
+        print(f"live_demo: rank {rank} failed: {reason}", file=sys.stderr)
+        if args.json:  # the run stopped: the one JSON object says why, and that nothing it reports was measured
+            print(json.dumps({"stopped": reason, "stopped_rank": rank, "world_size": args.world_size,
+                              "failed_rank": args.fail_rank, "ranks_finished": sum(isinstance(r, LoopReport)
+                                                                                  for r in reports)},
+                             sort_keys=True))
         return 1
     failed_rank = args.fail_rank if args.fail_rank is not None else (lost[0] if lost else None)
     result = {**summarize_rebalancing(reports, setup, failed_rank), "device": args.device,

@@ -60,9 +60,9 @@ class SpeculativeConfig(BaseModel):
       give its published speed-up. Each drafted token also pays its own pass's fixed time: one layer's launches,
       synchronisation and all-to-all floors (`sim.cost_model.draft_pass_fixed_seconds`), whatever the batch. A
       DSpark-style parallel drafter costs less per token; lower the share for one.
-    - threshold 0.4: the best fixed cut where verification starts to be what the step pays for
-      (scripts/bench_speculative.py sweeps it); lower is better at smaller batches (memory-bound, verification
-      nearly free), higher at larger ones.
+    - threshold 0.4: the best fixed cut where verification has become a large part of what the step pays for
+      (scripts/bench_speculative.py sweeps it); lower is better at smaller batches (the fixed time per layer makes
+      verification nearly free), higher at larger ones.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)

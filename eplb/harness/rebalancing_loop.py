@@ -42,6 +42,7 @@ class Faults:
             that runs with a round of a rebalance's weights in flight (`Rebalancer.transfer_in_flight`).
         kill_in_answer_broadcast: this rank is killed as it enters the broadcast of a solve's answer (rank 0
             sends it; the others are waiting in the collective).
+        kill_at_start: this rank is killed as the rebalancers start (the others are building the host copies).
         drains: (rank, step): every rank calls `mark_failed(rank)` before that step.
         refuse_switch_rank: this rank refuses every switch.
         failing_solve: the policy raises.
@@ -51,6 +52,7 @@ class Faults:
     kills: tuple[tuple[int, int], ...] = ()
     kills_while_moving: tuple[tuple[int, int], ...] = ()
     kill_in_answer_broadcast: int | None = None
+    kill_at_start: int | None = None
     drains: tuple[tuple[int, int], ...] = ()
     refuse_switch_rank: int | None = None
     failing_solve: bool = False
@@ -111,8 +113,12 @@ def run_rebalancing_loop(comm: Communicator, setup: DecodeSetup, steps: int, con
     recorded in the report's `load_errors`, and serving goes on). `recorder_scope`: the load recorder's (the
     group's counts: a rebalance starts without a collective; "rank": the window is all-reduced)."""
     rank = _start_rank(comm, setup, config, faults, recorder_scope)
-    me, num_ranks = comm.original_rank, comm.world_size
+    me, num_ranks = comm.original_rank, setup.placement.cluster.num_gpus  # tokens are split over the ranks started
     report = LoopReport(original_rank=me)
+    for recovery in rank.rebalancer.stats.recoveries:  # a rank lost while the group started: served without it
+        report.requeued += sum(tokens_per_rank(0, setup.tokens_per_step, num_ranks, setup.seed)[r]
+                               for r in recovery["lost_ranks"])
+        report.recoveries.append({**recovery, "at_start": True, "killed_at": _killed_at(comm)})
     kills = _Kills({step for r, step in faults.kills if r == me}, {n for r, n in faults.kills_while_moving if r == me})
     drains = {step: r for r, step in faults.drains}
     load_at = dict(loads)
@@ -179,6 +185,8 @@ def _start_rank(comm: Communicator, setup: DecodeSetup, config: RebalanceConfig,
                              experts[layer].select(MoEDecodeLayer.slots_of_rank(setup.placement, layer, comm.rank)),
                              routing=setup.routing, recorder=recorder, compile_routing=setup.compile_routing)
               for layer in range(num_layers)]
+    if faults.kill_at_start == comm.original_rank:
+        _die(comm)
     rebalancer = Rebalancer(config, comm, layers, recorder, setup.placement,
                             policy_fn=failing_policy if faults.failing_solve else None)
     if faults.stalled_transfer_rank == comm.original_rank:

@@ -93,10 +93,12 @@ class GroupRecovery:
         self.mover, self.host_copies, self.stats = mover, host_copies, stats
 
     def regroup(self, survivors: list[int], step: int, placement: Placement, members: list[int],
-                began: float) -> tuple[RecoveryReport, Placement | None]:
+                began: float, host_copies_built: bool = True) -> tuple[RecoveryReport, Placement | None]:
         """Re-form the group of `survivors` (original ranks) from `placement`, whose GPU g was original rank
         `members[g]`, and, when ranks were lost, install the survivors' placement (collective); returns the report
-        (`began`: `time.perf_counter()` at the start) and the placement now serving (None: unchanged)."""
+        (`began`: `time.perf_counter()` at the start) and the placement now serving (None: unchanged).
+        `host_copies_built=False`: no rank holds host copies yet (a death during start-up); the survivors'
+        placement is filled from their slots alone."""
         comm = self.comm
         comm.regroup(survivors)
         resume = comm.min_over_ranks(step)
@@ -104,7 +106,7 @@ class GroupRecovery:
         kept = [gpu for gpu, member in enumerate(members) if member in survivors]  # old GPU of each new rank
         target, restored = None, 0
         if lost:  # else every rank lives (a transfer broke a connection, say): the same placement serves on
-            target, restored = self._restore(placement, lost, kept, self._load_LE())
+            target, restored = self._restore(placement, lost, kept, self._load_LE(), host_copies_built)
         self.layers[0].piggyback = self.layers[0].piggyback_received = None  # messages of the old group
         self.recorder.discard_current_step()
         report = RecoveryReport([members[gpu] for gpu in lost], resume, time.perf_counter() - began, restored)
@@ -124,7 +126,8 @@ class GroupRecovery:
         load_LE = comm.all_reduce_sum(load_LE) if self.recorder.scope == "rank" else comm.broadcast(load_LE, 0)
         return load_LE.cpu().numpy()
 
-    def _restore(self, old: Placement, lost: list[int], kept: list[int], load_LE: np.ndarray) -> tuple[Placement, int]:
+    def _restore(self, old: Placement, lost: list[int], kept: list[int], load_LE: np.ndarray,
+                 host_copies_built: bool = True) -> tuple[Placement, int]:
         """Move the weights the survivors' placement needs and install it on every layer (collective, on the
         re-formed group); returns the placement now serving and the count of experts restored from host copies.
 
@@ -141,8 +144,12 @@ class GroupRecovery:
         comm, mover, host_copies = self.comm, self.mover, self.host_copies
         target = placement_without(old, lost, load_LE)
         try:
-            fills, restored = survivor_fills(old, target, lost, kept, host_copies.failures_tolerated)
+            fills, restored = survivor_fills(old, target, lost, kept, host_copies.failures_tolerated,
+                                             host_copies_built)
         except LookupError as exc:
+            if not host_copies_built:
+                raise CollectiveError(f"cannot start without the lost ranks: {exc}: they died before the host "
+                                      f"copies of their experts were built; restart the group") from exc
             raise CollectiveError(f"cannot recover: {exc}: {len(lost)} ranks were lost at once, with "
                                   f"failures_tolerated={host_copies.failures_tolerated} (raise it to keep more host "
                                   "copies)") from exc

@@ -81,11 +81,13 @@ def _fill_layer(experts_GS: np.ndarray, load_E: np.ndarray, num_experts: int) ->
 
 
 def survivor_fills(old: Placement, target: Placement, lost: list[int], kept: list[int],
-                   failures_tolerated: int) -> tuple[list[Fill], int]:
+                   failures_tolerated: int, host_copies_built: bool = True) -> tuple[list[Fill], int]:
     """The fills that take the survivors from `old` to `target` (`placement_without`'s), ranks numbered in the new
     group (`kept[rank]`: its GPU in `old`): slots that change or are new, from a survivor's slot or host copy, and
     the host copies `target` needs (`backup_wanted`, for `failures_tolerated`) that a survivor does not keep
     already; and how many experts had every replica on the `lost` GPUs (restored from host copies).
+    `host_copies_built=False` (a rank died while the group started, before every host copy was built): the
+    survivors' slots are the only sources, and every host copy `target` needs is filled.
 
     Raises:
         LookupError: an expert has no copy left on any survivor (more GPUs were lost at once than
@@ -96,7 +98,7 @@ def survivor_fills(old: Placement, target: Placement, lost: list[int], kept: lis
     fills, sends, restored = [], {}, 0
     for layer in range(old.num_layers):
         old_GS, new_GS = old.phy2log_LP[layer].reshape(old_shape), target.phy2log_LP[layer].reshape(new_shape)
-        all_holders = holders_of(old_GS, failures_tolerated)
+        all_holders = holders_of(old_GS, failures_tolerated if host_copies_built else None)
         holders = {rank: all_holders[gpu] for rank, gpu in enumerate(kept)}
         restored += len(set(old_GS[lost].reshape(-1).tolist()) - set(old_GS[kept].reshape(-1).tolist()))
         # Slots that change (or are new) and the host copies the target needs; the rest stays where it is.

@@ -38,6 +38,19 @@ def test_live_demo_prints_the_contract_keys_last_with_no_token_lost(demo, capsys
     assert report["imbalance_measured"] == report["imbalance_planned"]
 
 
+def test_a_rank_killed_as_the_group_starts_stops_the_run_with_one_json_object_saying_why(demo, capsys):
+    # The demo's start placement keeps most experts on one rank only: before any host copy exists, the survivors
+    # cannot serve rank 1's, so every one of them stops, and the JSON says why (the harness's ring test serves on)
+    assert demo.main(["--world-size", "3", "--steps", "6", "--experts", "12", "--hidden-size", "16",
+                      "--tokens-per-step", "60", "--time-limit", "0.5", "--solve-in", "thread", "--fail-rank", "1",
+                      "--fail-at-start", "--timeout", "4", "--json"]) == 1
+    captured = capsys.readouterr()
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert "cannot start without the lost ranks" in report["stopped"] and report["failed_rank"] == 1
+    assert report["ranks_finished"] == 0 and report["stopped_rank"] in (0, 2)
+    assert captured.err.count("\n") == 1 and "live_demo: rank" in captured.err
+
+
 def test_live_demo_rebalances_and_survives_a_killed_rank(demo, capsys, tmp_path):
     times_file = tmp_path / "step_times.json"
     assert demo.main(["--world-size", "3", "--steps", "36", "--experts", "12", "--hidden-size", "16",
@@ -123,6 +136,9 @@ BAD_FLAGS = [  # (id, argv, what the one line says)
     ("fail-rank-outside-the-group", ["--world-size", "2", "--fail-rank", "2"], "--fail-rank must be a rank in [0, 2)"),
     ("fail-at-step-after-the-run", ["--steps", "5", "--fail-rank", "1", "--fail-at-step", "5"],
      "--fail-at-step must be in [0, --steps=5)"),
+    ("fail-at-start-without-a-rank", ["--fail-at-start"], "--fail-at-start needs --fail-rank"),
+    ("fail-at-start-and-at-a-step", ["--fail-rank", "1", "--fail-at-start", "--fail-at-step", "2"],
+     "replaces --fail-at-step"),
     ("steps-beyond-any-demo", ["--steps", "1000000000000"], "argument --steps: expected an integer in [1, 100000]"),
     ("time-limit-absurd", ["--time-limit", "1e300"], "argument --time-limit: expected a number > 0 and <= 86400"),
     ("memory-beyond-the-machine", ["--hidden-size", "65536"], "lower --layers, --experts, --hidden-size"),

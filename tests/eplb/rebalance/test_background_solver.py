@@ -54,7 +54,8 @@ def test_the_answer_is_the_policys_placement_relabelled_to_move_the_fewest_exper
     solver = BackgroundSolver(where, "deepseek", {}, SHAPE)
     try:
         solver.submit(counts, current)
-        answer = wait_for(solver)["result"]
+        first = wait_for(solver)
+        answer = first["result"]
         placement, (moves, oblivious) = answer.placement, answer.moves
         expected = plan_migration(current, fit_placement("deepseek", counts, current.cluster))
         assert np.array_equal(placement.phy2log_LP, expected.realised.phy2log_LP)
@@ -67,9 +68,9 @@ def test_the_answer_is_the_policys_placement_relabelled_to_move_the_fewest_exper
         assert answer.fitted_imbalance - 1e-9 <= live <= 1.01 * answer.fitted_imbalance  # whole tokens of ~60
         fills, rounds = plan_rebalance(current, placement, SHAPE)
         assert decode_fills(answer.fills_U8) == fills and decode_rounds(answer.chunks_C6) == rounds
-        solver.submit(counts, current)  # a new job replaces the old one's state
-        assert "result" not in solver.poll()
-        assert "result" in wait_for(solver)
+        solver.submit(counts, current)  # a new job replaces the old one's state: never the old job's answer
+        assert solver.poll()["job"] == first["job"] + 1  # (a thread may have answered the tiny solve already)
+        assert "result" in wait_for(solver) and solver.poll()["job"] == first["job"] + 1
     finally:
         solver.close()
 

@@ -15,7 +15,7 @@ from eplb.rebalance.config import RebalanceConfig
 from eplb.harness.rebalancing_loop import Faults, LoopReport, run_rebalancing_loop
 from eplb.harness.rebalancing_summary import summarize_rebalancing
 from eplb.harness.synthetic_decode import DecodeSetup
-from placement import ClusterSpec, fit_placement, save_placement
+from placement import ClusterSpec, Placement, fit_placement, save_placement
 from placement.patch_planner import PatchSettings
 from traces.synthetic import SyntheticConfig, generate_trace
 
@@ -118,6 +118,38 @@ def test_survivors_of_a_killed_rank_finish_the_run_exactly_and_requeue_its_reque
     assert summary["requests_requeued"] > 0
     assert summary["rebalances"] >= 1  # the next rebalance fits the smaller group
     assert summary["seconds_from_kill_to_first_step"] < 4 * TIMEOUT_S
+
+
+def test_a_rank_killed_while_the_group_starts_is_served_without_when_its_experts_live_elsewhere():
+    # Every expert on two neighbouring GPUs (a ring), so that rank 2's experts live on in rank 1's or 3's slots: it
+    # dies as the rebalancers start (its peers are building the host copies), the survivors start without it.
+    steps, world = 20, 4
+    base = setup_for(world, steps)
+    per_gpu = EXPERTS // world
+    ring_GS = np.array([[(g * per_gpu + i) % EXPERTS for i in range(2 * per_gpu)] for g in range(world)])
+    cluster = ClusterSpec(num_gpus=world, slots_per_gpu=2 * per_gpu, gpus_per_node=world)
+    ring = Placement.equal_split(np.stack([ring_GS.reshape(-1)] * 2), cluster, EXPERTS, policy="ring")
+    setup = dataclasses.replace(base, placement=ring)
+    reports = run_local_group(run_rebalancing_loop, world, setup, steps, CONFIG.model_copy(update={"interval": 100}),
+                              Faults(kill_at_start=2), (), "group", timeout_s=TIMEOUT_S, deadline_s=240,
+                              allow_failures=True)
+    assert [isinstance(report, LoopReport) for report in reports] == [True, True, False, True], reports
+    summary = summarize_rebalancing(reports, setup)
+    assert_exact_and_complete(summary, steps)
+    assert summary["survivors"] == [0, 1, 3]
+    assert [(rec["lost_ranks"], rec["resume_step"], rec["at_start"]) for rec in summary["recoveries"]] == \
+        [([2], 0, True)]
+    assert summary["recoveries"][0]["restored_experts"] == 0 and summary["host_copies_match_placement"]
+
+
+def test_a_rank_killed_while_the_group_starts_stops_every_survivor_with_one_reason_when_its_experts_are_lost():
+    # The default start placement keeps most experts once: rank 1's die with it before any host copy existed.
+    reports = run_local_group(run_rebalancing_loop, 4, setup_for(4, 10), 10, CONFIG, Faults(kill_at_start=1), (),
+                              "group", timeout_s=TIMEOUT_S, deadline_s=240, allow_failures=True)
+    for rank in (0, 2, 3):
+        assert not isinstance(reports[rank], LoopReport)
+        assert "cannot start without the lost ranks" in str(reports[rank]) and "restart the group" in str(
+            reports[rank]), reports[rank]
 
 
 def test_two_ranks_killed_one_after_the_other():
