@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from collectives.lifeline import parent_of_child
-from eplb.cli.arg_types import json_output
+from eplb.cli.arg_types import integer, json_output, number
 from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, fit_placement
 from placement.policies.cpsat_policy import LEVELS, fitted_objective
@@ -39,6 +39,7 @@ SPINNER = ("from collectives.lifeline import end_with_parent; "
 CLUSTERS = [ClusterSpec(num_gpus=64, slots_per_gpu=5), ClusterSpec(num_gpus=128, slots_per_gpu=3)]
 TOKENS_PER_STEP = 8192
 WINDOW = 50
+MAX_SECONDS = 86_400.0  # one day: a budget beyond it is a typo
 
 
 def model_fitted(counts_TLE: np.ndarray, placement, cluster: ClusterSpec) -> float:
@@ -90,10 +91,12 @@ def print_table(rows: list[dict], time_limit: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--time-limit", type=float, default=10.0, help="cpsat budget per fit, seconds (default 10)")
-    parser.add_argument("--repeats", type=int, default=3, help="fits per cluster and load (default 3)")
-    parser.add_argument("--busy", type=int, default=2, help="spinning processes beside the busy fits (default 2)")
-    parser.add_argument("--workers", type=int, default=2,
+    parser.add_argument("--time-limit", type=number(0, low_open=True, high=MAX_SECONDS), default=10.0,
+                        help="cpsat budget per fit, seconds (default 10)")
+    parser.add_argument("--repeats", type=integer(1, 1000), default=3, help="fits per cluster and load (default 3)")
+    parser.add_argument("--busy", type=integer(0, 64), default=2,
+                        help="spinning processes beside the busy fits (default 2)")
+    parser.add_argument("--workers", type=integer(1, 256), default=2,
                         help="layers solved at once (default 2, cpsat's; the live rebalancer's solve_threads is 1)")
     parser.add_argument("--json", type=json_output(), default=None, help="also write every fit's figures to this JSON file")
     parser.add_argument("--quick", action="store_true", help="4 layers, 1 s, one repeat: a smoke run")
@@ -101,9 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     layers, time_limit, repeats = 61, args.time_limit, args.repeats
     if args.quick:
         layers, time_limit, repeats = 4, min(time_limit, 1.0), 1
-    if time_limit <= 0 or repeats < 1 or args.busy < 0 or args.workers < 1:
-        print("--time-limit must be > 0, --repeats >= 1, --busy >= 0 and --workers >= 1", file=sys.stderr)
-        return 2
     began = time.perf_counter()
     counts = generate_trace(SyntheticConfig(num_steps=WINDOW, num_layers=layers,
                                             tokens_per_step=TOKENS_PER_STEP)).counts_TLE

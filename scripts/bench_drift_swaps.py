@@ -28,10 +28,11 @@ import time
 
 import numpy as np
 
-from eplb.cli.arg_types import json_output
+from eplb.cli.arg_types import SEED_MAX, integer, json_output
 from eplb.cli.main import OneLineParser
 from eplb.rebalance.config import RebalanceConfig
 from placement import ClusterSpec, fit_placement
+from placement.cluster import MAX_GPUS, MAX_SLOTS, MAX_SLOTS_PER_GPU
 from placement.drift_swaps import MIN_GAIN, _Ring, ring_spans, swap_layer
 from traces.atomic_file import write_text_atomically
 from traces.synthetic import SyntheticConfig, generate_trace
@@ -39,15 +40,19 @@ from traces.synthetic import SyntheticConfig, generate_trace
 FULL = {"layers": 61, "experts": 256, "top_k": 8, "window": 100}
 QUICK = {"layers": 4, "experts": 32, "top_k": 4, "window": 20}
 TOKENS_PER_GPU = 128
+MAX_LATER = 10_000  # the full shape's trace, window and later steps, stays within the synthetic trace's limit
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gpus", type=int, nargs="+", default=[64, 128], help="GPUs of each cluster")
-    parser.add_argument("--slots-per-gpu", type=int, nargs="+", default=[5, 3], help="slots per GPU of each cluster")
-    parser.add_argument("--later", type=int, default=100, help="steps after the fit window that the swaps' window ends")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each search (the median is reported)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gpus", type=integer(1, MAX_GPUS), nargs="+", default=[64, 128], help="GPUs of each cluster")
+    parser.add_argument("--slots-per-gpu", type=integer(1, MAX_SLOTS_PER_GPU), nargs="+", default=[5, 3],
+                        help="slots per GPU of each cluster")
+    parser.add_argument("--later", type=integer(0, MAX_LATER), default=100,
+                        help="steps after the fit window that the swaps' window ends")
+    parser.add_argument("--repeats", type=integer(1, 1000), default=3,
+                        help="timed runs of each search (the median is reported)")
+    parser.add_argument("--seed", type=integer(0, SEED_MAX), default=0)
     parser.add_argument("--quick", action="store_true", help="a small shape (4 layers x 32 experts), for tests")
     parser.add_argument("--json", type=json_output(), default=None, help="also write the rows to this file")
     return parser
@@ -120,14 +125,14 @@ def measure_cluster(num_gpus: int, slots: int, shape: dict, later: int, repeats:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if len(args.gpus) != len(args.slots_per_gpu):
-        print("bench_drift_swaps: --gpus and --slots-per-gpu need as many values each", file=sys.stderr)
-        return 2
-    if args.repeats < 1 or args.later < 0:
-        print("bench_drift_swaps: --repeats must be >= 1 and --later >= 0", file=sys.stderr)
-        return 2
+        parser.error("--gpus and --slots-per-gpu need as many values each")
     shape = QUICK if args.quick else FULL
+    if not all(shape["experts"] <= gpus * slots <= MAX_SLOTS for gpus, slots in zip(args.gpus, args.slots_per_gpu)):
+        parser.error(f"each cluster's --gpus x --slots-per-gpu must be in [{shape['experts']}, {MAX_SLOTS}] slots "
+                     f"(a slot for every expert)")
     rows = [measure_cluster(gpus, slots, shape, args.later, args.repeats, args.seed)
             for gpus, slots in zip(args.gpus, args.slots_per_gpu)]
     print(f"{shape['layers']} layers x {shape['experts']} experts, top-{shape['top_k']}, {TOKENS_PER_GPU} tokens per "

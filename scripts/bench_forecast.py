@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.cli.arg_types import json_output
+from eplb.cli.arg_types import SEED_MAX, integer, json_output, number
 from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, Placement, fit_placement
 from placement.burst_exposure import burst_exposure
@@ -84,6 +84,7 @@ ESFT_WINDOW_RUNS = (("summary", 512, 4, 4), (None, 256, 4, 4), (None, 256, 8, 8)
 ESFT_WINDOW_CLUSTERS = (ClusterSpec(num_gpus=12, slots_per_gpu=6, gpus_per_node=4),
                         ClusterSpec(num_gpus=24, slots_per_gpu=4, gpus_per_node=8))
 IID_FRESH_STEPS = 64  # fresh draws each iid row is scored on
+MAX_STEPS = 100_000  # a trace's steps (and any lag, pace or interval in steps): 4 layers x 256 experts stay in bounds
 Patching = tuple[PatchSettings, PatchPace]  # the planner's settings and the replay's pace
 
 
@@ -423,8 +424,6 @@ def patching_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         return None
     if args.live_pace:
         parser.error("--live-pace measures the pace: give it or --patch-lag, not both")
-    if args.patch_every < 1 or args.drift_stride < 1:
-        parser.error("--patch-every and --drift-stride must be >= 1")
     pace = PatchPace(lag=args.patch_lag, burst_lag=args.burst_lag)
     flags = {"lag": "--patch-lag", "burst_lag": "--burst-lag"}
     problems = pace.problems(args.patch_every)
@@ -437,22 +436,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one small shape, short drifting traces (a smoke run)")
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 100], help="lags of the rolling rows (steps)")
-    parser.add_argument("--work-limit", type=float, default=4.0,
+    parser.add_argument("--work-limit", type=number(0, low_open=True, high=1e6), default=4.0,
                         help="cpsat's deterministic budget per fit, work units (default 4)")
-    parser.add_argument("--time-limit", type=float, default=None,
+    parser.add_argument("--time-limit", type=number(0, low_open=True, high=86_400), default=None,
                         help="cpsat's budget per fit as wall-clock seconds instead (its rows then move run to run)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of the synthetic traces")
+    parser.add_argument("--seeds", type=integer(0, SEED_MAX), nargs="+", default=[0],
+                        help="seeds of the synthetic traces")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="policies to fit")
     parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
     parser.add_argument("--esft-only", action="store_true", help="only the ESFT rows (needs ../shared/data)")
-    parser.add_argument("--patch-lag", type=int, default=None, metavar="STEPS",
+    parser.add_argument("--patch-lag", type=integer(0, MAX_STEPS), default=None, metavar="STEPS",
                         help="also the forecast rows with patches between refits, each serving STEPS after the steps "
                              "it saw (placement.patch_planner)")
-    parser.add_argument("--patch-every", type=int, default=PatchSettings().every, metavar="STEPS",
+    parser.add_argument("--patch-every", type=integer(1, MAX_STEPS), default=PatchSettings().every, metavar="STEPS",
                         help="with --patch-lag, steps between patch starts (default %(default)s)")
-    parser.add_argument("--drift-stride", type=int, default=PatchSettings().drift_stride, metavar="K",
+    parser.add_argument("--drift-stride", type=integer(1, MAX_STEPS), default=PatchSettings().drift_stride, metavar="K",
                         help="with --patch-lag, each layer's drift swaps in every K-th patch (default %(default)s)")
-    parser.add_argument("--burst-lag", type=int, default=None, metavar="STEPS",
+    parser.add_argument("--burst-lag", type=integer(0, MAX_STEPS), default=None, metavar="STEPS",
                         help="with --patch-lag, the layers whose burst moves come or go serve STEPS after the steps "
                              "a patch saw, ahead of its other layers (within (patch lag - patch every, patch lag])")
     parser.add_argument("--live-pace", action="store_true",
@@ -463,14 +463,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refit-block", action="store_true",
                         help="only what a refit in flight costs the patches: the live rebalancer's schedule against "
                              "the yardstick's, at the largest of --lags (no ESFT)")
-    parser.add_argument("--intervals", type=int, nargs="+", default=[100, 500], metavar="STEPS",
+    parser.add_argument("--intervals", type=integer(1, MAX_STEPS), nargs="+", default=[100, 500], metavar="STEPS",
                         help="with --refit-block, steps from a refit's landing to the next refit's start")
-    parser.add_argument("--schedule-steps", type=int, default=None, metavar="T",
+    parser.add_argument("--schedule-steps", type=integer(1, MAX_STEPS), default=None, metavar="T",
                         help="with --refit-block, steps of each trace (default 2000; 300 with --quick)")
     args = parser.parse_args(argv)
     budget = {"work_limit": args.work_limit} if args.time_limit is None else {"time_limit_s": args.time_limit}
-    if min(args.lags) < 0 or min(args.seeds) < 0 or (args.patch_lag is not None and args.patch_lag < 0):
-        parser.error("--lags, --seeds and --patch-lag must be >= 0")
+    if min(args.lags) < 0:
+        parser.error("--lags must be >= 0")
     if args.esft_only and (args.quick or not ESFT.exists()):
         parser.error(f"--esft-only needs the ESFT logs at {ESFT} and no --quick")
     steps, _, _, window = QUICK_RUN if args.quick else FULL_RUN

@@ -33,7 +33,7 @@ import sys
 
 import numpy as np
 
-from eplb.cli.arg_types import json_output
+from eplb.cli.arg_types import SEED_MAX, integer, json_output, number
 from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, rolling_replay
 from traces.atomic_file import write_text_atomically
@@ -170,15 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traffic", choices=("synthetic", "tuning", "regime", "requests"), default="synthetic",
                         help="held-out settings of traces.synthetic, the settings the two-slot rule was chosen on, "
                         "the independent regime generator, or request-level traffic at the held-out settings")
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="trace seeds (default: %(default)s)")
+    parser.add_argument("--seeds", type=integer(0, SEED_MAX), nargs="+", default=list(SEEDS),
+                        help="trace seeds (default: %(default)s)")
     parser.add_argument("--rows", nargs="+", default=[row[0] for row in ROWS], choices=[row[0] for row in ROWS],
                         help="shapes to run (default: all)")
-    parser.add_argument("--work-limit", type=float, default=None, help="cpsat: work budget per fit (default: "
-                        "CpSatConfig's)")
+    parser.add_argument("--work-limit", type=number(0, low_open=True, high=1e6), default=None,
+                        help="cpsat: work budget per fit (default: CpSatConfig's)")
     parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
     args = parser.parse_args(argv)
-    if min(args.seeds) < 0 or (args.work_limit is not None and not 0 < args.work_limit <= 1e6):
-        parser.error("--seeds must be >= 0 and --work-limit in (0, 1e6]")
     options = {} if args.work_limit is None else {"work_limit": args.work_limit}
     rows = measure(args.traffic, args.seeds, args.rows, options)
     print(table(rows))

@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 
+from eplb.cli.arg_types import SEED_MAX, integer
 from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, fit_placement, score_placement
 
@@ -55,7 +56,8 @@ def served_imbalance(gpus: int, slots: int, tokens: int, limited: bool, log_popu
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one small shape, few steps (a smoke run)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the popularity and the sampling (default 0)")
+    parser.add_argument("--seed", type=integer(0, SEED_MAX), default=0,
+                        help="seed of the popularity and the sampling (default 0)")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     layers = 1 if args.quick else 2

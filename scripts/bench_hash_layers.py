@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.cli.arg_types import json_output
+from eplb.cli.arg_types import comma_separated, integer, json_output, number
 from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, fit_placement, score_placement
 from placement.hash_routing import hash_counts_TE, table_steps_TE
@@ -41,6 +41,7 @@ from traces.token_stream import TokenStreamConfig, generate_tokens_TN
 
 ZIPF_CLUSTERS = [ClusterSpec(num_gpus=64, slots_per_gpu=5), ClusterSpec(num_gpus=128, slots_per_gpu=3)]
 DEMO_CLUSTER = ClusterSpec(num_gpus=4, slots_per_gpu=2, gpus_per_node=4)
+MAX_STEPS = 20_000  # the full shape's token stream: 8,192 ids a step
 
 
 def replay(counts_TLE: np.ndarray, fit, every: int, window: int, lag: int, cluster: ClusterSpec) -> dict:
@@ -153,15 +154,19 @@ def demo_section(args) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--section", choices=("zipf", "demo", "all"), default="all")
-    parser.add_argument("--steps", type=int, default=600, help="steps of each stream (default 600)")
-    parser.add_argument("--every", type=int, default=100, help="refit every N steps (default 100)")
-    parser.add_argument("--window", type=int, default=100, help="steps each fit uses (default 100)")
-    parser.add_argument("--lags", default="0,100", help="comma-separated lags, steps (default 0,100)")
-    parser.add_argument("--time-limit", type=float, default=2.0, help="cpsat budget per fit, seconds (default 2)")
+    parser.add_argument("--steps", type=integer(1, MAX_STEPS), default=600, help="steps of each stream (default 600)")
+    parser.add_argument("--every", type=integer(1, MAX_STEPS), default=100, help="refit every N steps (default 100)")
+    parser.add_argument("--window", type=integer(1, MAX_STEPS), default=100, help="steps each fit uses (default 100)")
+    parser.add_argument("--lags", type=comma_separated(integer(0, MAX_STEPS)), default=[0, 100],
+                        help="comma-separated lags, steps (default 0,100)")
+    parser.add_argument("--time-limit", type=number(0, low_open=True, high=86_400), default=2.0,
+                        help="cpsat budget per fit, seconds (default 2)")
     parser.add_argument("--json", type=json_output(), default=None, help="also write the rows to this JSON file")
     parser.add_argument("--quick", action="store_true", help="zipf: a small shape (32 experts on 8 x 5), for a smoke run")
     args = parser.parse_args(argv)
-    args.lags = [int(lag) for lag in args.lags.split(",")]
+    if args.window + max(args.lags) >= args.steps:
+        parser.error(f"--window {args.window} and the largest of --lags, {max(args.lags)}, leave no step of --steps "
+                     f"{args.steps} to score; give more --steps or a shorter --window")
     results = {}
     if args.section in ("zipf", "all"):
         results["zipf"] = zipf_section(args)

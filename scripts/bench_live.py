@@ -61,6 +61,7 @@ import numpy as np
 
 from collectives import run_local_group
 from collectives.lifeline import end_with_parent, parent_of_child
+from eplb.cli.arg_types import integer, number
 from eplb.cli.main import OneLineParser
 from eplb.harness.rebalancing_loop import (
     Faults,
@@ -86,7 +87,18 @@ from eplb.rebalance.move_plan import (
     plan_rebalance,
 )
 from placement import ClusterSpec, fit_placement, plan_migration
+from placement.cluster import MAX_SLOTS_PER_GPU
 from traces.synthetic import SyntheticConfig, generate_trace
+
+# Bounds on the flags, as the live demo's (scripts/live_demo.py): far beyond a CPU run, each run's size stays finite.
+MAX_RANKS = 64  # rank processes on one host
+MAX_STEPS = 100_000
+MAX_LAYERS = 256
+MAX_EXPERTS = 4096
+MAX_TOKENS_PER_STEP = 1 << 20
+MAX_HIDDEN_SIZE = 1 << 16
+MAX_SECONDS = 86_400.0  # one day: a timeout beyond it is a typo
+MAX_BYTES_PER_STEP = 1 << 34  # 16 GiB a rank between two steps: more than any rank here holds
 
 VARIANTS = {  # name -> (routing, record); the first is the baseline
     "static, no recorder": ("static", False),
@@ -111,47 +123,60 @@ def run_variants(comm, setups: dict, steps: int, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--world-size", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=30, help="decode steps per run (default 30)")
-    parser.add_argument("--repeats", type=int, default=5, help="runs of each variant (default 5)")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--experts", type=int, default=32)
-    parser.add_argument("--top-k", type=int, default=4)
-    parser.add_argument("--tokens-per-step", type=int, default=256)
-    parser.add_argument("--hidden-size", type=int, default=64)
-    parser.add_argument("--slots-per-gpu", type=int, default=None, help="S (default E / W + 2)")
+    parser.add_argument("--world-size", type=integer(1, MAX_RANKS), default=4)
+    parser.add_argument("--steps", type=integer(1, MAX_STEPS), default=30, help="decode steps per run (default 30)")
+    parser.add_argument("--repeats", type=integer(1, 1000), default=5, help="runs of each variant (default 5)")
+    parser.add_argument("--layers", type=integer(1, MAX_LAYERS), default=2)
+    parser.add_argument("--experts", type=integer(1, MAX_EXPERTS), default=32)
+    parser.add_argument("--top-k", type=integer(1, MAX_EXPERTS), default=4)
+    parser.add_argument("--tokens-per-step", type=integer(1, MAX_TOKENS_PER_STEP), default=256)
+    parser.add_argument("--hidden-size", type=integer(1, MAX_HIDDEN_SIZE), default=64)
+    parser.add_argument("--slots-per-gpu", type=integer(1, MAX_SLOTS_PER_GPU), default=None,
+                        help="S (default E / W + 2)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="cpu: a Gloo group; cuda: an NCCL group, one GPU per rank (default cpu)")
     parser.add_argument("--eager", action="store_true", help="run the replica choice eagerly (default: compiled)")
     parser.add_argument("--section", default="all",
                         choices=("all", "overhead", "rebalance", "demo-runs", "demo-switches", "noise", "plan",
                                  "host-copies"))
-    parser.add_argument("--rebalance-steps", type=int, default=600, help="steps of the rebalancing run (default 600: "
-                        "a p99 needs a few hundred steps on each side)")
-    parser.add_argument("--rebalance-every", type=int, default=30)
+    parser.add_argument("--rebalance-steps", type=integer(1, MAX_STEPS), default=600,
+                        help="steps of the rebalancing run (default 600: a p99 needs a few hundred steps on each side)")
+    parser.add_argument("--rebalance-every", type=integer(1, MAX_STEPS), default=30)
     parser.add_argument("--rebalance-policy", default="cpsat", choices=("cpsat", "deepseek"))
     parser.add_argument("--solve-in", default="process", choices=("process", "thread"))
-    parser.add_argument("--good-enough", type=float, default=1.001,
+    parser.add_argument("--good-enough", type=number(1, high=2, or_exactly=0), default=1.001,
                         help="cpsat stops a layer's search at this fitted max/mean (default 1.001; 0: the whole "
                              "budget)")
-    parser.add_argument("--solve-cpu-share", type=float, default=1.0,
+    parser.add_argument("--solve-cpu-share", type=number(0, low_open=True, high=1), default=1.0,
                         help="the solve's share of the time (default 1: not paced)")
-    parser.add_argument("--min-gain", type=float, default=0.005,
+    parser.add_argument("--min-gain", type=number(0, high=1), default=0.005,
                         help="switch only to a fit that beats the placement serving by this much (default 0.005; "
                              "0: always)")
-    parser.add_argument("--max-bytes-per-step", type=int, default=256 << 10,
+    parser.add_argument("--max-bytes-per-step", type=integer(1, MAX_BYTES_PER_STEP), default=256 << 10,
                         help="expert bytes a rank sends or receives between two steps (default 256 KiB)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="collective timeout of the kill run, seconds")
-    parser.add_argument("--runs", type=int, default=10, help="runs of the issue's demo command (default 10)")
-    parser.add_argument("--busy", type=int, default=0, metavar="N",
+    parser.add_argument("--timeout", type=number(0, low_open=True, high=MAX_SECONDS), default=5.0,
+                        help="collective timeout of the kill run, seconds")
+    parser.add_argument("--runs", type=integer(1, 1000), default=10,
+                        help="runs of the issue's demo command (default 10)")
+    parser.add_argument("--busy", type=integer(0, 64), default=0, metavar="N",
                         help="with demo-switches: N CPU-bound processes run beside every demo run, as other work "
                              "on the host (default 0)")
     parser.add_argument("--quick", action="store_true", help="tiny run, for a smoke test")
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error(f"--runs must be >= 1; got {args.runs}")
-    if args.busy < 0:
-        parser.error(f"--busy must be >= 0; got {args.busy}")
+    if args.top_k > args.experts or args.hidden_size < args.experts:
+        parser.error("--top-k must be <= --experts (a token picks K different experts) and --hidden-size >= --experts "
+                     "(the gate reads the first E dimensions)")
+    if args.world_size * (args.slots_per_gpu or args.experts // args.world_size + 2) < args.experts:
+        parser.error("--world-size x --slots-per-gpu must be >= --experts (every expert needs a slot)")
+    if args.experts // args.world_size + 2 > MAX_SLOTS_PER_GPU and args.slots_per_gpu is None:
+        parser.error(f"--slots-per-gpu (default E / W + 2) must be <= {MAX_SLOTS_PER_GPU}; give it or raise "
+                     f"--world-size")
+    if args.solve_cpu_share < 1 and args.solve_in != "process":
+        parser.error("--solve-cpu-share below 1 needs --solve-in process (a thread cannot be paused)")
+    row_bytes = 2 * args.hidden_size * 4  # one row of an expert's widest matrix (F = 2 D), fp32
+    if args.section in ("all", "rebalance") and args.max_bytes_per_step < row_bytes:
+        parser.error(f"--max-bytes-per-step must be >= one row of an expert's weights (8 x --hidden-size = {row_bytes} "
+                     f"bytes); got {args.max_bytes_per_step}")
     if args.quick:
         args.steps, args.repeats, args.rebalance_steps, args.rebalance_every = 3, 1, 24, 6
         args.runs = min(args.runs, 2)

@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from eplb.cli.arg_types import json_output
+from eplb.cli.arg_types import SEED_MAX, integer, json_output, number
 from eplb.cli.main import OneLineParser
 from eplb.live.replica_assignment import ReplicaTables
 from eplb.rebalance.attempt import (
@@ -59,6 +59,7 @@ from eplb.rebalance.background_solver import SolveResult, import_solving_modules
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.move_plan import KINDS, TransferShape, backup_wanted
 from placement import ClusterSpec, Placement, fit_placement
+from placement.cluster import MAX_GPUS, MAX_SLOTS, MAX_SLOTS_PER_GPU
 from placement.patch_planner import PatchPace, PatchPlanner, PatchSettings
 from traces.atomic_file import write_text_atomically
 from traces.synthetic import SyntheticConfig, generate_trace
@@ -70,25 +71,32 @@ TOKENS_PER_GPU = 128
 BURST_FACTOR = 4.0
 BURST_SHARES = (0.1, 1.0)  # shares of the layers a burst is added to
 STEADY = 6  # steady patches after the first, each from the last
+MAX_STEPS = 10_000  # a drift window or stride, in steps: the full shape's trace stays within its limit
+MAX_SECONDS = 86_400.0  # one day: a step or a budget beyond it is a typo
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gpus", type=int, nargs="+", default=[64, 128], help="GPUs of each cluster")
-    parser.add_argument("--slots-per-gpu", type=int, nargs="+", default=[5, 3], help="slots per GPU of each cluster")
-    parser.add_argument("--step-ms", type=float, default=50.0, help="decode step time for the steps to a switch")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--patch-drift-stride", type=int, default=PatchSettings().drift_stride, metavar="K",
+    parser.add_argument("--gpus", type=integer(1, MAX_GPUS), nargs="+", default=[64, 128], help="GPUs of each cluster")
+    parser.add_argument("--slots-per-gpu", type=integer(1, MAX_SLOTS_PER_GPU), nargs="+", default=[5, 3],
+                        help="slots per GPU of each cluster")
+    parser.add_argument("--step-ms", type=number(0, low_open=True, high=MAX_SECONDS * 1000), default=50.0,
+                        help="decode step time for the steps to a switch")
+    parser.add_argument("--seed", type=integer(0, SEED_MAX), default=0)
+    parser.add_argument("--patch-drift-stride", type=integer(1, MAX_STEPS), default=PatchSettings().drift_stride,
+                        metavar="K",
                         help="PatchSettings.drift_stride, the least stride of the layers' turns at drift swaps "
                              "(default %(default)s)")
-    parser.add_argument("--patch-drift-window", type=int, default=PatchSettings().drift_window, metavar="STEPS",
+    parser.add_argument("--patch-drift-window", type=integer(1, MAX_STEPS), default=PatchSettings().drift_window,
+                        metavar="STEPS",
                         help="PatchSettings.drift_window, the steps whose mean load the drift swaps follow "
                              "(default %(default)s)")
-    parser.add_argument("--patch-swap-budget", type=float, default=PatchSettings().swap_budget_s, metavar="SECONDS",
+    parser.add_argument("--patch-swap-budget", type=number(0, high=MAX_SECONDS), default=PatchSettings().swap_budget_s,
+                        metavar="SECONDS",
                         help="PatchSettings.swap_budget_s (default %(default)s; 0: none, the stride stays "
                              "--patch-drift-stride)")
-    parser.add_argument("--max-bytes-per-step", type=float, default=RebalanceConfig().max_bytes_per_step / 2**20,
-                        metavar="MIB",
+    parser.add_argument("--max-bytes-per-step", type=number(0, low_open=True, high=2**20),
+                        default=RebalanceConfig().max_bytes_per_step / 2**20, metavar="MIB",
                         help="RebalanceConfig.max_bytes_per_step in MiB, each rank's weight bytes between two decode "
                              "steps, which sets the rounds (default %(default)g)")
     parser.add_argument("--quick", action="store_true", help="a small shape (4 layers x 32 experts), for tests")
@@ -249,17 +257,17 @@ def live_pace(num_gpus: int, slots: int, quick: bool = False, step_ms: float = 5
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if len(args.gpus) != len(args.slots_per_gpu):
-        print("bench_patch: --gpus and --slots-per-gpu need as many values each", file=sys.stderr)
-        return 2
-    import_solving_modules("cpsat", None)  # as the helper does at start: no import inside a timed job
+        parser.error("--gpus and --slots-per-gpu need as many values each")
     shape = QUICK if args.quick else FULL
-    if (args.patch_drift_stride < 1 or args.patch_drift_window < 1 or args.patch_swap_budget < 0
-            or args.max_bytes_per_step * 2**20 < 1):
-        print("bench_patch: --patch-drift-stride and --patch-drift-window must be >= 1, --patch-swap-budget >= 0 and "
-              "--max-bytes-per-step above 0", file=sys.stderr)
-        return 2
+    if not all(shape["experts"] <= gpus * slots <= MAX_SLOTS for gpus, slots in zip(args.gpus, args.slots_per_gpu)):
+        parser.error(f"each cluster's --gpus x --slots-per-gpu must be in [{shape['experts']}, {MAX_SLOTS}] slots "
+                     f"(a slot for every expert)")
+    if args.max_bytes_per_step * 2**20 < 1:
+        parser.error(f"--max-bytes-per-step must be at least a byte ({1 / 2**20:g} MiB); got {args.max_bytes_per_step}")
+    import_solving_modules("cpsat", None)  # as the helper does at start: no import inside a timed job
     patches = PatchSettings(drift_stride=args.patch_drift_stride, drift_window=args.patch_drift_window,
                             swap_budget_s=args.patch_swap_budget or None)
     config = RebalanceConfig(patches=patches, max_bytes_per_step=round(args.max_bytes_per_step * 2**20))

@@ -43,9 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.cli.arg_types import json_output
+from eplb.cli.arg_types import comma_separated, integer, json_output, number, one_of
 from eplb.cli.main import OneLineParser
 from placement import (
+    POLICIES,
     ClusterSpec,
     fit_placement,
     plan_migration,
@@ -62,6 +63,8 @@ CLUSTERS = [ClusterSpec(num_gpus=64, slots_per_gpu=5), ClusterSpec(num_gpus=128,
 ESFT_CLUSTERS = [ClusterSpec(num_gpus=16, slots_per_gpu=5), ClusterSpec(num_gpus=32, slots_per_gpu=3)]
 ESFT = Path(__file__).resolve().parents[2] / "shared" / "data" / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
 ESFT_TASKS = ("intent", "law", "summary", "translation")  # in the order the logs hold them
+MAX_STEPS = 20_000  # a synthetic trace's steps: 61 layers x 256 experts stay within the trace limit
+MAX_SECONDS = 86_400.0  # one day: a budget beyond it is a typo
 TOKENS_PER_STEP = 8192
 KEYS = ("imbalance_mean", "imbalance_p99", "imbalance_max", "lower_bound")
 STEP_SECONDS = 0.05  # one decode step of a 64-128-GPU EP group
@@ -262,27 +265,37 @@ def print_tables(speed: list[dict], synthetic: list[dict], esft: list[dict]) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=500, help="steps of each synthetic trace (default 500)")
-    parser.add_argument("--every", type=int, default=50, help="rolling replay: refit every N steps (default 50)")
-    parser.add_argument("--window", type=int, default=50, help="rolling replay: fit on the last W steps (default 50)")
-    parser.add_argument("--policies", default="deepseek,cpsat", help="comma-separated policies (default both)")
-    parser.add_argument("--time-limit", type=float, default=10.0, help="cpsat budget per fit, seconds (default 10)")
-    parser.add_argument("--drift-ratio", type=float, default=1.4,
+    step_count, budget_s = integer(1, MAX_STEPS), number(0, low_open=True, high=MAX_SECONDS)
+    parser.add_argument("--steps", type=step_count, default=500, help="steps of each synthetic trace (default 500)")
+    parser.add_argument("--every", type=step_count, default=50, help="rolling replay: refit every N steps (default 50)")
+    parser.add_argument("--window", type=step_count, default=50,
+                        help="rolling replay: fit on the last W steps (default 50)")
+    parser.add_argument("--policies", type=comma_separated(one_of(sorted(POLICIES))), default=["deepseek", "cpsat"],
+                        help="comma-separated policies (default both)")
+    parser.add_argument("--time-limit", type=budget_s, default=10.0, help="cpsat budget per fit, seconds (default 10)")
+    parser.add_argument("--drift-ratio", type=number(1, low_open=True, high=100, or_exactly=0), default=1.4,
                         help="rolling replay rows with refits on drift at this ratio (default 1.4; 0 skips them)")
-    parser.add_argument("--repeats", type=int, default=3, help="timing repeats of the loop baseline (default 3)")
+    parser.add_argument("--repeats", type=integer(1, 1000), default=3,
+                        help="timing repeats of the loop baseline (default 3)")
     parser.add_argument("--skip-esft", action="store_true", help="skip the ESFT section")
     parser.add_argument("--skip-synthetic", action="store_true", help="skip the speed and synthetic sections")
     parser.add_argument("--json", type=json_output(), default=None, help="also write all results to this JSON file")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for a smoke run")
     parser.add_argument("--lag-only", action="store_true", help="run the lag rows alone (synthetic full shape)")
-    parser.add_argument("--lag-steps", type=int, default=600,
+    parser.add_argument("--lag-steps", type=step_count, default=600,
                         help="steps of the synthetic trace of the lag rows (default 600)")
-    parser.add_argument("--lag-budgets", default="10,2,0.5",
+    parser.add_argument("--lag-budgets", type=comma_separated(budget_s), default=[10.0, 2.0, 0.5],
                         help="cpsat budgets of the lag rows, seconds per fit (default 10,2,0.5)")
     args = parser.parse_args(argv)
-    policies = args.policies.split(",")
+    if not args.quick and args.window >= min(args.steps, args.lag_steps):
+        parser.error(f"--steps and --lag-steps must exceed --window ({args.window}): a replay scores the steps after "
+                     f"its window")
+    if args.skip_synthetic and (args.skip_esft or args.quick or args.lag_only or not ESFT.exists()):
+        parser.error(f"--skip-synthetic leaves only the ESFT section, which --skip-esft, --quick and --lag-only skip "
+                     f"and which needs {ESFT}: drop one")
+    policies = args.policies
     layers, steps, clusters, time_limit = 61, args.steps, CLUSTERS, args.time_limit
-    lag_steps, lag_budgets = args.lag_steps, sorted({float(b) for b in args.lag_budgets.split(",")}, reverse=True)
+    lag_steps, lag_budgets = args.lag_steps, sorted(set(args.lag_budgets), reverse=True)
     speed_layers = [58, 61]
     if args.quick:
         layers, steps, speed_layers, time_limit = 3, 3 * args.window, [3], min(time_limit, 1.0)

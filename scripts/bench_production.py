@@ -273,13 +273,14 @@ def main(argv: list[str] | None = None) -> int:
                      "example 144x2")
     if min(g * s for g, s in shapes) < NUM_EXPERTS or args.window + 1 > args.steps:
         parser.error(f"every shape needs at least {NUM_EXPERTS} slots, and --steps must exceed --window")
-    if not (1 <= args.layers <= 61 and 1 <= args.every and 1 <= args.window and 0 <= args.seed < 2**32
+    if not (1 <= args.layers <= 61 and 1 <= args.every <= 20_000 and 1 <= args.window and 0 <= args.seed < 2**32
             and args.steps <= 20_000):
-        parser.error("--layers must be in [1, 61], --every and --window >= 1, --seed in [0, 2**32), --steps <= 20000")
+        parser.error("--layers must be in [1, 61], --every in [1, 20000], --window >= 1, --seed in [0, 2**32), --steps "
+                     "<= 20000")
     if not all(math.isfinite(skew) and 0 <= skew <= 5 for skew in args.skews):
         parser.error("--skews must be lognormal sigmas in [0, 5]")
     if args.groups is not None and (not 1 <= args.groups <= NUM_EXPERTS or NUM_EXPERTS % args.groups
-                                    or all(args.groups % (gpus // 8) for gpus, _ in shapes)):
+                                    or all(args.groups % -(-gpus // 8) for gpus, _ in shapes)):  # nodes
         parser.error(f"--groups must divide {NUM_EXPERTS} and be a multiple of some shape's node count (G / 8)")
     if args.work_limit is not None and not (math.isfinite(args.work_limit) and 0 < args.work_limit <= 1e6):
         parser.error("--work-limit must be a number of work units in (0, 1e6]")

@@ -31,8 +31,9 @@ import numpy as np
 import torch
 import torch._inductor.config as inductor_config
 
+from eplb.cli.arg_types import integer
 from eplb.cli.main import OneLineParser
-from placement import ClusterSpec, fit_placement
+from placement import POLICIES, ClusterSpec, fit_placement
 from placement.migration import plan_migration
 from placement.routing.exact_split import exact_max_load
 from placement.routing.live_router import DEFAULT_ROUNDS, LayerRoutingTable, route_step
@@ -99,11 +100,15 @@ def busiest_over_lp(route, steps_TE: np.ndarray, lp_T: np.ndarray, num_gpus: int
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=50, help="held-out steps routed per shape (default 50)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as a worker's side)")
-    parser.add_argument("--policy", default="cpsat", help="placement to route on (default cpsat)")
-    parser.add_argument("--calls", type=int, default=200, help="calls per timing run (default 200)")
-    parser.add_argument("--repeats", type=int, default=5, help="timing runs, the least is kept (default 5)")
+    parser.add_argument("--steps", type=integer(1, 100_000), default=50,
+                        help="held-out steps routed per shape (default 50)")
+    parser.add_argument("--threads", type=integer(1, 1024), default=1,
+                        help="torch CPU threads (default 1, as a worker's side)")
+    parser.add_argument("--policy", default="cpsat", choices=sorted(POLICIES),
+                        help="placement to route on (default cpsat)")
+    parser.add_argument("--calls", type=integer(1, 10**6), default=200, help="calls per timing run (default 200)")
+    parser.add_argument("--repeats", type=integer(1, 1000), default=5,
+                        help="timing runs, the least is kept (default 5)")
     parser.add_argument("--no-compile", action="store_true", help="eager only (each compile takes ~15 s on CPU)")
     parser.add_argument("--cpp-wrapper", action="store_true",
                         help="compile with inductor's C++ wrapper (less Python per call on CPU; longer compiles)")

@@ -276,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--section", default="all", choices=("all", "speed", "balance", "windows", "fleet"))
     parser.add_argument("--quick", action="store_true", help="short runs, for a smoke test")
     args = parser.parse_args(argv)
+    if args.section == "speed" and args.quick:
+        parser.error("--section speed has no short run (--quick skips it): drop --quick")
     if args.section in ("all", "speed") and not args.quick:
         speed()
     if args.section in ("all", "balance"):

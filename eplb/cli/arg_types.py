@@ -48,6 +48,27 @@ def number(low: float, *, low_open: bool = False, high: float | None = None, or_
     return parse
 
 
+def one_of(names):
+    """An argparse type: one of `names` (for the parts of a `comma_separated` flag; a whole flag takes `choices`)."""
+
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(names)}, got {text}")
+        return text
+
+    return parse
+
+
+def comma_separated(item):
+    """An argparse type: a comma-separated list, each part parsed by `item` (`integer`, `number`, `one_of`); a bad
+    part is refused with `item`'s line."""
+
+    def parse(text: str) -> list:
+        return [item(part) for part in text.split(",")]
+
+    return parse
+
+
 def json_output():
     """An argparse type: a path a script writes a JSON file to at its end (atomically). Refused at once, before any
     work: a folder, a device, a path whose folder is missing or not writable, and an existing file that is not JSON

@@ -3,6 +3,8 @@ baseline make the same swaps on every ring layer, which lower the layers' object
 
 import json
 
+import pytest
+
 
 def test_the_bounded_search_and_the_exhaustive_baseline_swap_alike(load_script, tmp_path):
     out = tmp_path / "rows.json"
@@ -18,5 +20,7 @@ def test_the_bounded_search_and_the_exhaustive_baseline_swap_alike(load_script, 
 
 def test_unmatched_cluster_lists_are_refused(load_script, capsys):
     bench = load_script("bench_drift_swaps")
-    assert bench.main(["--quick", "--gpus", "16", "32", "--slots-per-gpu", "3"]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--quick", "--gpus", "16", "32", "--slots-per-gpu", "3"])
+    assert exit_info.value.code == 2
     assert "--gpus and --slots-per-gpu" in capsys.readouterr().err

@@ -93,8 +93,9 @@ def test_a_larger_byte_budget_a_step_moves_a_patch_in_fewer_rounds(load_script, 
 
 
 def test_a_byte_budget_of_nothing_is_refused(load_script, capsys):
-    assert load_script("bench_patch").main(["--quick", "--max-bytes-per-step", "0"]) == 2
-    assert "--max-bytes-per-step above 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("bench_patch").main(["--quick", "--max-bytes-per-step", "0"])
+    assert exit_info.value.code == 2 and "--max-bytes-per-step: expected a number > 0" in capsys.readouterr().err
 
 
 def test_the_live_pace_is_the_steady_medians_as_the_replay_takes_them(load_script):
