@@ -6,9 +6,10 @@
  "policy": "...", "info": {...}}
 ```
 
-SGLang (2025-26) passes every key of the file to `ExpertLocationMetadata.init_by_mapping(**data)`, which accepts
-only `physical_to_logical_map`; `save_sglang_mapping` writes that one-key file for SGLang versions that reject the
-extra keys.
+The placement file is not SGLang's: SGLang (0.5.23) passes every key of its `--init-expert-location` JSON to
+`ExpertLocationMetadata.init_by_mapping(**data)`, which takes only `physical_to_logical_map` and so refuses
+`schema_version`. `save_sglang_mapping` writes SGLang's file: that one key, one row per model layer
+(`placement/sglang_map.py`).
 """
 
 import json
@@ -21,7 +22,9 @@ from pydantic import ValidationError
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementFormatError
 from placement.placement_model import Placement
+from placement.sglang_map import sglang_physical_to_logical_map
 from traces.atomic_file import write_text_atomically
+from traces.model_layers import ModelLayers
 
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = (
@@ -56,9 +59,11 @@ def save_placement(placement: Placement, path: str | os.PathLike) -> None:
     write_text_atomically(path, json.dumps(placement_to_dict(placement), separators=(",", ":")) + "\n")
 
 
-def save_sglang_mapping(placement: Placement, path: str | os.PathLike) -> None:
-    """Write `{"physical_to_logical_map": [...]}` only, the form every SGLang version accepts."""
-    data = {"physical_to_logical_map": placement.phy2log_LP.tolist()}
+def save_sglang_mapping(placement: Placement, path: str | os.PathLike, model_layers: ModelLayers) -> None:
+    """Write SGLang's `--init-expert-location` file atomically: `{"physical_to_logical_map": [M, P]}`, nothing
+    else, the placement's L layers at `model_layers.moe_layer_ids` of the model's M layers
+    (`sglang_physical_to_logical_map`; `PlacementFormatError` when L is not the model's MoE layer count)."""
+    data = {"physical_to_logical_map": sglang_physical_to_logical_map(placement, model_layers).tolist()}
     write_text_atomically(path, json.dumps(data, separators=(",", ":")) + "\n")
 
 

@@ -167,6 +167,8 @@ class BalanceConfig(_Strict):
                                        "card (None: E / cards + 1, or E / cards under policy none).")
     layers: int = Field(4, ge=1, le=256, description="Layers of the synthetic routing trace (imbalance is their "
                                                      "mean).")
+    trace_layers: int | None = Field(None, ge=1, le=512, description="With routing_trace: evenly spaced layers of "
+                                     "the trace replayed, its first and last included (None: all of them).")
     steps: int = Field(300, ge=10, le=100_000, description="Steps of the synthetic routing trace (replayed "
                                                            "cyclically).")
     routing: Literal["live", "static"] = Field("live", description="How a step splits a replicated expert's tokens: "

@@ -31,6 +31,7 @@ from sim.model_profile import ZERO_FLOPS, FlopCount, ModelProfile
 
 
 MICRO_BATCHES = 2  # a pass with overlap runs as two micro-batches; each one's expert imbalance is at its own load
+RESERVED_FRACTION = 0.1  # of a card's HBM kept for activations and buffers, beside the weights and the KV cache
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,7 @@ def vision_encode_seconds(hardware: HardwareProfile, images: int, tokens_per_ima
 
 
 def max_decode_batch(model: ModelProfile, hardware: HardwareProfile, cards: int, mean_context: int, *,
-                     redundant_experts: int = 0, reserved_fraction: float = 0.1) -> int:
+                     redundant_experts: int = 0, reserved_fraction: float = RESERVED_FRACTION) -> int:
     """Sequences of `mean_context` tokens whose caches fit in the unit's HBM after the weights (KV bound).
 
     Each card keeps `reserved_fraction` of its HBM for activations and buffers, a full copy of the replicated

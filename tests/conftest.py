@@ -1,8 +1,12 @@
 """Fixtures for every package's tests: a command started in a session of its own, so that a test can find every
 process the command starts, at any depth, through /proc (their session id is the command's process id), and no
-test leaks one: the fixture kills whatever is left of each session at the end.
+test leaks one: the fixture kills whatever is left of each session at the end. And TensorRT-LLM's side, written from
+its source for the traces, placement and command-line tests alike: a dump in its expert-statistic layout, the checks
+it runs on a moe_load_balancer.yaml, and the figure its report_load_statistics.py prints.
 """
 
+import glob
+import json
 import os
 import signal
 import subprocess
@@ -84,3 +88,104 @@ def new_session():
     yield start
     for session in started:
         session.kill_all()
+
+
+def _write_trtllm_dump(folder, counts_RTLE, layer_ids, first_iteration: int = 100, top_k: int | None = 2,
+                       dtype: str = "int64"):
+    """A TensorRT-LLM expert-statistic dump in `folder`, laid out as `tensorrt_llm/_torch/expert_statistic.py`
+    writes it: `meta_info.json` ({"num_experts", "num_experts_per_token"}, rank 0's) and, per rank r,
+    `rank<r>.safetensors` holding one 1-D tensor [E] named "<iteration>_<layer>" per recorded iteration and layer.
+    `counts_RTLE` [R, T, L, E]: what rank r counted at iteration first_iteration + t in layer layer_ids[l]."""
+    from pathlib import Path
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    counts = np.asarray(counts_RTLE)
+    (folder / "meta_info.json").write_text(json.dumps({"num_experts": counts.shape[3], "num_experts_per_token": top_k}))
+    for rank, counts_TLE in enumerate(counts):
+        records = {f"{first_iteration + t}_{layer}": np.ascontiguousarray(counts_TLE[t, l].astype(dtype))
+                   for t in range(counts.shape[1]) for l, layer in enumerate(layer_ids)}
+        save_file(records, str(folder / f"rank{rank}.safetensors"))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def write_trtllm_dump():
+    """`write_trtllm_dump(folder, counts_RTLE [R, T, L, E], layer_ids, first_iteration=100, top_k=2, dtype="int64")
+    -> folder`: a TensorRT-LLM expert-statistic dump as TensorRT-LLM lays it out (needs the safetensors package)."""
+    pytest.importorskip("safetensors")
+    return _write_trtllm_dump
+
+
+def _tensorrt_llm_accepts(data, ep_size: int, num_experts: int, layer_ids) -> dict[int, list[list[int]]]:
+    """Mirror of what TensorRT-LLM checks when it loads a `moe_load_balancer.yaml` (`yaml.safe_load`, then
+    `MoeLoadBalancerConfig(**data)` in tensorrt_llm/llmapi/llm_args.py, its `setup(ep_rank, ep_size)`, and each MoE
+    layer's checks in tensorrt_llm/_torch/modules/fused_moe/); AssertionError names the first check that fails.
+    Returns {layer id: [ep_size lists of the expert ids each rank holds]}."""
+    fields = {"num_slots", "initial_global_assignments", "layer_updates_per_iter"}
+    assert isinstance(data, dict) and data.keys() <= fields, f"keys {sorted(data)} beyond {sorted(fields)}"
+    num_slots, assignments = data.get("num_slots"), data.get("initial_global_assignments")
+    assert type(num_slots) is int, f"num_slots must be an int; found {num_slots!r}"
+    assert type(data.get("layer_updates_per_iter", 0)) is int, "layer_updates_per_iter must be an int"
+    assert num_slots % ep_size == 0, f"num_slots {num_slots} not divisible by ep_size {ep_size}"
+    assert isinstance(assignments, dict) and all(type(key) is int for key in assignments), "Dict[int, List[int]]"
+    local = num_slots // ep_size
+    by_rank = {}
+    for layer in layer_ids:
+        assert layer in assignments, f"layer_idx {layer} not found in initial_global_assignments"
+        slots = assignments[layer]
+        assert isinstance(slots, list) and all(type(e) is int for e in slots), f"layer {layer}: List[int]"
+        assert len(slots) == num_slots, f"layer {layer}: {len(slots)} entries, num_slots {num_slots}"
+        assert num_slots >= num_experts, f"num_slots {num_slots} < num_experts {num_experts}"
+        assert set(slots) == set(range(num_experts)), f"layer {layer}: ids are not exactly 0..{num_experts - 1}"
+        by_rank[layer] = [slots[rank * local:(rank + 1) * local] for rank in range(ep_size)]
+    return by_rank
+
+
+@pytest.fixture(scope="session")
+def tensorrt_llm_accepts():
+    """`tensorrt_llm_accepts(yaml_data, ep_size, num_experts, layer_ids) -> {layer: per-rank expert ids}`: the
+    checks TensorRT-LLM runs on a moe_load_balancer.yaml, mirrored from its source."""
+    return _tensorrt_llm_accepts
+
+
+def _report_load_statistics(folder, projection=None) -> float:
+    """The `average` row's imbalance-ratio of examples/wide_ep/ep_load_balancer/report_load_statistics.py, following
+    its steps: sum the rank files' tensors per key, ep_size = number of rank files; per layer stack the iterations;
+    with a projection file divide each expert's count by its replica count and index by slot, ep_size from the file;
+    rank loads = consecutive blocks summed; per iteration max / mean - 1 in float32, mean over iterations; then the
+    mean over layers as pandas takes it (NaN skipped)."""
+    torch = pytest.importorskip("torch")
+    pandas = pytest.importorskip("pandas")
+    from safetensors.torch import load_file
+
+    meta = json.loads((folder / "meta_info.json").read_text())
+    files = [f for f in glob.glob(f"{folder}/rank*.safetensors") if not f.endswith("_raw.safetensors")]
+    summed = {}
+    for file in files:
+        for key, tensor in load_file(file).items():
+            summed[key] = summed.get(key, torch.zeros_like(tensor)) + tensor
+    by_key = {tuple(int(part) for part in key.split("_")): tensor for key, tensor in summed.items()}
+    layers = sorted({layer for _, layer in by_key})
+    ratios = {}
+    for layer in layers:
+        counts = torch.stack([tensor for (_, lay), tensor in sorted(by_key.items()) if lay == layer])
+        if projection is None:
+            ep_size, slot_counts = len(files), counts
+        else:
+            ep_size = projection["ep_size"]
+            assignment = torch.tensor(projection["initial_global_assignments"][layer])
+            slot_counts = (counts / assignment.bincount(minlength=meta["num_experts"]))[:, assignment]
+        ranks = slot_counts.reshape(counts.shape[0], ep_size, -1).sum(dim=-1).float()
+        ratios[layer] = (ranks.max(dim=-1).values / ranks.mean(dim=-1) - 1).mean().item()
+    return float(pandas.Series(ratios).mean())
+
+
+@pytest.fixture(scope="session")
+def report_load_statistics():
+    """`report_load_statistics(dump_folder, projection=None) -> float`: TensorRT-LLM's report_load_statistics.py
+    average imbalance-ratio, re-computed step by step (needs torch, pandas and safetensors)."""
+    return _report_load_statistics

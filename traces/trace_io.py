@@ -3,12 +3,16 @@
 Formats (chosen by suffix and content):
 - native `.npz`: array `counts` [T, L, E] plus `header_json` (a 0-d string array holding the TraceHeader);
 - plain `.npy`: one array [T, L, E];
-- SGLang expert-distribution dump `.pt`: a dict holding `logical_count` [T, L, E] (or [L, E], read as one step);
+- SGLang expert-distribution dump `.pt`, stat mode (`logical_count`) or detail mode (`records`): the recorded steps
+  and the MoE layers (`traces/sglang_dump.py`; what it leaves out is logged as a warning);
 - top-k id log `.npz` (as the ESFT routing logs): arrays `<task>_topk_ids` [L, N, K], grouped into steps of
-  `tokens_per_step` tokens; tasks are concatenated in file order unless `tasks` picks some.
+  `tokens_per_step` tokens; tasks are concatenated in file order unless `tasks` picks some;
+- TensorRT-LLM expert-statistic dump: a directory holding `meta_info.json` and `rank<r>.safetensors`
+  (`traces/trtllm_statistics.py`), the ranks' counts summed.
 """
 
 import json
+import logging
 import os
 import zipfile
 from pathlib import Path
@@ -19,9 +23,13 @@ from pydantic import ValidationError
 from traces.atomic_file import write_atomically
 from traces.errors import TraceFormatError
 from traces.routing_trace import RoutingTrace, TraceHeader, validate_counts
+from traces.sglang_dump import read_sglang_dump
 from traces.topk_log import counts_from_topk_ids, topk_tasks
+from traces.trtllm_statistics import META_FILE, load_trtllm_statistics
 
-SUPPORTED = ".npz (counts or <task>_topk_ids), .npy [T, L, E], or an SGLang .pt dump with logical_count"
+logger = logging.getLogger(__name__)
+SUPPORTED = (".npz (counts or <task>_topk_ids), .npy [T, L, E], an SGLang .pt dump (logical_count or records), or a "
+             "TensorRT-LLM expert-statistic directory")
 
 
 def load_trace(
@@ -40,11 +48,14 @@ def load_trace(
             id in any task of the file + 1, so that every task of one file reads with the same E).
     """
     file = Path(path)
-    if not file.is_file():
+    if not file.is_file() and not file.is_dir():
         raise TraceFormatError(f"trace file not found: {file}; expected {SUPPORTED}")
     suffix = file.suffix.lower()
     _check_tasks(tasks)
     try:
+        if file.is_dir():
+            _check_counts_options(file, tokens_per_step, tasks, num_experts)
+            return load_trtllm_statistics(file)
         if suffix == ".npz":
             return _load_npz(file, tokens_per_step, tasks, num_experts)
         if suffix in (".npy", ".pt"):
@@ -61,6 +72,9 @@ def load_trace(
         if "pickle" in reason:  # numpy's advice to load it unsafely is not ours to give
             reason = "it holds Python objects (pickled data), not arrays of numbers"
         raise TraceFormatError(f"cannot read trace {file}: {reason}; expected {SUPPORTED}") from exc
+    if suffix == ".safetensors" or file.name == META_FILE:
+        raise TraceFormatError(f"{file} is one file of a TensorRT-LLM expert-statistic dump; give its directory "
+                               f"{file.parent}")
     raise TraceFormatError(f"unknown trace format '{suffix}' for {file}; expected {SUPPORTED}")
 
 
@@ -162,26 +176,12 @@ def _experts_of_log(data, ids_by_task: dict[str, np.ndarray], file: Path) -> int
 
 
 def _load_sglang_dump(file: Path) -> RoutingTrace:
-    # torch is needed only to unpickle SGLang's dump; it is imported here so `traces` stays numpy-only otherwise.
-    import torch
-
-    try:
-        data = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many exception types for a bad file
-        raise TraceFormatError(f"cannot read {file} as a torch file: {_one_line(exc)}") from exc
-    if not isinstance(data, dict) or "logical_count" not in data:
-        found = sorted(data.keys()) if isinstance(data, dict) else type(data).__name__
-        raise TraceFormatError(f"{file.name} is not an SGLang expert-distribution dump: no 'logical_count' in {found}")
-    try:
-        counts = np.asarray(torch.as_tensor(data["logical_count"]).cpu().numpy())
-    except (TypeError, ValueError, RuntimeError) as exc:
-        found = type(data["logical_count"]).__name__
-        raise TraceFormatError(
-            f"{file.name}: logical_count must be a tensor [steps, layers, experts] of counts; found a {found}"
-        ) from exc
-    if counts.ndim == 2:
-        counts = counts[None]
-    return RoutingTrace.from_counts(validate_counts(counts, f"{file.name}:logical_count"), source=str(file))
+    """The recorded steps and MoE layers of an SGLang dump; the steps and dense layers left out, in one warning."""
+    dump = read_sglang_dump(file)
+    note = dump.dropped_note()
+    if note:
+        logger.warning("%s: %s", file.name, note)
+    return dump.trace
 
 
 def _one_line(exc: BaseException) -> str:

@@ -12,6 +12,8 @@ import numpy as np
 
 from eplb.cli.progress import Progress
 from eplb.cli.report import format_table
+from eplb.cli.sglang_out import check_sglang_layers, sglang_model_layers
+from eplb.cli.trtllm_output import trtllm_layer_ids, trtllm_scores, write_trtllm
 from placement import (
     ClusterSpec,
     Placement,
@@ -192,9 +194,12 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_place(args: argparse.Namespace) -> int:
+    sglang_layers = sglang_model_layers(args)
     trace = read_trace(args)
+    check_sglang_layers(args, sglang_layers, trace)
     cluster = cluster_from(args)
     options = policy_options(args)
+    layer_ids = trtllm_layer_ids(args, trace)
     current = load_placement(args.current) if args.current else None
     if current is not None and args.policy == "cpsat":
         options["current"] = current
@@ -220,8 +225,14 @@ def cmd_place(args: argparse.Namespace) -> int:
     result.update(fitted)
     if args.plot:
         plot_before_after(placement, trace.counts_TLE, args.plot)
-    if args.sglang_out:
-        save_sglang_mapping(placement, args.sglang_out)
+    if sglang_layers is not None:
+        save_sglang_mapping(placement, args.sglang_out, sglang_layers)
+        result.update({"sglang_out": str(args.sglang_out), "sglang_rows": sglang_layers.num_layers})
+        migration_line += f"wrote {args.sglang_out}: SGLang's map, {sglang_layers.describe()}\n"
+    if layer_ids is not None:
+        trtllm, trtllm_line = write_trtllm(args, placement, trace.counts_TLE, layer_ids)
+        result.update(trtllm)
+        migration_line += trtllm_line
     save_placement(placement, args.out)
     table = format_table([{"policy": args.policy, "routing": args.routing, "fit": "fitted", **fitted}],
                          ("policy", "routing", "fit"))
@@ -240,6 +251,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     result = {"placement": str(args.placement), "policy": placement.policy, **scores.summary()}
     if args.burst_factor is not None:
         result.update(burst_scores(placement, trace.counts_TLE, args.burst_factor))
+    trtllm, trtllm_text = trtllm_scores(args, placement, trace.counts_TLE)
+    result.update(trtllm)
     if args.plot:
         plot_before_after(placement, trace.counts_TLE, args.plot)
     rows = [{"policy": placement.policy, "routing": args.routing, **result}]
@@ -247,7 +260,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.burst_factor is not None:
         text += (f"\nburst exposure (one expert's load x{args.burst_factor:g}, best split): mean "
                  f"{result['burst_exposure_mean']:.3f}, worst {result['burst_exposure_max']:.3f}")
-    emit(args, result, text)
+    emit(args, result, text + trtllm_text)
     return 0
 
 

@@ -17,16 +17,18 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from collectives.lifeline import exit_on_signals
-from eplb.cli import commands, demo, sim_command
-from eplb.cli.arg_types import SEED_MAX
+from eplb.cli import advise_command, commands, demo, sim_command
+from eplb.cli.arg_types import SEED_MAX, comma_separated, integer, number
 from eplb.cli.commands import CPSAT_SEED, CPSAT_WORKERS
 from eplb.cli.demo import DEMO_EXPERTS, DEMO_LAYERS
 from eplb.cli.output_paths import check_paths
+from eplb.cli.trtllm_output import layer_ids_arg
 from placement import POLICIES, ROUTINGS, PlacementFormatError
 from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
 from placement.patch_planner import PatchPace, PatchSettings
 from traces import EplbError
 from traces.synthetic import MAX_TRACE_VALUES
+from traces.trtllm_statistics import TrtllmDumpError
 from traces.atomic_file import all_or_nothing
 
 DESCRIPTION = """\
@@ -36,8 +38,10 @@ A routing trace counts the tokens each logical expert receives per step and laye
 says which expert each of the G x S slots of the EP group holds, and each replica's share of its expert's
 tokens. Imbalance is max / mean tokens per GPU, per step and layer; 1.0 is perfect.
 
-Traces: .npz with `counts` [T, L, E] (written by `eplb synth`), .npy [T, L, E], SGLang dumps (.pt with
-`logical_count`), or top-k id logs (.npz with `<task>_topk_ids` [L, N, K], needs --tokens-per-step).
+Traces: .npz with `counts` [T, L, E] (written by `eplb synth`), .npy [T, L, E], SGLang dumps (.pt, stat or
+detail mode: recorded steps and MoE layers kept), top-k id logs (.npz with `<task>_topk_ids` [L, N, K], needs
+--tokens-per-step), or
+TensorRT-LLM expert-statistic directories ($EXPERT_STATISTIC_PATH: meta_info.json, rank<r>.safetensors).
 """
 
 EPILOG = """\
@@ -118,7 +122,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_trace(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", required=True, help="routing trace file (.npz, .npy, SGLang .pt, top-k id log)")
+    parser.add_argument("--trace", required=True, help="routing trace file (.npz, .npy, SGLang .pt, top-k id log) or "
+                                                         "TensorRT-LLM expert-statistic directory")
     parser.add_argument("--tokens-per-step", type=POSITIVE_INT, default=None,
                         help="top-k id logs only: tokens per step (e.g. 256 for the ESFT logs)")
     parser.add_argument("--task", default=None,
@@ -184,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_score_command(sub)
     _add_replay_command(sub)
     _add_sim_command(sub)
+    _add_advise_command(sub)
     _add_plot_command(sub)
     return parser
 
@@ -241,9 +247,26 @@ def _add_place_command(sub: argparse._SubParsersAction) -> None:
     _add_trace(p)
     _add_cluster(p)
     _add_routing(p)
-    p.add_argument("--out", required=True, help="placement file to write (JSON, SGLang-readable layout)")
-    p.add_argument("--sglang-out", default=None,
-                   help="also write {physical_to_logical_map} alone, for SGLang versions that reject extra keys")
+    p.add_argument("--out", required=True,
+                   help="placement file to write (this project's JSON, with replica shares; SGLang refuses it: give "
+                        "SGLang the --sglang-out file)")
+    p.add_argument("--sglang-out", default=None, metavar="FILE",
+                   help="also write the file SGLang's --init-expert-location takes: {physical_to_logical_map}, one "
+                        "row per model layer (dense layers included) as SGLang indexes it; the layers come from an "
+                        "SGLang dump, else from --sglang-num-layers and --sglang-first-moe-layer")
+    p.add_argument("--sglang-num-layers", type=POSITIVE_INT, default=None, metavar="N",
+                   help="with --sglang-out: the model's decoder layers, num_hidden_layers of its config (61 for "
+                        "DeepSeek-V3)")
+    p.add_argument("--sglang-first-moe-layer", type=NON_NEGATIVE_INT, default=None, metavar="K",
+                   help="with --sglang-out: the model's first MoE layer, first_k_dense_replace of a DeepSeek config "
+                        "(3 for DeepSeek-V3; 0 where every layer is MoE); the trace's layers are layers K to N - 1")
+    p.add_argument("--trtllm-out", default=None, metavar="YAML",
+                   help="also write TensorRT-LLM's moe_load_balancer.yaml (num_slots, initial_global_assignments, "
+                        "layer_updates_per_iter 0) for ep_size = --gpus, for its moe_config.load_balancer")
+    p.add_argument("--trtllm-layers", type=layer_ids_arg, default=None, metavar="IDS",
+                   help="with --trtllm-out: the model's decoder-layer index of each MoE layer of the trace, which "
+                        "TensorRT-LLM keys the file by (e.g. 3-60 for DeepSeek-V3; 1,3,5 lists them; default: the "
+                        "layers a TensorRT-LLM dump recorded, needed for any other trace)")
     p.add_argument("--plot", default=None, help="also write per-GPU loads before/after as a PNG here")
     p.add_argument("--current", default=None,
                    help="placement file now serving: relabel the new placement's GPUs and slots to move the fewest "
@@ -351,6 +374,70 @@ def _add_sim_command(sub: argparse._SubParsersAction) -> None:
     _add_common(p)
 
 
+def _add_advise_command(sub: argparse._SubParsersAction) -> None:
+    """`eplb advise`: its flags (the card is checked by the command: the simulator's modules load only there)."""
+    p = sub.add_parser("advise", help="how many GPUs and redundant experts to deploy, from a trace, model, card and "
+                                      "latency target", description=advise_command.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", default=None,
+                   help="decode routing trace, any file `eplb replay` reads (default: the demo's synthetic "
+                        "61 x 256 trace)")
+    p.add_argument("--model", default=None, metavar="CONFIG",
+                   help="a simulator config (YAML or JSON) whose model section is the served model (default: "
+                        "DeepSeek-V3's shape, FP8)")
+    p.add_argument("--card", default="H800",
+                   help="the decode GPU or NPU, a simulator hardware profile: H800, H100, H20, Ascend910C, L20 "
+                        "(default H800)")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--tokens-per-user", type=number(0, low_open=True, high=10_000), default=20.0,
+                        help="the speed each user must see, output tokens/s (default 20: TPOT 50 ms)")
+    target.add_argument("--tpot-ms", type=number(0, low_open=True, high=10_000), default=None,
+                        help="the TPOT target, ms per output token (instead of --tokens-per-user)")
+    p.add_argument("--context", type=integer(1, 10_000_000), default=4096,
+                   help="tokens in each sequence's KV cache (default 4096)")
+    p.add_argument("--mtp", action="store_true", help="decode with one MTP draft token (DeepSeek-V3's acceptance)")
+    p.add_argument("--ep-sizes", type=comma_separated(integer(1, MAX_GPUS)),
+                   default=[32, 64, 72, 128, 144, 160, 256], metavar="G,G,...",
+                   help="EP sizes to try (default 32,64,72,128,144,160,256)")
+    p.add_argument("--slots-per-gpu", type=comma_separated(integer(1, MAX_SLOTS_PER_GPU)),
+                   default=list(range(1, 13)), metavar="S,S,...",
+                   help="expert slots per GPU to try (default 1-12); a pair is tried when it holds every expert "
+                        "and at most --max-redundant more")
+    p.add_argument("--max-redundant", type=integer(0, 100_000), default=128,
+                   help="the most redundant experts a layout may have (default 128)")
+    p.add_argument("--redundant", type=comma_separated(integer(0, 100_000)), default=None, metavar="R,R,...",
+                   help="only layouts with these redundant expert counts (each EP size with the slots per GPU that "
+                        "give them)")
+    p.add_argument("--layers", type=integer(1, 512), default=8,
+                   help="evenly spaced layers of the trace replayed for each layout (default 8; the imbalance is "
+                        "their mean)")
+    p.add_argument("--refit-every", type=integer(1, 100_000), default=50,
+                   help="steps between refits, as your rebalancer runs (default 50)")
+    p.add_argument("--window", type=integer(1, 100_000), default=50, help="steps each fit sees (default 50)")
+    p.add_argument("--work-limit", type=number(0, low_open=True, high=3600), default=None,
+                   help="cpsat's deterministic budget per fit of the replayed layers (default 0.25 a layer)")
+    p.add_argument("--max-batch-per-gpu", type=integer(1, 4096), default=256,
+                   help="sequences per GPU at most, the engine's batch cap (default 256)")
+    p.add_argument("--ttft-s", type=number(0, low_open=True, high=3600), default=None,
+                   help="also advise prefill instances: the longest a prefill batch may take, seconds")
+    p.add_argument("--prompt-tokens", type=integer(1, 1_000_000), default=4096,
+                   help="with --ttft-s: mean prompt length (default 4096)")
+    p.add_argument("--cached-share", type=number(0, high=0.99), default=0.0,
+                   help="with --ttft-s: share of each prompt read from the KV cache, not computed (default 0)")
+    p.add_argument("--prefill-nodes", type=comma_separated(integer(1, 128)), default=[1, 2, 4, 8],
+                   metavar="N,N,...", help="with --ttft-s: prefill instance sizes in 8-GPU nodes (default 1,2,4,8)")
+    p.add_argument("--prefill-redundant", type=comma_separated(integer(0, 4096)), default=[0, 32],
+                   metavar="R,R,...", help="with --ttft-s: redundant experts of a prefill instance (default 0,32)")
+    p.add_argument("--load", type=number(0, low_open=True, high=1e12), default=None, metavar="TOKENS_PER_S",
+                   help="decode output tokens/s to serve: each row then says how many GPUs it needs")
+    p.add_argument("--price-per-gpu-hour", type=number(0, high=1e6), default=None, metavar="USD",
+                   help="USD a GPU-hour, for the cost of a million output tokens (default: the card's profile "
+                        "price, where it has one)")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="also draw tokens/s per GPU and the imbalance against redundant experts to this file")
+    _add_common(p)
+
+
 def _add_plot_command(sub: argparse._SubParsersAction) -> None:
     """`eplb plot`: its flags."""
     p = sub.add_parser("plot", help="write figures for a trace (and a placement)")
@@ -368,6 +455,7 @@ HANDLERS = {
     "replay": commands.cmd_replay,
     "plot": commands.cmd_plot,
     "sim": sim_command.cmd_sim,
+    "advise": advise_command.cmd_advise,
 }
 
 
@@ -405,8 +493,9 @@ def _message(exc: Exception, command: str) -> str:
     if isinstance(exc, OSError):
         return f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")
     message = _one_line(exc)
-    # The simulator's errors name its config keys and a placement file's its keys, which no flag sets.
-    if command != "sim" and not isinstance(exc, PlacementFormatError):
+    # The simulator's errors name its config keys, and a placement file's or a TensorRT-LLM dump's errors their keys,
+    # which no flag sets.
+    if command != "sim" and not isinstance(exc, (PlacementFormatError, TrtllmDumpError)):
         message = _as_flags(message, command)
     return message
 

@@ -3,9 +3,10 @@
 An output path that names an input (the same file after symbolic links, or a hard link to it), two outputs that
 name one file, an output that exists but is not a regular file, and an output that exists and holds another kind of
 file than the one it would be replaced with (a placement only over a placement, a PNG only over a PNG, a trace only
-over a trace, JSON only over JSON: never README.md) are refused with exit 2 before anything is computed or written;
-to replace such a file on purpose, remove it first. The inputs are the files the flags name and, for `eplb sim`,
-every file its config names (the request trace, the routing trace): the config is read here for them.
+over a trace, JSON only over JSON, a TensorRT-LLM load-balancer YAML only over one: never README.md) are refused
+with exit 2 before anything is computed or written; to replace such a file on purpose, remove it first. The inputs
+are the files the flags name and, for `eplb sim`, every file its config names (the request trace, the routing
+trace): the config is read here for them.
 """
 
 import argparse
@@ -20,7 +21,7 @@ from traces.atomic_file import resolve_target
 # Flags naming files a subcommand reads, by argparse destination.
 INPUT_FLAGS = {"trace": "--trace", "placement": "--placement", "current": "--current", "config": "--config"}
 # Flags naming files a subcommand writes, by argparse destination.
-OUTPUT_FLAGS = {"out": "--out", "sglang_out": "--sglang-out", "plot": "--plot"}
+OUTPUT_FLAGS = {"out": "--out", "sglang_out": "--sglang-out", "trtllm_out": "--trtllm-out", "plot": "--plot"}
 # Files written into --out-dir, per subcommand: the name and whether another flag must be set for it.
 OUT_DIR_FILES = {
     "plot": (("load_heatmap.png", None), ("gpu_loads.png", "placement")),
@@ -59,11 +60,14 @@ def outputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return found
 
 
-KIND_NAMES = {"placement": "placement", "json": "JSON", "png": "PNG", "trace": "routing trace"}
+KIND_NAMES = {"placement": "placement", "json": "JSON", "png": "PNG", "trace": "routing trace",
+              "trtllm": "TensorRT-LLM load-balancer YAML"}
 
 
 def output_kind(command: str, flag: str, path: Path) -> str:
-    """The kind of file `flag` of `command` writes at `path`: placement, json, png or trace."""
+    """The kind of file `flag` of `command` writes at `path`: placement, json, png, trace or trtllm."""
+    if flag == "--trtllm-out":
+        return "trtllm"
     if flag in ("--out", "--sglang-out") and command == "place" or path.name == "placement.json":
         return "placement"
     if flag == "--out" and command == "synth" or path.suffix in (".npz", ".npy"):
@@ -75,6 +79,8 @@ def holds_kind(kind: str, path: Path) -> bool:
     """Whether the existing file at `path` is of `kind` (what a command may replace)."""
     if kind == "png":
         return holds_png(path)
+    if kind == "trtllm":
+        return holds_trtllm_config(path)
     try:
         if kind == "trace":
             with open(path, "rb") as handle:
@@ -84,6 +90,19 @@ def holds_kind(kind: str, path: Path) -> bool:
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     return kind == "json" or isinstance(data, dict) and "physical_to_logical_map" in data
+
+
+def holds_trtllm_config(path: Path) -> bool:
+    """Whether `path` holds a TensorRT-LLM load-balancer YAML: a mapping of `MoeLoadBalancerConfig`'s keys alone
+    (num_slots, initial_global_assignments, layer_updates_per_iter), with num_slots or the assignments."""
+    import yaml  # imported here: only --trtllm-out reads YAML
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return False
+    keys = {"num_slots", "initial_global_assignments", "layer_updates_per_iter"}
+    return isinstance(data, dict) and data.keys() <= keys and bool(data.keys() & (keys - {"layer_updates_per_iter"}))
 
 
 def check_paths(args: argparse.Namespace) -> None:

@@ -20,7 +20,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, Multiple
 
 from traces.atomic_file import write_atomically
 
-__all__ = ["plot_gpu_loads", "plot_imbalance_over_time", "plot_load_heatmap"]
+__all__ = ["advice_plot", "plot_gpu_loads", "plot_imbalance_over_time", "plot_load_heatmap"]
 
 # Okabe-Ito, most distinct first; yellow left out (it vanishes on white).
 _COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
@@ -285,3 +285,37 @@ def _clip_spikes(ax, checked: dict[str, np.ndarray], bound_T: np.ndarray | None)
         ax.text(0.99, 0.98, f"{int(np.sum(raw > top))} step values above the top edge (max {raw.max():.2f})",
                 transform=ax.transAxes, ha="right", va="top", fontsize=8, color="dimgrey",
                 bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))
+
+
+def advice_plot(rows: list[dict], path: str | os.PathLike, title: str) -> None:
+    """`eplb advise`'s figure: decode tokens/s per GPU (left) and the expert imbalance at that batch (right)
+    against redundant experts, one line per EP size (cpsat solid, DeepSeek's greedy dashed); rows whose weights do
+    not fit are left out."""
+    if not rows:
+        raise ValueError("rows: expected at least one candidate row, found none")
+    fig = Figure(figsize=(11, 4.2))
+    rate_ax, imbalance_ax = fig.subplots(1, 2)
+    for index, cards in enumerate(sorted({row["cards"] for row in rows})):
+        mine = sorted((row for row in rows if row["cards"] == cards and row["cpsat"]["tokens_per_s_per_card"] > 0),
+                      key=lambda row: row["redundant_experts"])
+        if not mine:
+            continue
+        colour = _COLOURS[index % len(_COLOURS)]
+        redundant = [row["redundant_experts"] for row in mine]
+        for policy, style, label in (("cpsat", "-", f"EP{cards}"), ("deepseek", "--", None)):
+            rate_ax.plot(redundant, [row[policy]["tokens_per_s_per_card"] for row in mine], style, marker="o",
+                         color=colour, label=label)
+            imbalance_ax.plot(redundant, [row[policy]["imbalance"] for row in mine], style, marker="o",
+                              color=colour)
+    rate_ax.set_xlabel("redundant experts")
+    rate_ax.set_ylabel("decode tokens/s per GPU")
+    rate_ax.set_title("throughput (solid: cpsat, dashed: greedy)", fontsize=10)
+    imbalance_ax.set_xlabel("redundant experts")
+    imbalance_ax.set_ylabel("expert imbalance at the batch (max / mean)")
+    imbalance_ax.set_title("imbalance", fontsize=10)
+    for ax in (rate_ax, imbalance_ax):
+        ax.grid(alpha=0.3)
+    rate_ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    _save(fig, path)

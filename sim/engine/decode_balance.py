@@ -30,8 +30,8 @@ TOKENS_PER_CARD_PER_STEP = 64  # the synthetic routing trace's step: a decode ca
 
 
 def read_routing_trace(config: SimConfig) -> np.ndarray | None:
-    """[T, L, E] int64 counts of `balance.routing_trace`, checked against the model; None when the trace is
-    synthetic.
+    """[T, L, E] int64 counts of `balance.routing_trace`, checked against the model, its layers evenly sampled down to
+    `balance.trace_layers` when set; None when the trace is synthetic.
 
     Raises:
         SimConfigError: the file cannot be read, its experts per layer are not the model's, or it has one step
@@ -53,6 +53,9 @@ def read_routing_trace(config: SimConfig) -> np.ndarray | None:
     if steps < 2 and config.balance.policy != "none":
         raise SimConfigError(f"balance.routing_trace {path} has {steps} step; the {config.balance.policy} replay "
                              f"needs at least 2 (it fits on earlier steps and serves later ones)")
+    kept = config.balance.trace_layers
+    if kept is not None and kept < layers:  # evenly spaced, the first and last included
+        counts_TLE = counts_TLE[:, np.unique(np.linspace(0, layers - 1, kept).round().astype(int))]
     return counts_TLE
 
 

@@ -15,6 +15,9 @@ which holds far more tokens than one step at any batch).
 - Independent tokens (`balance.traffic: tokens`): one synthetic trace per group shape at `CURVE_LOADS[-1]`, each
   lower load a binomial thinning of the trace above it (the same popular experts, the same steps, fewer tokens), so
   that the imbalance is a smooth, non-increasing function of the load.
+- A routing trace of the user's (`balance.routing_trace`, the decode stage): the trace's consecutive steps pooled up
+  to the top decode load on the group, each lower load a binomial thinning of it (`trace_at_loads`), replayed the
+  same way: the imbalance the group's shape leaves on the traffic the trace stands for.
 
 The fit never rises with the load, so a larger batch or a looser latency target never buys less throughput through
 noise in the imbalance.
@@ -25,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.config import SimConfig
-from sim.engine.decode_balance import served_imbalance_T, synthetic_counts
+from sim.config import SimConfig, SimConfigError
+from sim.engine.decode_balance import read_routing_trace, served_imbalance_T, synthetic_counts
 
 CURVE_LOADS = (4, 64, 1024)  # tokens per card per step the imbalance is measured at: decode's few to prefill's many
 # Under request-level traffic each stage has its own traffic and loads: a decode card's batch, a prefill card's
@@ -83,8 +86,42 @@ def curve_loads(config: SimConfig, stage: str) -> tuple[int, ...]:
     return REQUEST_CURVE_LOADS[stage] if config.balance.traffic == "requests" else CURVE_LOADS
 
 
+def trace_at_loads(counts_TLE: np.ndarray, cards: int, loads: tuple[int, ...], top_k: int,
+                   seed: int) -> list[np.ndarray]:
+    """A routing trace [T, L, E] brought to each of `loads` (tokens per card per step on `cards` cards), the top load
+    first, then falling: consecutive steps summed until a step holds the top load (pooling, when the trace's steps
+    are smaller), then each load a binomial thinning of the load above it (the same steps and experts, fewer
+    tokens), so that every load has the same steps and the placements fitted on the top one serve the others.
+
+    Raises:
+        SimConfigError: pooled to the top load, the trace has fewer than 4 steps (a replay fits on some and serves
+            the rest).
+    """
+    steps, layers, experts = counts_TLE.shape
+    per_step = float(counts_TLE.sum(axis=(1, 2)).mean()) / (layers * top_k)  # tokens a step
+    pool = max(1, math.ceil(loads[-1] * cards / max(per_step, 1e-9)))
+    if steps // pool < 4:
+        raise SimConfigError(f"balance.routing_trace holds {steps} steps of {per_step:,.0f} tokens; at "
+                             f"{loads[-1]} tokens per card on {cards} cards a step needs {pool} of them, which "
+                             f"leaves {steps // pool} steps to replay (at least 4): give a longer trace")
+    pooled = counts_TLE[: steps // pool * pool].reshape(steps // pool, pool, layers, experts).sum(axis=1)
+    thinning = np.random.default_rng([seed, cards, 29])
+    traces, above, above_load = [], pooled, per_step * pool / cards
+    for load in reversed(loads):
+        if load < above_load:
+            above = thinning.binomial(above, load / above_load)
+            above_load = float(load)
+        traces.append(above)
+    return traces
+
+
 def _measure(config: SimConfig, cards: int, slots: int, stage: str) -> LoadImbalance:
     loads = curve_loads(config, stage)
+    trace_TLE = read_routing_trace(config) if stage == "decode" else None
+    if trace_TLE is not None:  # the user's own decode traffic, pooled and thinned to each load
+        top, *lower = trace_at_loads(trace_TLE, cards, loads, config.model.top_k, config.seed)
+        served_T = served_imbalance_T(config, cards, slots, top, tuple(lower))
+        return fit_load_imbalance(loads, tuple(float(steps.mean()) for steps in reversed(served_T)))
     counts_TLE = synthetic_counts(config, cards, loads[-1], stage)
     if config.balance.traffic == "requests":
         # Fewer tokens are fewer requests, not the same requests thinned: a trace of its own per load.

@@ -82,7 +82,8 @@ def test_four_concurrent_cli_fits_write_the_same_files(new_session, tmp_path):
     for index in range(4):
         args = [eplb, "place", "--trace", str(trace), "--gpus", "72", "--slots-per-gpu", "4", "--policy", "cpsat",
                 "--routing", "dynamic", "--work-limit", "0.5", "--out", str(tmp_path / f"placement{index}.json"),
-                "--sglang-out", str(tmp_path / f"sglang{index}.json")]
+                "--sglang-out", str(tmp_path / f"sglang{index}.json"), "--sglang-num-layers", "2",
+                "--sglang-first-moe-layer", "0"]
         runs.append(new_session(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for run in runs:
         _, err = run.process.communicate(timeout=RUN_TIMEOUT_S)

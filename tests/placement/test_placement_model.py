@@ -14,6 +14,7 @@ from placement import (
     save_placement,
     save_sglang_mapping,
 )
+from traces.model_layers import ModelLayers
 
 CASES = [(8, 5, 32, "deepseek"), (16, 3, 40, "deepseek"), (4, 2, 8, "trivial"), (8, 4, 32, "trivial")]
 CASE_IDS = ["8x5-deepseek", "16x3-deepseek", "4x2-trivial", "8x4-trivial"]
@@ -76,7 +77,8 @@ def test_placement_file_round_trip_keeps_everything(tmp_path):
 
 def test_sglang_mapping_file_holds_only_the_map(tmp_path):
     placement = make_placement(8, 5, 32, "deepseek")
-    save_sglang_mapping(placement, tmp_path / "s.json")
+    layers = placement.num_layers
+    save_sglang_mapping(placement, tmp_path / "s.json", ModelLayers.from_first_moe_layer(0, layers))
     data = json.loads((tmp_path / "s.json").read_text())
     assert list(data) == ["physical_to_logical_map"]
     assert data["physical_to_logical_map"] == placement.phy2log_LP.tolist()

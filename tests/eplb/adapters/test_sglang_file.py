@@ -14,6 +14,7 @@ import pytest
 
 from placement import ClusterSpec, fit_placement, save_placement
 from placement.placement_file import save_sglang_mapping
+from traces.model_layers import ModelLayers
 
 SGLANG = importlib.util.find_spec("sglang")
 pytestmark = pytest.mark.skipif(SGLANG is None, reason="SGLang is not installed (pip install --no-deps sglang)")
@@ -36,7 +37,7 @@ def _placement(tmp_path: Path):
     counts = np.random.default_rng(0).poisson(50.0, size=(8, 2, 16))
     placement = fit_placement("deepseek", counts, ClusterSpec(num_gpus=4, slots_per_gpu=5))
     save_placement(placement, tmp_path / "placement.json")
-    save_sglang_mapping(placement, tmp_path / "sglang.json")
+    save_sglang_mapping(placement, tmp_path / "sglang.json", ModelLayers.from_first_moe_layer(0, 2))
     return placement
 
 

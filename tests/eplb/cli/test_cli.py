@@ -147,13 +147,16 @@ def test_place_writes_the_design_md_placement_file(run_eplb, small_trace, tmp_pa
         np.testing.assert_allclose(sums_E, 1.0, atol=1e-9, err_msg=f"layer {layer}: weights per expert")
 
 
-def test_place_sglang_out_holds_only_the_physical_to_logical_map(run_eplb, small_trace, tmp_path):
+def test_place_sglang_out_holds_only_the_map_with_a_row_per_model_layer(run_eplb, small_trace, tmp_path):
     out, sglang = tmp_path / "placement.json", tmp_path / "sglang.json"
-    result = run_eplb("place", "--trace", small_trace, *CLUSTER, "--out", out, "--sglang-out", sglang, "--quiet")
+    # The trace's 3 layers are layers 2-4 of a 5-layer model whose layers 0-1 are dense.
+    result = run_eplb("place", "--trace", small_trace, *CLUSTER, "--out", out, "--sglang-out", sglang,
+                      "--sglang-num-layers", "5", "--sglang-first-moe-layer", "2", "--quiet")
     assert result.returncode == 0, result.stderr
     mapping = json.loads(sglang.read_text())
     assert list(mapping) == ["physical_to_logical_map"]
-    assert mapping["physical_to_logical_map"] == json.loads(out.read_text())["physical_to_logical_map"]
+    assert mapping["physical_to_logical_map"][2:] == json.loads(out.read_text())["physical_to_logical_map"]
+    assert mapping["physical_to_logical_map"][:2] == [[slot % 32 for slot in range(40)]] * 2
 
 
 def test_place_with_current_reports_bytes_moved_and_nothing_for_the_same_fit(run_eplb, small_trace, tmp_path):

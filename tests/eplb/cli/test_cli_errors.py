@@ -182,7 +182,8 @@ def test_malformed_placement_values_and_misused_flags_exit_2(run_eplb_here, one_
 )
 def test_failed_place_leaves_no_out_file(run_eplb, bad, tmp_path, failure):
     args = [a.format(**bad) for a in failure]
-    result = run_eplb("place", *args, "--out", tmp_path / "placement.json", "--sglang-out", tmp_path / "s.json")
+    result = run_eplb("place", *args, "--out", tmp_path / "placement.json", "--sglang-out", tmp_path / "s.json",
+                      "--sglang-num-layers", "3", "--sglang-first-moe-layer", "0")
     assert result.returncode == 2, result.stderr
     assert list(tmp_path.iterdir()) == [], "a failed place left files (partial, empty or temporary)"
 
@@ -192,7 +193,8 @@ def test_failed_place_leaves_no_out_file(run_eplb, bad, tmp_path, failure):
     [
         ("--gpus", "2", "--slots-per-gpu", "3"),
         (*CLUSTER, "--plot", "{blocker}/gpu_loads.png"),
-        (*CLUSTER, "--sglang-out", "{blocker}/sglang.json"),
+        (*CLUSTER, "--sglang-out", "{blocker}/sglang.json", "--sglang-num-layers", "3",
+         "--sglang-first-moe-layer", "0"),
     ],
     ids=["fewer-slots-than-experts", "plot-unwritable", "sglang-out-unwritable"],
 )

@@ -1,0 +1,176 @@
+"""eplb advise: how many GPUs and redundant experts to deploy, from your routing trace, model, card and latency target.
+
+For each candidate decode layout (an EP size from --ep-sizes times expert slots per GPU from --slots-per-gpu, every
+expert once and up to --max-redundant more) it replays the trace at the layout's shape, refitting every
+--refit-every steps on the last --window (this project's cpsat policy with the live router, and DeepSeek's greedy
+with the static equal split beside it), the trace's steps pooled or thinned to the layout's tokens per GPU; and it
+runs the simulator's capacity mode on that imbalance: the largest decode batch that fits the card's memory after the
+weights and meets the TPOT target, and the decode tokens/s per GPU there. It prints a ranked table (best first) with
+what binds each row (TPOT, memory, the batch cap, or weights that do not fit), the memory per GPU, and the
+recommendation with the settings of vLLM, SGLang and TensorRT-LLM; --plot draws tokens/s per GPU and the imbalance
+against redundant experts, one line per EP size; --json prints the whole table.
+
+Each row is what `eplb sim --capacity` reports for a config holding the same layout, with `balance.routing_trace`
+the trace (`--json` gives each row's settings). The advice holds as far as the trace stands for the traffic to come
+and within the simulator's stated limits (docs/simulator.md).
+
+Examples:
+  eplb advise                                   # the demo's trace, DeepSeek-V3 on H800 at 20 tokens/s per user
+  eplb advise --trace out/demo/trace.npz --card H800 --tokens-per-user 20 --mtp --plot advice.png
+  eplb advise --trace routing.npz --ep-sizes 64,128 --slots-per-gpu 2,3,4,5 --load 1e6 --json
+"""
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from eplb.cli.commands import emit
+from eplb.cli.progress import Progress
+
+DEMO_TRACE = dict(num_steps=250, num_layers=61, num_experts=256, top_k=8, tokens_per_step=8192)  # `eplb demo`'s
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    # Imported here: the other subcommands start without the simulator's modules.
+    from sim.advice import AdviceSettings, advise
+    from sim.hardware import PROFILES
+
+    if args.card not in PROFILES:
+        raise ValueError(f"--card {args.card} is not a hardware profile; use one of {', '.join(sorted(PROFILES))}")
+    prefill_flags = [flag for flag, given in (("--prompt-tokens", args.prompt_tokens != 4096),
+                                              ("--cached-share", args.cached_share != 0.0),
+                                              ("--prefill-nodes", args.prefill_nodes != [1, 2, 4, 8]),
+                                              ("--prefill-redundant", args.prefill_redundant != [0, 32])) if given]
+    if prefill_flags and args.ttft_s is None:
+        raise ValueError(f"{', '.join(prefill_flags)} apply to prefill advice: add --ttft-s, or drop them")
+    with tempfile.TemporaryDirectory() as folder:
+        trace = args.trace or _demo_trace(Path(folder))
+        settings = AdviceSettings(base=_base_config(args, trace), ep_sizes=tuple(args.ep_sizes),
+                                  slots_per_card=tuple(args.slots_per_gpu), max_redundant=args.max_redundant,
+                                  redundant=None if args.redundant is None else tuple(args.redundant),
+                                  load_tokens_per_s=args.load, price_per_card_hour=args.price_per_gpu_hour,
+                                  prefill_nodes=tuple(args.prefill_nodes) if args.ttft_s is not None else (),
+                                  prefill_redundant=tuple(args.prefill_redundant))
+        _check_candidates(settings)
+        progress = Progress("advise", enabled=not (args.json or args.quiet))
+        try:
+            result = advise(settings, progress.callback())
+        finally:
+            progress.close()
+    result["settings"] = _settings_summary(args, settings)
+    if result["recommended"] is not None:
+        from sim.advice import engine_settings
+
+        result["engines"] = engine_settings(result["recommended"], settings.base.model.num_routed_experts)
+    if args.plot:
+        from eplb.cli.plots import advice_plot
+
+        advice_plot(result["rows"], args.plot, f"{args.card}, TPOT {settings.base.capacity.tpot_slo_ms:g} ms, "
+                                                f"{settings.base.capacity.decode_context_tokens:,}-token contexts")
+    emit(args, result, advice_text(result))
+    return 0
+
+
+def _demo_trace(folder: Path) -> str:
+    """The demo's synthetic full-shape trace (61 layers x 256 experts, top-8, 8,192 tokens a step), written to
+    `folder`; its path."""
+    import numpy as np
+
+    from traces.synthetic import SyntheticConfig, generate_trace
+
+    path = folder / "demo_trace.npz"  # a scratch file, read back and removed within the command (not an output)
+    np.savez(path, counts=generate_trace(SyntheticConfig(**DEMO_TRACE)).counts_TLE)
+    return str(path)
+
+
+def _base_config(args: argparse.Namespace, trace: str):
+    """The simulator config every candidate starts from: the model (DeepSeek-V3, or a config file's), the card, the
+    targets, MTP, the trace and the replay's settings."""
+    from sim import load_sim_config
+    from sim.config import SimConfig
+
+    model = load_sim_config(args.model).model if args.model else SimConfig().model.model_copy(
+        update={"sliding_window_share": 0.0})
+    base = SimConfig(model=model)
+    tpot = args.tpot_ms if args.tpot_ms is not None else 1000.0 / args.tokens_per_user
+    speculative = base.speculative.model_copy(update={"enabled": args.mtp, "draft_tokens": 1, "policy": "all"})
+    layers = args.layers
+    work = args.work_limit if args.work_limit is not None else 0.25 * layers
+    balance = base.balance.model_copy(update={"routing_trace": str(Path(trace).resolve()), "trace_layers": layers,
+                                              "refit_every": args.refit_every, "window": args.window,
+                                              "work_limit": work})
+    capacity = {"tpot_slo_ms": tpot, "decode_context_tokens": args.context, "ttft_slo_s": args.ttft_s,
+                "prompt_tokens": args.prompt_tokens, "cached_share": args.cached_share}
+    return base.model_copy(update={
+        "hardware": base.hardware.model_copy(update={"decode": args.card, "prefill": args.card}),
+        "capacity": base.capacity.model_copy(update=capacity),
+        "cluster": base.cluster.model_copy(update={"max_decode_batch_per_card": args.max_batch_per_gpu}),
+        "speculative": speculative, "balance": balance})
+
+
+def _check_candidates(settings) -> None:
+    """Refuse a search with no candidate, saying which flags to widen."""
+    from sim.advice import candidates
+
+    if not candidates(settings):
+        experts = settings.base.model.num_routed_experts
+        counts = "" if settings.redundant is None else f" (of --redundant {list(settings.redundant)})"
+        raise ValueError(f"no layout of --ep-sizes {list(settings.ep_sizes)} x --slots-per-gpu "
+                         f"{list(settings.slots_per_card)} holds the model's {experts} experts with at most "
+                         f"--max-redundant {settings.max_redundant} redundant ones{counts}; widen them")
+
+
+def _settings_summary(args: argparse.Namespace, settings) -> dict:
+    base = settings.base
+    return {"trace": args.trace or "the demo's synthetic trace", "card": base.hardware.decode,
+            "tpot_slo_ms": base.capacity.tpot_slo_ms, "context_tokens": base.capacity.decode_context_tokens,
+            "mtp": base.speculative.enabled, "trace_layers": base.balance.trace_layers,
+            "refit_every": base.balance.refit_every, "window": base.balance.window,
+            "work_limit": base.balance.work_limit, "max_batch_per_gpu": base.cluster.max_decode_batch_per_card,
+            "ep_sizes": list(settings.ep_sizes), "slots_per_gpu": list(settings.slots_per_card),
+            "ttft_s": args.ttft_s, "prompt_tokens": args.prompt_tokens, "cached_share": args.cached_share,
+            "max_redundant": settings.max_redundant, "redundant": args.redundant,
+            "load_tokens_per_s": settings.load_tokens_per_s,
+            "price_per_gpu_hour": settings.price_per_card_hour}
+
+
+def advice_text(result: dict) -> str:
+    """The ranked table, the recommendation and each engine's settings, readable."""
+    settings = result["settings"]
+    lines = [f"{settings['card']}, TPOT {settings['tpot_slo_ms']:g} ms, {settings['context_tokens']:,}-token contexts, "
+             f"MTP {'on' if settings['mtp'] else 'off'}; trace: {settings['trace']} ({settings['trace_layers']} "
+             f"layers replayed, refit every {settings['refit_every']} steps)",
+             "  rank | GPUs x slots | redundant | tok/s per GPU | batch per GPU | imbalance | bound by | greedy tok/s "
+             "(imbalance) | memory GB: weights + experts + KV (free) | $ per M tokens"]
+    for rank, row in enumerate(result["rows"], 1):
+        chosen, greedy, memory = row["cpsat"], row["deepseek"], row["memory_gb"]
+        imbalance = f"{chosen['imbalance']:.3f}" if chosen["imbalance"] is not None else "-"
+        greedy_imbalance = f"{greedy['imbalance']:.3f}" if greedy["imbalance"] is not None else "-"
+        cost = f"{row['usd_per_million_tokens']:.3f}" if row["usd_per_million_tokens"] is not None else "-"
+        lines.append(f"  {rank:4d} | {row['cards']:4d} x {row['slots_per_card']:<5d} | {row['redundant_experts']:9d} | "
+                     f"{chosen['tokens_per_s_per_card']:13,.0f} | {chosen['batch_per_card']:13.1f} | {imbalance:>9} | "
+                     f"{chosen['bound_by']:8} | {greedy['tokens_per_s_per_card']:8,.0f} ({greedy_imbalance}) | "
+                     f"{memory['replicated']:.1f} + {memory['experts']:.1f} + {memory['kv']:.1f} "
+                     f"({memory['free']:.1f}) | {cost}")
+    best = result["recommended"]
+    if best is None:
+        lines.append("no layout serves a sequence: every candidate's weights overflow the card (add GPUs, or lower "
+                     "--context)")
+        return "\n".join(lines)
+    needed = f", {best['cards_needed']:,} GPUs for the stated load" if best["cards_needed"] is not None else ""
+    lines += [f"recommended: {best['cards']} GPUs x {best['slots_per_card']} slots ({best['redundant_experts']} "
+              f"redundant experts): {best['cpsat']['tokens_per_s_per_card']:,.0f} tokens/s per GPU at "
+              f"{best['cpsat']['batch_per_card']:.1f} sequences per GPU{needed}"]
+    lines += [f"  {engine}: {flags}" for engine, flags in result["engines"].items()]
+    if "prefill_rows" in result:
+        lines += [f"prefill instances at TTFT {settings['ttft_s']:g} s ({settings['prompt_tokens']:,}-token prompts, "
+                  f"{settings['cached_share']:.0%} cached):",
+                  "  rank | GPUs (nodes) | redundant | prompt tok/s per GPU | prompts per batch | batch s | imbalance "
+                  "| bound by"]
+        for rank, row in enumerate(result["prefill_rows"], 1):
+            batch = f"{row['batch_s']:.2f}" if row["batch_s"] is not None else "-"
+            imbalance = f"{row['imbalance']:.3f}" if row["imbalance"] is not None else "-"
+            lines.append(f"  {rank:4d} | {row['cards']:4d} ({row['nodes']}) | {row['redundant_experts']:9d} | "
+                         f"{row['tokens_per_s_per_card']:20,.0f} | {row['prompts_per_batch']:17d} | {batch:>7} | "
+                         f"{imbalance:>9} | {row['bound_by']}")
+    return "\n".join(lines)
