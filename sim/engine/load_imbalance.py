@@ -74,8 +74,10 @@ def load_imbalance(config: SimConfig, cards: int, slots: int, stage: str = "deco
     """The curve of a group of `cards` cards with `slots` expert slots each under `config.balance`, for `stage`'s
     traffic ("decode" or "prefill"; cached per shape, stage and settings)."""
     model = config.model
-    key = (config.model_dump_json(include={"balance", "capacity", "speculative"}), model.num_routed_experts,
-           model.top_k, config.seed, cards, slots, stage)
+    # What the traffic depends on: the balance and speculative settings and the prompts' shape, never the latency
+    # targets or batch caps (a curve over targets measures the imbalance once).
+    settings = config.model_dump_json(include={"balance": True, "speculative": True, "capacity": TRAFFIC_FIELDS})
+    key = (settings, model.num_routed_experts, model.top_k, config.seed, cards, slots, stage)
     if key not in _CURVES:
         _CURVES[key] = _measure(config, cards, slots, stage)
     return _CURVES[key]
@@ -138,3 +140,4 @@ def _measure(config: SimConfig, cards: int, slots: int, stage: str) -> LoadImbal
 
 
 _CURVES: dict[tuple, LoadImbalance] = {}  # (settings, E, K, seed, cards, slots, stage) -> curve
+TRAFFIC_FIELDS = {"prompt_tokens", "cached_share", "prompt_length_spread"}  # of `capacity`, the prefill traffic's
