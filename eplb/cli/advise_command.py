@@ -7,7 +7,8 @@ with the static equal split beside it), the trace's steps pooled or thinned to t
 runs the simulator's capacity mode on that imbalance: the largest decode batch that fits the card's memory after the
 weights and meets the TPOT target, and the decode tokens/s per GPU there. It prints a ranked table (best first) with
 what binds each row (TPOT, memory, the batch cap, or weights that do not fit), the memory per GPU, and the
-recommendation with the settings of vLLM, SGLang and TensorRT-LLM; --plot draws tokens/s per GPU and the imbalance
+recommendation with the settings of vLLM, SGLang and TensorRT-LLM (--sglang-out and --trtllm-out also write their
+files for it, fitted with cpsat on the trace's last --window steps); --plot draws tokens/s per GPU and the imbalance
 against redundant experts, one line per EP size; --json prints the whole table.
 
 Each row is what `eplb sim --capacity` reports for a config holding the same layout, with `balance.routing_trace`
@@ -45,6 +46,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(prefill_flags)} apply to prefill advice: add --ttft-s, or drop them")
     with tempfile.TemporaryDirectory() as folder:
         trace = args.trace or _demo_trace(Path(folder))
+        files = _engine_files(args, trace)  # checked before any work
         settings = AdviceSettings(base=_base_config(args, trace), ep_sizes=tuple(args.ep_sizes),
                                   slots_per_card=tuple(args.slots_per_gpu), max_redundant=args.max_redundant,
                                   redundant=None if args.redundant is None else tuple(args.redundant),
@@ -57,11 +59,12 @@ def cmd_advise(args: argparse.Namespace) -> int:
             result = advise(settings, progress.callback())
         finally:
             progress.close()
-    result["settings"] = _settings_summary(args, settings)
-    if result["recommended"] is not None:
-        from sim.advice import engine_settings
+        result["settings"] = _settings_summary(args, settings)
+        if result["recommended"] is not None:
+            from sim.advice import engine_settings
 
-        result["engines"] = engine_settings(result["recommended"], settings.base.model.num_routed_experts)
+            result["engines"] = engine_settings(result["recommended"], settings.base.model.num_routed_experts)
+            result.update(_write_engine_files(args, files, result["recommended"], settings))
     if args.plot:
         from eplb.cli.plots import advice_plot
 
@@ -69,6 +72,46 @@ def cmd_advise(args: argparse.Namespace) -> int:
                                                 f"{settings.base.capacity.decode_context_tokens:,}-token contexts")
     emit(args, result, advice_text(result))
     return 0
+
+
+def _engine_files(args: argparse.Namespace, trace: str):
+    """(the trace, SGLang's model layers, TensorRT-LLM's layer ids) when --sglang-out or --trtllm-out asks for a
+    file (their flags checked as `eplb place` checks them, before any work), else None."""
+    if not (args.sglang_out or args.trtllm_out or args.sglang_num_layers is not None
+            or args.sglang_first_moe_layer is not None or args.trtllm_layers is not None):
+        return None
+    from eplb.cli.sglang_out import check_sglang_layers, sglang_model_layers
+    from eplb.cli.trtllm_output import trtllm_layer_ids
+    from traces import load_trace
+
+    named = argparse.Namespace(**{**vars(args), "trace": trace})
+    routing = load_trace(trace)
+    layers = sglang_model_layers(named)
+    check_sglang_layers(named, layers, routing)
+    return routing, layers, trtllm_layer_ids(named, routing)
+
+
+def _write_engine_files(args: argparse.Namespace, files, best: dict, settings) -> dict:
+    """Fit the recommended layout with cpsat on the whole trace (every layer, the last --window steps, the live
+    router's split) and write --sglang-out and --trtllm-out from it; their JSON keys."""
+    if files is None:
+        return {}
+    from eplb.cli.trtllm_output import write_trtllm
+    from placement import ClusterSpec, fit_placement, save_sglang_mapping
+
+    routing, layers, layer_ids = files
+    cards, slots = best["cards"], best["slots_per_card"]
+    counts_TLE = routing.counts_TLE[-settings.base.balance.window:]
+    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots, gpus_per_node=8 if cards % 8 == 0 else cards)
+    placement = fit_placement("cpsat", counts_TLE, cluster, routing="dynamic",
+                              work_limit=0.25 * routing.counts_TLE.shape[1])
+    written = {}
+    if layers is not None:
+        save_sglang_mapping(placement, args.sglang_out, layers)
+        written.update({"sglang_out": str(args.sglang_out), "sglang_rows": layers.num_layers})
+    if layer_ids is not None:
+        written.update(write_trtllm(args, placement, counts_TLE, layer_ids)[0])
+    return written
 
 
 def _demo_trace(folder: Path) -> str:
@@ -162,6 +205,9 @@ def advice_text(result: dict) -> str:
               f"redundant experts): {best['cpsat']['tokens_per_s_per_card']:,.0f} tokens/s per GPU at "
               f"{best['cpsat']['batch_per_card']:.1f} sequences per GPU{needed}"]
     lines += [f"  {engine}: {flags}" for engine, flags in result["engines"].items()]
+    lines += [f"wrote {result[key]}: {what}, the recommended layout fitted on the trace's last steps"
+              for key, what in (("sglang_out", "SGLang's --init-expert-location file"),
+                                ("trtllm_out", "TensorRT-LLM's moe_load_balancer.yaml")) if key in result]
     if "prefill_rows" in result:
         lines += [f"prefill instances at TTFT {settings['ttft_s']:g} s ({settings['prompt_tokens']:,}-token prompts, "
                   f"{settings['cached_share']:.0%} cached):",

@@ -433,6 +433,19 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--price-per-gpu-hour", type=number(0, high=1e6), default=None, metavar="USD",
                    help="USD a GPU-hour, for the cost of a million output tokens (default: the card's profile "
                         "price, where it has one)")
+    p.add_argument("--sglang-out", default=None, metavar="FILE",
+                   help="also write the recommended layout's SGLang --init-expert-location file, fitted on the whole "
+                        "trace (layers from an SGLang dump, else --sglang-num-layers and --sglang-first-moe-layer)")
+    p.add_argument("--sglang-num-layers", type=POSITIVE_INT, default=None, metavar="N",
+                   help="with --sglang-out: the model's decoder layers (61 for DeepSeek-V3)")
+    p.add_argument("--sglang-first-moe-layer", type=NON_NEGATIVE_INT, default=None, metavar="K",
+                   help="with --sglang-out: the model's first MoE layer (3 for DeepSeek-V3)")
+    p.add_argument("--trtllm-out", default=None, metavar="YAML",
+                   help="also write the recommended layout's TensorRT-LLM moe_load_balancer.yaml, fitted on the "
+                        "whole trace")
+    p.add_argument("--trtllm-layers", type=layer_ids_arg, default=None, metavar="IDS",
+                   help="with --trtllm-out: the decoder-layer index of each MoE layer of the trace (3-60 for "
+                        "DeepSeek-V3; default: a TensorRT-LLM dump's)")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="also draw tokens/s per GPU and the imbalance against redundant experts to this file")
     _add_common(p)

@@ -1,7 +1,8 @@
 """`eplb advise` on a small shape (32 experts, 4 layers, EP8 and EP16): the recommended row is the best of the rows
 it evaluated, every row's memory adds up to the card's, a row is what `eplb sim --capacity` reports for the same
 layout and its imbalance what `eplb replay` gives on the same traffic (by hand, through the CLI), a layout whose
-weights overflow the card is a row marked so, and bad input is one line with exit 2."""
+weights overflow the card is a row marked so, the recommendation's SGLang and TensorRT-LLM files are what those
+engines load, and bad input is one line with exit 2."""
 
 import json
 
@@ -107,6 +108,30 @@ def test_a_layout_whose_weights_overflow_the_card_is_a_row_marked_so(trace_path)
     row = evaluate(settings, 8, 4)
     assert row["cpsat"]["tokens_per_s_per_card"] == 0 and row["cpsat"]["bound_by"] == "weights"
     assert row["memory_gb"]["free"] < 0 and row["usd_per_million_tokens"] is None
+
+
+def test_the_recommendation_is_written_for_sglang_and_tensorrt_llm(trace_path, tmp_path, run_eplb_here,
+                                                                      tensorrt_llm_accepts):
+    model = tmp_path / "model.yaml"
+    model.write_text(f"model: {{num_routed_experts: {EXPERTS}, top_k: {TOP_K}, sliding_window_share: 0.0}}\n")
+    sglang, trtllm = tmp_path / "sglang.json", tmp_path / "moe_load_balancer.yaml"
+    result = run_eplb_here("advise", "--trace", str(trace_path), "--model", str(model), "--ep-sizes", "8",
+                           "--slots-per-gpu", "4,5", "--layers", str(LAYERS), "--refit-every", "20", "--window", "20",
+                           "--sglang-out", str(sglang), "--sglang-num-layers", str(LAYERS + 1),
+                           "--sglang-first-moe-layer", "1", "--trtllm-out", str(trtllm), "--trtllm-layers",
+                           f"1-{LAYERS}", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    slots = report["recommended"]["cards"] * report["recommended"]["slots_per_card"]
+    rows = json.loads(sglang.read_text())["physical_to_logical_map"]
+    assert report["sglang_rows"] == len(rows) == LAYERS + 1 and all(len(row) == slots for row in rows)
+    assert all(sorted(set(row)) == list(range(EXPERTS)) for row in rows)  # every expert placed in every layer
+    ranks = tensorrt_llm_accepts(yaml.safe_load(trtllm.read_text()), report["recommended"]["cards"], EXPERTS,
+                                 range(1, LAYERS + 1))
+    assert sorted(ranks) == list(range(1, LAYERS + 1)) and report["trtllm_out"] == str(trtllm)
+    refused = run_eplb_here("advise", "--trace", str(trace_path), "--model", str(model), "--ep-sizes", "8",
+                            "--sglang-out", str(sglang), "--sglang-num-layers", "61", "--sglang-first-moe-layer", "3")
+    assert refused.returncode == 2 and "--sglang-first-moe-layer" in refused.stderr
 
 
 @pytest.mark.parametrize("argv, message", [
