@@ -418,6 +418,16 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
                    help="cpsat's deterministic budget per fit of the replayed layers (default 0.25 a layer)")
     p.add_argument("--max-batch-per-gpu", type=integer(1, 4096), default=256,
                    help="sequences per GPU at most, the engine's batch cap (default 256)")
+    _add_advise_prefill(p)
+    _add_advise_costs(p)
+    _add_advise_engine_files(p)
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="also draw tokens/s per GPU and the imbalance against redundant experts to this file")
+    _add_common(p)
+
+
+def _add_advise_prefill(p: argparse.ArgumentParser) -> None:
+    """`eplb advise`'s prefill flags."""
     p.add_argument("--ttft-s", type=number(0, low_open=True, high=3600), default=None,
                    help="also advise prefill instances: the longest a prefill batch may take, seconds")
     p.add_argument("--prompt-tokens", type=integer(1, 1_000_000), default=4096,
@@ -428,11 +438,19 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
                    metavar="N,N,...", help="with --ttft-s: prefill instance sizes in 8-GPU nodes (default 1,2,4,8)")
     p.add_argument("--prefill-redundant", type=comma_separated(integer(0, 4096)), default=[0, 32],
                    metavar="R,R,...", help="with --ttft-s: redundant experts of a prefill instance (default 0,32)")
+
+
+def _add_advise_costs(p: argparse.ArgumentParser) -> None:
+    """`eplb advise`'s load and price flags."""
     p.add_argument("--load", type=number(0, low_open=True, high=1e12), default=None, metavar="TOKENS_PER_S",
                    help="decode output tokens/s to serve: each row then says how many GPUs it needs")
     p.add_argument("--price-per-gpu-hour", type=number(0, high=1e6), default=None, metavar="USD",
                    help="USD a GPU-hour, for the cost of a million output tokens (default: the card's profile "
                         "price, where it has one)")
+
+
+def _add_advise_engine_files(p: argparse.ArgumentParser) -> None:
+    """`eplb advise`'s engine-file flags (as `eplb place`'s, for the recommended layout)."""
     p.add_argument("--sglang-out", default=None, metavar="FILE",
                    help="also write the recommended layout's SGLang --init-expert-location file, fitted on the whole "
                         "trace (layers from an SGLang dump, else --sglang-num-layers and --sglang-first-moe-layer)")
@@ -446,9 +464,6 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trtllm-layers", type=layer_ids_arg, default=None, metavar="IDS",
                    help="with --trtllm-out: the decoder-layer index of each MoE layer of the trace (3-60 for "
                         "DeepSeek-V3; default: a TensorRT-LLM dump's)")
-    p.add_argument("--plot", default=None, metavar="PNG",
-                   help="also draw tokens/s per GPU and the imbalance against redundant experts to this file")
-    _add_common(p)
 
 
 def _add_plot_command(sub: argparse._SubParsersAction) -> None:

@@ -115,7 +115,11 @@ class Rebalancer:
             self.host_copies.build(placement, self.mover, config.max_bytes_per_step, self.stats)  # collective
             comm.barrier()  # every rank leaves here together, so no rank's first decode step waits on the start-up
         except CollectiveError:  # a peer died while the group started: serve without it, as after any death
-            self._start_without_the_lost()
+            survivors, target = self.recovery.start_without_the_lost(placement, self.placement_members)
+            if target is not None:
+                self.run.placement, self.placement_members = target, survivors
+                if self.patches is not None:
+                    self.patches.regrouped(target)
 
     @property
     def placement(self) -> Placement:
@@ -303,33 +307,6 @@ class Rebalancer:
             self.drift.restart()
             self.refits.request()
         return report
-
-    def _start_without_the_lost(self) -> None:
-        """After a `CollectiveError` while the group started (a peer died building the host copies): agree with
-        the other survivors on who is left, drop the half-built host copies, and serve the survivors' placement
-        filled from their slots, its host copies built anew (`GroupRecovery.regroup`); with every rank alive (a
-        connection broke), build the host copies again. The report is the first of `stats.recoveries`.
-
-        Raises:
-            CollectiveError: this rank was left out, or an expert lived only on the lost ranks (no host copy of it
-                existed yet): the group cannot serve without them and must be restarted; nothing was served.
-        """
-        began = time.perf_counter()
-
-        def regroup(survivors: list[int]) -> RecoveryReport:
-            self.host_copies.copies_L = [{} for _ in self.layers]
-            report, target = self.recovery.regroup(survivors, 0, self.placement, self.placement_members, began,
-                                                   host_copies_built=False)
-            if target is None:
-                self.host_copies.build(self.placement, self.mover, self.config.max_bytes_per_step, self.stats)
-            else:
-                self.run.placement, self.placement_members = target, list(survivors)
-                if self.patches is not None:
-                    self.patches.regrouped(target)
-            self.comm.barrier()
-            return report
-
-        agree_and_regroup(self.comm, self.config, regroup)
 
     def close(self) -> None:
         """Stop the heartbeat and the solver (at the end of serving)."""

@@ -118,6 +118,32 @@ class GroupRecovery:
             logger.warning("re-formed the group with every rank; the placement is unchanged")
         return report, target
 
+    def start_without_the_lost(self, placement: Placement, members: list[int]) -> tuple[list[int], Placement | None]:
+        """After a `CollectiveError` while the group started (a peer died building the host copies): agree with
+        the other survivors on who is left, drop the half-built host copies, and serve the survivors' placement
+        filled from their slots, its host copies built anew; with every rank alive (a connection broke), build the
+        host copies again. Returns (the survivors, the placement now serving or None: unchanged); the report is the
+        first of `stats.recoveries`.
+
+        Raises:
+            CollectiveError: this rank was left out, or an expert lived only on the lost ranks (no host copy of it
+                existed yet): the group cannot serve without them and must be restarted; nothing was served.
+        """
+        began = time.perf_counter()
+        outcome: list = []
+
+        def regroup(survivors: list[int]) -> RecoveryReport:
+            self.host_copies.copies_L = [{} for _ in self.layers]
+            report, target = self.regroup(survivors, 0, placement, members, began, host_copies_built=False)
+            if target is None:
+                self.host_copies.build(placement, self.mover, self.config.max_bytes_per_step, self.stats)
+            self.comm.barrier()
+            outcome[:] = [list(survivors), target]
+            return report
+
+        agree_and_regroup(self.comm, self.config, regroup)
+        return outcome[0], outcome[1]
+
     def _load_LE(self) -> np.ndarray:
         """[L, E] the window's load, the same on every survivor (collective): all-reduced when each rank records its
         own tokens, else rank 0's copy of the group's counts (a survivor may have finished the step in flight where
