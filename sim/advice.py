@@ -3,9 +3,12 @@ target (`eplb advise`).
 
 Every redundant expert is a whole expert's weights in every MoE layer on some card: memory taken from the KV cache,
 so from the decode batch. More redundancy lowers the expert imbalance, costs batch, and at some point loses
-throughput; the EP size moves both again. For each candidate layout (`cards` x `slots_per_card`, the redundant
-experts `cards x slots_per_card - E`) the adviser runs the simulator's capacity mode (`sim.capacity.decode_capacity`,
-what `eplb sim --capacity` runs) on a config whose `balance.routing_trace` is the user's trace, so that:
+throughput; the EP size moves both again. Node limits (every expert group on one node, DeepSeek's hierarchical rule,
+which vLLM and SGLang apply by themselves where the groups are a multiple of the nodes) cost balance and, in prefill,
+save the network: a token crosses to fewer nodes. For each candidate layout (`cards` x `slots_per_card`, the
+redundant experts `cards x slots_per_card - E`, with or without node limits) the adviser runs the simulator's
+capacity mode (`sim.capacity.decode_capacity`, what `eplb sim --capacity` runs) on a config whose
+`balance.routing_trace` is the user's trace, so that:
 
 - the imbalance is held-out: the trace replayed at the candidate's shape with the chosen policy refitted every
   `refit_every` steps on the last `window` (cpsat with the live router, and DeepSeek's greedy with the static equal
@@ -26,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.capacity import decode_capacity, prefill_capacity
-from sim.config import SimConfig
+from sim.config import SimConfig, node_limit_problem
 from sim.cost_model import RESERVED_FRACTION
 from sim.hardware import PROFILES
 
@@ -51,6 +54,9 @@ class AdviceSettings:
         price_per_card_hour: USD a card-hour (cost per million output tokens), or None: the card's profile price.
         prefill_nodes: prefill instance sizes in nodes to try (none: no prefill advice); each with every count of
             `prefill_redundant`, at the base's `capacity.ttft_slo_s`, `prompt_tokens` and `cached_share`.
+        prefill_redundant: the redundant expert counts of a prefill instance to try.
+        node_limits: whether to try layouts without node limits (False) and with them (True), decode and prefill;
+            with them only where the layout is whole nodes whose count divides the model's expert groups.
     """
 
     base: SimConfig
@@ -62,23 +68,37 @@ class AdviceSettings:
     price_per_card_hour: float | None = None
     prefill_nodes: tuple[int, ...] = ()
     prefill_redundant: tuple[int, ...] = (0, 32)
+    node_limits: tuple[bool, ...] = (False, True)
 
 
-def candidates(settings: AdviceSettings) -> list[tuple[int, int]]:
-    """(cards, slots per card) of every candidate, by EP size then slots: every expert once, and 0 to
-    `max_redundant` redundant ones (of the `redundant` counts, when given)."""
+def node_limits_fit(settings: AdviceSettings, cards: int) -> bool:
+    """Whether node limits mean something on `cards` cards: more than one node, each able to keep whole expert
+    groups (`node_limit_problem`). On one node they limit nothing."""
+    base = settings.base
+    per_node = base.cluster.cards_per_node
+    return cards > per_node and node_limit_problem(base.model, cards, per_node) is None
+
+
+def candidates(settings: AdviceSettings) -> list[tuple[int, int, bool]]:
+    """(cards, slots per card, node limits) of every candidate, by EP size, slots, then node limits: every expert
+    once, and 0 to `max_redundant` redundant ones (of the `redundant` counts, when given); with node limits only
+    where they fit the layout (`node_limits_fit`)."""
     experts = settings.base.model.num_routed_experts
     wanted = None if settings.redundant is None else set(settings.redundant)
-    return [(cards, slots) for cards in sorted(set(settings.ep_sizes)) for slots in sorted(set(settings.slots_per_card))
+    return [(cards, slots, limited) for cards in sorted(set(settings.ep_sizes))
+            for slots in sorted(set(settings.slots_per_card)) for limited in sorted(set(settings.node_limits))
             if 0 <= cards * slots - experts <= settings.max_redundant
-            and (wanted is None or cards * slots - experts in wanted)]
+            and (wanted is None or cards * slots - experts in wanted)
+            and (not limited or node_limits_fit(settings, cards))]
 
 
-def candidate_config(settings: AdviceSettings, cards: int, slots: int, policy: str) -> SimConfig:
+def candidate_config(settings: AdviceSettings, cards: int, slots: int, policy: str,
+                     node_limits: bool = False) -> SimConfig:
     """The simulator config of one candidate under `policy` ("cpsat": the live router; "deepseek": the static equal
-    split vLLM, SGLang and DeepSeek's reference dispatch with): what `eplb sim --capacity` runs for its row."""
+    split vLLM, SGLang and DeepSeek's reference dispatch with), with or without `node_limits`: what `eplb sim
+    --capacity` runs for its row."""
     base = settings.base
-    balance = base.balance.model_copy(update={"policy": policy, "slots_per_card": slots,
+    balance = base.balance.model_copy(update={"policy": policy, "slots_per_card": slots, "node_limits": node_limits,
                                               "routing": "live" if policy == "cpsat" else "static"})
     return base.model_copy(update={"cluster": base.cluster.model_copy(update={"decode_cards": cards}),
                                    "balance": balance})
@@ -97,14 +117,15 @@ def memory_per_card(config: SimConfig, batch_per_card: float) -> dict:
     return {name: value / 1e9 for name, value in {**parts, "hbm": hbm}.items()}
 
 
-def evaluate(settings: AdviceSettings, cards: int, slots: int) -> dict:
+def evaluate(settings: AdviceSettings, cards: int, slots: int, node_limits: bool = False) -> dict:
     """One candidate's row: its shape, each policy's decode capacity (`decode_capacity`: tokens/s per card, batch,
     step, TPOT, imbalance, what binds), the memory per card at the chosen policy's batch, and, where asked, the cards
     a stated load needs and the cost of a million output tokens."""
     experts = settings.base.model.num_routed_experts
-    row = {"cards": cards, "slots_per_card": slots, "redundant_experts": cards * slots - experts}
+    row = {"cards": cards, "slots_per_card": slots, "redundant_experts": cards * slots - experts,
+           "node_limits": node_limits}
     for policy in POLICIES:
-        config = candidate_config(settings, cards, slots, policy)
+        config = candidate_config(settings, cards, slots, policy, node_limits)
         try:
             report = decode_capacity(config)
         except ValueError as exc:  # the weights alone do not fit a card: a row marked so
@@ -117,7 +138,7 @@ def evaluate(settings: AdviceSettings, cards: int, slots: int) -> dict:
         row[policy]["bound_by"] = BINDINGS[report["binding"]] if report["tokens_per_s_per_card"] or \
             report["binding"] == "weights" else "TPOT"
     chosen = row[POLICIES[0]]
-    config = candidate_config(settings, cards, slots, POLICIES[0])
+    config = candidate_config(settings, cards, slots, POLICIES[0], node_limits)
     row["memory_gb"] = memory_per_card(config, chosen["batch_per_card"])
     rate = chosen["tokens_per_s_per_card"]
     price = settings.price_per_card_hour
@@ -132,46 +153,66 @@ def evaluate(settings: AdviceSettings, cards: int, slots: int) -> dict:
 
 def advise(settings: AdviceSettings, progress: Callable[[int, int], None] | None = None) -> dict:
     """Every candidate's row, ranked by the chosen policy's decode tokens/s per card (rows whose weights do not fit
-    last), and the recommendation (the first row; None when no candidate fits). `progress(done, total)` is called
-    after each candidate."""
+    last), the recommendation (the first row; None when no candidate fits) and vLLM's (`best_for_vllm`: the first
+    row vLLM can run). `progress(done, total)` is called after each candidate."""
     shapes = candidates(settings)
     rows = []
-    for done, (cards, slots) in enumerate(shapes, 1):
-        rows.append(evaluate(settings, cards, slots))
+    for done, (cards, slots, limited) in enumerate(shapes, 1):
+        rows.append(evaluate(settings, cards, slots, limited))
         if progress is not None:
             progress(done, len(shapes))
-    rows.sort(key=lambda row: (-row[POLICIES[0]]["tokens_per_s_per_card"], row["cards"], row["slots_per_card"]))
+    rows.sort(key=lambda row: (-row[POLICIES[0]]["tokens_per_s_per_card"], row["cards"], row["slots_per_card"],
+                               row["node_limits"]))
     best = rows[0] if rows and rows[0][POLICIES[0]]["tokens_per_s_per_card"] > 0 else None
-    result = {"rows": rows, "recommended": best}
+    result = {"rows": rows, "recommended": best,
+              "vllm_recommended": best_for_vllm(rows, settings.base.model.expert_groups,
+                                                settings.base.cluster.cards_per_node)}
     if settings.prefill_nodes:
         prefill = advise_prefill(settings)
         result["prefill_rows"] = prefill
-        result["prefill_recommended"] = prefill[0] if prefill[0]["tokens_per_s_per_card"] > 0 else None
+        result["prefill_recommended"] = prefill[0] if prefill and prefill[0]["tokens_per_s_per_card"] > 0 else None
     return result
 
 
-def prefill_config(settings: AdviceSettings, nodes: int, redundant: int) -> SimConfig:
+def vllm_node_limits(cards: int, groups: int, cards_per_node: int) -> bool:
+    """Whether vLLM places `cards` cards under node limits: its policy is hierarchical (every group on one node)
+    wherever the model's `groups` are a multiple of the nodes; over whole nodes, and on one node that limits
+    nothing."""
+    nodes = cards // cards_per_node
+    return cards % cards_per_node == 0 and nodes > 1 and groups % nodes == 0
+
+
+def best_for_vllm(rows: list[dict], groups: int, cards_per_node: int) -> dict | None:
+    """The best of the ranked `rows` that vLLM can run: its node limits those vLLM's own rule gives its size
+    (`vllm_node_limits`); None when no such row serves a sequence."""
+    return next((row for row in rows if row[POLICIES[0]]["tokens_per_s_per_card"] > 0
+                 and row["node_limits"] == vllm_node_limits(row["cards"], groups, cards_per_node)), None)
+
+
+def prefill_config(settings: AdviceSettings, nodes: int, redundant: int, node_limits: bool = False) -> SimConfig:
     """The simulator config of one prefill candidate: an instance of `nodes` nodes with `redundant` redundant
-    experts, cpsat with the live router (what `eplb sim --capacity` runs for its prefill row)."""
+    experts, with or without `node_limits`, cpsat with the live router (what `eplb sim --capacity` runs for its
+    prefill row)."""
     base = settings.base
     return base.model_copy(update={
         "capacity": base.capacity.model_copy(update={"prefill_instance_nodes": nodes,
-                                                     "prefill_redundant_experts": redundant}),
+                                                     "prefill_redundant_experts": redundant,
+                                                     "prefill_node_limits": node_limits}),
         "balance": base.balance.model_copy(update={"policy": "cpsat", "routing": "live"})})
 
 
-def evaluate_prefill(settings: AdviceSettings, nodes: int, redundant: int) -> dict:
+def evaluate_prefill(settings: AdviceSettings, nodes: int, redundant: int, node_limits: bool = False) -> dict:
     """One prefill candidate's row: prompt tokens/s per card within the TTFT target (`prefill_capacity`), the batch,
     the imbalance, what binds (TTFT, the batch cap, or weights that do not fit: the experts of the instance spread
     over its cards beside the replicated weights and the reserve), and the memory that leaves."""
-    config = prefill_config(settings, nodes, redundant)
+    config = prefill_config(settings, nodes, redundant, node_limits)
     model, hardware = config.model, PROFILES[config.hardware.prefill]
     cards = nodes * config.cluster.cards_per_node
     slots = math.ceil((model.num_routed_experts + redundant) / cards)
     free = hardware.hbm_gb * 1e9 * (1 - RESERVED_FRACTION) - model.replicated_weight_bytes() \
         - slots * model.expert_weight_bytes()
     row = {"cards": cards, "nodes": nodes, "redundant_experts": redundant, "slots_per_card": slots,
-           "free_gb": free / 1e9}
+           "node_limits": node_limits, "free_gb": free / 1e9}
     if free <= 0:
         return {**row, "tokens_per_s_per_card": 0.0, "prompts_per_batch": 0, "batch_s": None, "imbalance": None,
                 "bound_by": "weights"}
@@ -182,25 +223,53 @@ def evaluate_prefill(settings: AdviceSettings, nodes: int, redundant: int) -> di
 
 
 def advise_prefill(settings: AdviceSettings) -> list[dict]:
-    """Every prefill candidate's row, ranked by prompt tokens/s per card (rows whose weights do not fit last)."""
-    rows = [evaluate_prefill(settings, nodes, redundant) for nodes in sorted(set(settings.prefill_nodes))
-            for redundant in sorted(set(settings.prefill_redundant))]
-    return sorted(rows, key=lambda row: (-row["tokens_per_s_per_card"], row["cards"], row["redundant_experts"]))
+    """Every prefill candidate's row, ranked by prompt tokens/s per card (rows whose weights do not fit last); with
+    node limits where they fit an instance of several nodes (on one node they limit nothing)."""
+    per_node = settings.base.cluster.cards_per_node
+    rows = [evaluate_prefill(settings, nodes, redundant, limited) for nodes in sorted(set(settings.prefill_nodes))
+            for redundant in sorted(set(settings.prefill_redundant)) for limited in sorted(set(settings.node_limits))
+            if not limited or node_limits_fit(settings, nodes * per_node)]
+    return sorted(rows, key=lambda row: (-row["tokens_per_s_per_card"], row["cards"], row["redundant_experts"],
+                                         row["node_limits"]))
 
 
-def engine_settings(row: dict, experts: int) -> dict:
+def engine_settings(row: dict, experts: int, groups: int | None = None, cards_per_node: int = 8,
+                    vllm_row: dict | None = None) -> dict:
     """How each engine deploys `row`'s layout: vLLM's flags (this project's policy through its plugin), SGLang's
     and TensorRT-LLM's, their placement files from `eplb place` on the same trace (`--sglang-out`, `--trtllm-out`;
-    the layer flags a trace that is not the engine's own dump needs: DeepSeek-V3's 61 layers, 3 dense)."""
+    the layer flags a trace that is not the engine's own dump needs: DeepSeek-V3's 61 layers, 3 dense). Node limits
+    for a model of `groups` expert groups on nodes of `cards_per_node`: SGLang's `--eplb-algorithm` says which;
+    vLLM applies them by itself (`vllm_node_limits`), so where `row` differs from vLLM's rule its line is for
+    `vllm_row` (`best_for_vllm`), saying why, or, with none, says what vLLM will run."""
     cards, slots, redundant = row["cards"], row["slots_per_card"], row["redundant_experts"]
+    limited = row.get("node_limits", False)
     place = f"eplb place --trace TRACE --gpus {cards} --slots-per-gpu {slots}"
+    if limited:
+        place += f" --groups {groups} --nodes-per-group 1"
+    vllm = _vllm_line(row)
+    if groups is not None and limited != vllm_node_limits(cards, groups, cards_per_node):
+        nodes, how = cards // cards_per_node, "with" if not limited else "without"
+        rule = (f"vLLM {'keeps each of the' if not limited else 'spreads the'} {groups} expert groups "
+                f"{'on one node' if not limited else 'over the nodes'} at {nodes} nodes whatever the policy, so this "
+                f"layout runs there as its row {how} node limits")
+        if vllm_row is not None and vllm_row is not row:
+            vllm = (f"{_vllm_line(vllm_row)} ({rule}; vLLM's best is {vllm_row['cards']} GPUs x "
+                    f"{vllm_row['slots_per_card']} slots{' with node limits' if vllm_row['node_limits'] else ''}, "
+                    f"{vllm_row['cpsat']['tokens_per_s_per_card']:,.0f} tokens/s per GPU)")
+        else:
+            vllm += f" ({rule})"
     return {
-        "vllm": f"EPLB_VLLM_POLICY=cpsat vllm serve MODEL --data-parallel-size {cards} --enable-expert-parallel "
-                f"--enable-eplb --eplb-config '{{\"num_redundant_experts\": {redundant}}}'",
-        "sglang": f"--ep-size {cards} --enable-eplb --ep-num-redundant-experts {redundant} --init-expert-location "
-                  f"sglang.json, from: {place} --sglang-out sglang.json [--sglang-num-layers 61 "
-                  f"--sglang-first-moe-layer 3]",
+        "vllm": vllm,
+        "sglang": f"--ep-size {cards} --enable-eplb --ep-num-redundant-experts {redundant} --eplb-algorithm "
+                  f"{'deepseek_hierarchical' if limited else 'deepseek'} --init-expert-location sglang.json, from: "
+                  f"{place} --sglang-out sglang.json [--sglang-num-layers 61 --sglang-first-moe-layer 3]",
         "tensorrt_llm": f"moe_config.load_balancer: moe_load_balancer.yaml (num_slots {cards * slots} = {experts} "
                         f"experts + {redundant}), from: {place} --trtllm-out moe_load_balancer.yaml "
                         f"[--trtllm-layers 3-60]",
     }
+
+
+def _vllm_line(row: dict) -> str:
+    """vLLM's command for `row`'s layout with this project's policy through its plugin."""
+    return (f"EPLB_VLLM_POLICY=cpsat vllm serve MODEL --data-parallel-size {row['cards']} --enable-expert-parallel "
+            f"--enable-eplb --eplb-config '{{\"num_redundant_experts\": {row['redundant_experts']}}}'")

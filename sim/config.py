@@ -184,6 +184,10 @@ class BalanceConfig(_Strict):
                                  "concentration of a request's expert preferences (default: measured on ESFT).")
     output_tokens: float = Field(512.0, ge=1, le=1e6, description="Requests only: mean output length of a decoding "
                                  "request (lognormal, sigma 1): how long a request keeps its experts in the batch.")
+    node_limits: bool = Field(False, description="Keep every expert group's replicas on one node of "
+                              "cluster.cards_per_node cards (DeepSeek's hierarchical rule, which vLLM and SGLang "
+                              "apply where the groups are a multiple of the nodes): needs model.expert_groups a "
+                              "multiple of the decode unit's nodes.")
     refit_every: int = Field(50, ge=1, le=100_000, description="Steps between refits, as a live rebalancer would.")
     window: int = Field(50, ge=1, le=100_000, description="Steps each fit sees.")
     work_limit: float = Field(1.0, gt=0, le=3600, description="cpsat's deterministic budget per fit (all layers), "
@@ -207,6 +211,9 @@ class CapacityConfig(_Strict):
                                         "EP32: 4 nodes of 8 cards).")
     prefill_redundant_experts: int = Field(32, ge=0, le=4096, description="Expert replicas of a prefill instance "
                                            "beyond one per expert (none under balance.policy none).")
+    prefill_node_limits: bool = Field(False, description="Keep every expert group's replicas on one node of the "
+                                      "prefill instance (as balance.node_limits for decode): a token crosses fewer "
+                                      "nodes. Needs model.expert_groups a multiple of prefill_instance_nodes.")
     tpot_slo_ms: float = Field(50.0, gt=0, le=10_000, description="Time per output token a decode batch must meet, "
                                                                   "ms (the step, over tokens per step).")
     decode_batch_per_card: float | None = Field(None, gt=0, le=4096, description="Sequences per decode card at a "
@@ -258,6 +265,24 @@ class SimConfig(_Strict):
                              f"balance.slots_per_card >= {-(-experts // cards)} (or leave it unset)")
         return self
 
+    @model_validator(mode="after")
+    def _node_limits_fit(self) -> "SimConfig":
+        """Node limits only where every node can hold whole groups: refused here, in the config's terms."""
+        cards_per_node = self.cluster.cards_per_node
+        asked = [("balance.node_limits", "cluster.decode_cards", self.cluster.decode_cards)] \
+            if self.balance.node_limits else []
+        if self.capacity.prefill_node_limits:  # the instance capacity mode sizes, and the one the engine serves on
+            asked += [("capacity.prefill_node_limits", f"{section}.prefill_instance_nodes", nodes * cards_per_node)
+                      for section, nodes in (("capacity", self.capacity.prefill_instance_nodes),
+                                             ("cluster", self.cluster.prefill_instance_nodes))]
+        for field, size, cards in asked:
+            problem = node_limit_problem(self.model, cards, cards_per_node)
+            if problem:
+                raise ValueError(f"{field}: {problem}; set {field}: false, or change {size}")
+        if asked and self.balance.policy == "none":
+            raise ValueError("node limits need a balancing policy; balance.policy none places one replica per expert")
+        return self
+
     @property
     def decode_slots_per_card(self) -> int:
         """S: expert slots on each decode card: `balance.slots_per_card`, else one per expert spread over the cards
@@ -276,6 +301,20 @@ class SimConfig(_Strict):
         """(config key, path) of every file the run reads besides the config itself."""
         named = (("workload.trace", self.workload.trace), ("balance.routing_trace", self.balance.routing_trace))
         return [(key, Path(path)) for key, path in named if path is not None]
+
+
+def node_limit_problem(model: ModelProfile, cards: int, cards_per_node: int) -> str | None:
+    """Why `cards` cards in nodes of `cards_per_node` cannot keep each of `model`'s expert groups on one node (whole
+    nodes, whole groups a node, groups that split the experts evenly), or None when they can."""
+    if cards % cards_per_node:
+        return f"{cards} cards are not whole nodes of {cards_per_node}"
+    nodes = cards // cards_per_node
+    if model.expert_groups % nodes:
+        return f"model.expert_groups={model.expert_groups} is not a multiple of the {nodes} nodes"
+    if model.num_routed_experts % model.expert_groups:
+        return (f"model.expert_groups={model.expert_groups} does not divide the {model.num_routed_experts} "
+                f"experts")
+    return None
 
 
 class _ConfigLoader(yaml.SafeLoader):

@@ -8,7 +8,8 @@ to their experts and back by an all-to-all (dispatch, combine). Every pass is co
   moe_s       = max(compute, reads)  routed experts of the BUSIEST card: mean tokens x moe_imbalance | its experts
   dense_s     = max(compute, reads)  dense FFNs, shared experts, gates, output head | their weights
   comm_s      = dispatch + combine of the busiest card: each a latency floor per MoE layer and micro-batch plus its
-                bytes over scale-up and scale-out, the slower of the two
+                bytes over scale-up and scale-out, the slower of the two (prefill: a token crosses scale-out once
+                per remote domain its experts sit in, fewer under node limits)
   fixed_s     = a fixed time per layer and micro-batch that overlaps with nothing (launches, synchronisation, the
                 small kernels' minimum durations): what a small batch pays and a large one hides nothing of either
   total_s     = max(attention_s + dense_s, dispatch_s) + max(moe_s, combine_s) + fixed_s with two micro-batches
@@ -127,15 +128,44 @@ def _expert_slots_per_card(model: ModelProfile, cards: int, redundant_experts: i
     return math.ceil((model.num_routed_experts + redundant_experts) / cards)
 
 
+def remote_domains_per_token(model: ModelProfile, domains: float, node_limited: bool = False) -> float:
+    """Scale-up domains other than its own that a token's experts sit in, expected, over `domains` equal domains.
+
+    Without node limits a placement scatters every group's experts, so the top_k copies land as if uniformly:
+    (D - 1)(1 - (1 - 1/D)^top_k). Under node limits every one of the model's `expert_groups` sits on one domain
+    (expert_groups / D a domain) and a token's experts come from `groups_per_token` of them (node-limited routing):
+    a domain is reached when one of its groups is among the token's and one of the token's copies lands there,
+    taken as each copy falling on one of the token's groups at random.
+
+    Raises:
+        ValueError: node_limited and `domains` is not a whole divisor of the model's expert_groups.
+    """
+    if domains <= 1:
+        return 0.0
+    k = model.top_k
+    if not node_limited:
+        return (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** k)
+    groups, chosen = model.expert_groups, model.groups_per_token
+    if domains != int(domains) or groups % int(domains):
+        raise ValueError(f"domains={domains:g}: node limits need whole domains that divide the model's "
+                         f"expert_groups={groups}")
+    mine = groups // int(domains)  # groups on each domain
+    reached = sum(math.comb(mine, j) * math.comb(groups - mine, chosen - j) / math.comb(groups, chosen)
+                  * (1.0 - (1.0 - j / chosen) ** k) for j in range(1, min(mine, chosen) + 1))
+    return (domains - 1) * reached
+
+
 def _all_to_all_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, tokens_per_card: float,
-                        moe_imbalance: float, efficiency: Efficiency, per_domain: bool = False) -> float:
+                        moe_imbalance: float, efficiency: Efficiency, per_domain: bool = False,
+                        node_limited: bool = False) -> float:
     """Dispatch + combine seconds of the busiest card over all MoE layers.
 
     Each token sends its hidden state to its top_k experts (dispatch_bytes per value) and gets top_k results back
     (combine_bytes), experts spread evenly over the cards. Without `per_domain` (DeepEP's low-latency kernels,
     decode) every copy travels on its own: 1/cards stay on the card, the rest of the scale-up domain goes over
-    scale-up and the remainder over scale-out. With `per_domain` (DeepEP's normal kernels, prefill) a token crosses
-    scale-out once per remote domain its experts sit in, (D - 1)(1 - (1 - 1/D)^top_k) times for D domains, and is
+    scale-up and the remainder over scale-out (node limits move no copy there: each domain still holds 1/D of a
+    token's experts on average). With `per_domain` (DeepEP's normal kernels, prefill) a token crosses scale-out
+    once per remote domain its experts sit in (`remote_domains_per_token`, fewer with `node_limited`) and is
     forwarded inside that domain over scale-up, so every copy but the local one crosses scale-up once.
     The busiest card moves moe_imbalance times the mean.
     """
@@ -146,8 +176,7 @@ def _all_to_all_seconds(model: ModelProfile, hardware: HardwareProfile, cards: i
     domain = min(cards, hardware.scale_up_domain_cards)
     k = model.top_k
     if per_domain and cards > domain:
-        domains = cards / domain
-        out_copies = (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** k)
+        out_copies = remote_domains_per_token(model, cards / domain, node_limited)
         up_copies = k * (cards - 1) / cards
     else:
         out_copies = k * (cards - domain) / cards
@@ -173,7 +202,7 @@ def all_to_all_latency_seconds(model: ModelProfile, hardware: HardwareProfile, c
 
 def _pass_cost(model: ModelProfile, hardware: HardwareProfile, cards: int, tokens: float, flops: FlopCount,
                kv_bytes: float, moe_imbalance: float, redundant_experts: int, efficiency: Efficiency,
-               overlap: bool, per_domain: bool = False) -> StepCost:
+               overlap: bool, per_domain: bool = False, node_limited: bool = False) -> StepCost:
     """Cost of one forward pass of `tokens` tokens over all `cards`, doing `flops` and reading or writing
     `kv_bytes` of KV cache (both totals over the cards, split evenly)."""
     per_card = flops.scaled(1.0 / cards)
@@ -185,7 +214,8 @@ def _pass_cost(model: ModelProfile, hardware: HardwareProfile, cards: int, token
     expert_reads = _expert_slots_per_card(model, cards, redundant_experts) * constants.expert_weight_bytes * touched
     moe_s = _part_seconds(per_card.routed_linear * moe_imbalance, 0.0, expert_reads, hardware, efficiency)
     dense_s = _part_seconds(per_card.dense_linear, 0.0, constants.dense_weights, hardware, efficiency)
-    comm_s = _all_to_all_seconds(model, hardware, cards, tokens / cards, moe_imbalance, efficiency, per_domain)
+    comm_s = _all_to_all_seconds(model, hardware, cards, tokens / cards, moe_imbalance, efficiency, per_domain,
+                                 node_limited)
     micro_batches = MICRO_BATCHES if overlap else 1
     floor_s = efficiency.all_to_all_floor_us * 1e-6 * model.num_moe_layers * micro_batches if cards > 1 else 0.0
     dispatch_bytes_s = comm_s * model.dispatch_bytes / (model.dispatch_bytes + model.combine_bytes)
@@ -211,7 +241,8 @@ def draft_pass_fixed_seconds(model: ModelProfile, cards: int, efficiency: Effici
 
 def prefill_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, new_tokens: int | Sequence[int],
                     cached_tokens: int | Sequence[int] = 0, efficiency: Efficiency | None = None, *,
-                    moe_imbalance: float = 1.0, redundant_experts: int = 0, overlap: bool = True) -> StepCost:
+                    moe_imbalance: float = 1.0, redundant_experts: int = 0, overlap: bool = True,
+                    node_limited: bool = False) -> StepCost:
     """Cost of one prefill batch on an instance of `cards` cards (an 8-card node, or several).
 
     Args:
@@ -221,6 +252,8 @@ def prefill_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, 
         moe_imbalance: busiest card's routed tokens over the mean (1.0: perfect balance).
         redundant_experts: extra expert replicas in the instance.
         overlap: communication hidden under computation (two micro-batches), else added.
+        node_limited: every expert group on one scale-up domain (node limits), so a token crosses scale-out to
+            fewer domains (`remote_domains_per_token`).
 
     Returns:
         StepCost of the batch; float(result) is its seconds. Prompts are spread evenly over the cards' attention;
@@ -245,7 +278,8 @@ def prefill_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, 
         flops = flops + FlopCount(0.0, 0.0, 0.0, 2.0 * model.embedding_params)  # head on the last token
         kv_bytes += model.kv_bytes(c + n)  # read the cached part, write the new part
     return _pass_cost(model, hardware, cards, float(sum(news)), flops, kv_bytes, moe_imbalance,
-                      redundant_experts, efficiency or active_efficiency(), overlap, per_domain=True)
+                      redundant_experts, efficiency or active_efficiency(), overlap, per_domain=True,
+                      node_limited=node_limited)
 
 
 def decode_step_seconds(model: ModelProfile, hardware: HardwareProfile, cards: int, batch_size: int,

@@ -1,8 +1,9 @@
 """The served model's shape: parameters, KV cache bytes and FLOPs per token, for the simulator's cost model.
 
 Defaults are DeepSeek-V3/R1's published shape (sources: docs/simulator.md, 'Model profile'):
-61 layers, the first 3 dense, 256 routed experts of which 8 are active plus 1 shared expert, MLA attention with
-128 heads. The multi-token-prediction module (one more layer) is left out, like the 671B total it is not part of.
+61 layers, the first 3 dense, 256 routed experts in 8 groups of which 8 are active (from 4 groups) plus 1 shared
+expert, MLA attention with 128 heads. The multi-token-prediction module (one more layer) is left out, like the 671B
+total it is not part of.
 
 Glossary:
   full layer        attention over the whole context; MLA caches kv_lora_rank + qk_rope_head_dim = 512 + 64 = 576
@@ -102,6 +103,10 @@ class ModelProfile(BaseModel):
     num_routed_experts: int = Field(256, ge=1, le=4096, description="E: routed experts per MoE layer.")
     top_k: int = Field(8, ge=1, le=256, description="K: routed experts each token uses per MoE layer.")
     num_shared_experts: int = Field(1, ge=0, le=64, description="Experts every token uses per MoE layer.")
+    expert_groups: int = Field(8, ge=1, le=4096, description="Groups of consecutive routed experts the router "
+                               "picks among first (DeepSeek-V3's n_group); node limits keep each on one node.")
+    groups_per_token: int = Field(4, ge=1, le=4096, description="Groups a token's experts come from (DeepSeek-V3's "
+                                  "topk_group: with each group on one node, at most this many nodes a token).")
     moe_intermediate_size: int = Field(2048, ge=1, le=131072, description="Inner width of one expert (gate, up, down).")
     dense_intermediate_size: int = Field(18432, ge=1, le=1 << 20, description="Inner width of a dense layer's FFN.")
     num_heads: int = Field(128, ge=1, le=1024, description="Attention (query) heads.")
@@ -138,6 +143,8 @@ class ModelProfile(BaseModel):
             raise ValueError(f"num_dense_layers={self.num_dense_layers} exceeds num_layers={self.num_layers}")
         if self.top_k > self.num_routed_experts:
             raise ValueError(f"top_k={self.top_k} exceeds num_routed_experts={self.num_routed_experts}")
+        if self.groups_per_token > self.expert_groups:
+            raise ValueError(f"groups_per_token={self.groups_per_token} exceeds expert_groups={self.expert_groups}")
         for field, layers in (("sliding_window_layers", self.sliding_window_layers or ()),
                               ("compressed_layers", self.compressed_layers)):
             bad = [i for i in layers if not 0 <= i < self.num_layers]

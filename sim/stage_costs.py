@@ -80,13 +80,15 @@ def prefill_seconds_of(config: SimConfig, input_tokens: list[int], cached_tokens
     """Seconds of a prefill batch on an instance of `nodes` nodes: prompts of `input_tokens`, of which
     `cached_tokens` hit the persistent tier (read at disk_read_gb_s per node) and `recomputed_tokens` of those are
     computed again (the window's tail, or the sliding layers under "recompute"), the routed experts at `imbalance`
-    with `redundant_experts` replicas (None: the instance's when it spans nodes, none for a node alone)."""
+    with `redundant_experts` replicas (None: the instance's when it spans nodes, none for a node alone), each expert
+    group on one node under capacity.prefill_node_limits."""
     new = [total - cached + again for total, cached, again in zip(input_tokens, cached_tokens, recomputed_tokens)]
     kept = [max(0, cached - again) for cached, again in zip(cached_tokens, recomputed_tokens)]
     redundant = redundant_experts if redundant_experts is not None else \
         (prefill_redundant_experts(config) if nodes > 1 else 0)
     compute = prefill_seconds(config.model, PROFILES[config.hardware.prefill], nodes * config.cluster.cards_per_node,
-                              new, kept, moe_imbalance=imbalance, redundant_experts=redundant).total_s
+                              new, kept, moe_imbalance=imbalance, redundant_experts=redundant,
+                              node_limited=config.capacity.prefill_node_limits and nodes > 1).total_s
     read_bytes = sum(cached_tokens) / config.cache.block_tokens * disk_bytes_per_block(config)
     return compute + kv_cache_read_seconds(read_bytes, config.cache.disk_read_gb_s * nodes)
 

@@ -1,15 +1,16 @@
 """eplb advise: how many GPUs and redundant experts to deploy, from your routing trace, model, card and latency target.
 
 For each candidate decode layout (an EP size from --ep-sizes times expert slots per GPU from --slots-per-gpu, every
-expert once and up to --max-redundant more) it replays the trace at the layout's shape, refitting every
---refit-every steps on the last --window (this project's cpsat policy with the live router, and DeepSeek's greedy
-with the static equal split beside it), the trace's steps pooled or thinned to the layout's tokens per GPU; and it
-runs the simulator's capacity mode on that imbalance: the largest decode batch that fits the card's memory after the
-weights and meets the TPOT target, and the decode tokens/s per GPU there. It prints a ranked table (best first) with
-what binds each row (TPOT, memory, the batch cap, or weights that do not fit), the memory per GPU, and the
-recommendation with the settings of vLLM, SGLang and TensorRT-LLM (--sglang-out and --trtllm-out also write their
-files for it, fitted with cpsat on the trace's last --window steps); --plot draws tokens/s per GPU and the imbalance
-against redundant experts, one line per EP size; --json prints the whole table.
+expert once and up to --max-redundant more, without and with node limits: --node-limits) it replays the trace at the
+layout's shape, refitting every --refit-every steps on the last --window (this project's cpsat policy with the live
+router, and DeepSeek's greedy with the static equal split beside it), the trace's steps pooled or thinned to the
+layout's tokens per GPU; and it runs the simulator's capacity mode on that imbalance: the largest decode batch that
+fits the card's memory after the weights and meets the TPOT target, and the decode tokens/s per GPU there. It prints a
+ranked table (best first) with what binds each row (TPOT, memory, the batch cap, or weights that do not fit), the
+memory per GPU, and the recommendation with the settings of vLLM, SGLang and TensorRT-LLM (--sglang-out and
+--trtllm-out also write their files for it, fitted with cpsat on the trace's last --window steps); --plot draws
+tokens/s per GPU and the imbalance against redundant experts, one line per EP size (and per EP size with node
+limits); --json prints the whole table.
 
 Each row is what `eplb sim --capacity` reports for a config holding the same layout, with `balance.routing_trace`
 the trace (`--json` gives each row's settings). The advice holds as far as the trace stands for the traffic to come
@@ -52,7 +53,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
                                   redundant=None if args.redundant is None else tuple(args.redundant),
                                   load_tokens_per_s=args.load, price_per_card_hour=args.price_per_gpu_hour,
                                   prefill_nodes=tuple(args.prefill_nodes) if args.ttft_s is not None else (),
-                                  prefill_redundant=tuple(args.prefill_redundant))
+                                  prefill_redundant=tuple(args.prefill_redundant),
+                                  node_limits=tuple(sorted({limit == "groups" for limit in args.node_limits})))
         _check_candidates(settings)
         progress = Progress("advise", enabled=not (args.json or args.quiet))
         try:
@@ -63,7 +65,9 @@ def cmd_advise(args: argparse.Namespace) -> int:
         if result["recommended"] is not None:
             from sim.advice import engine_settings
 
-            result["engines"] = engine_settings(result["recommended"], settings.base.model.num_routed_experts)
+            model = settings.base.model
+            result["engines"] = engine_settings(result["recommended"], model.num_routed_experts, model.expert_groups,
+                                                settings.base.cluster.cards_per_node, result["vllm_recommended"])
             result.update(_write_engine_files(args, files, result["recommended"], settings))
     if args.plot:
         from eplb.cli.plots import advice_plot
@@ -93,7 +97,8 @@ def _engine_files(args: argparse.Namespace, trace: str):
 
 def _write_engine_files(args: argparse.Namespace, files, best: dict, settings) -> dict:
     """Fit the recommended layout with cpsat on the whole trace (every layer, the last --window steps, the live
-    router's split) and write --sglang-out and --trtllm-out from it; their JSON keys."""
+    router's split, node limits where the row has them) and write --sglang-out and --trtllm-out from it; their JSON
+    keys."""
     if files is None:
         return {}
     from eplb.cli.trtllm_output import write_trtllm
@@ -102,9 +107,12 @@ def _write_engine_files(args: argparse.Namespace, files, best: dict, settings) -
     routing, layers, layer_ids = files
     cards, slots = best["cards"], best["slots_per_card"]
     counts_TLE = routing.counts_TLE[-settings.base.balance.window:]
-    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots, gpus_per_node=8 if cards % 8 == 0 else cards)
+    per_node = settings.base.cluster.cards_per_node
+    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots, gpus_per_node=per_node if cards % per_node == 0
+                          else cards)
+    limits = {"groups": settings.base.model.expert_groups, "nodes_per_group": 1} if best["node_limits"] else {}
     placement = fit_placement("cpsat", counts_TLE, cluster, routing="dynamic",
-                              work_limit=0.25 * routing.counts_TLE.shape[1])
+                              work_limit=0.25 * routing.counts_TLE.shape[1], **limits)
     written = {}
     if layers is not None:
         save_sglang_mapping(placement, args.sglang_out, layers)
@@ -158,9 +166,12 @@ def _check_candidates(settings) -> None:
     if not candidates(settings):
         experts = settings.base.model.num_routed_experts
         counts = "" if settings.redundant is None else f" (of --redundant {list(settings.redundant)})"
+        limits = "" if False in settings.node_limits else \
+            (f" and takes node limits (the model's {settings.base.model.expert_groups} expert groups a multiple of "
+             f"its nodes of {settings.base.cluster.cards_per_node} GPUs; or add --node-limits none)")
         raise ValueError(f"no layout of --ep-sizes {list(settings.ep_sizes)} x --slots-per-gpu "
                          f"{list(settings.slots_per_card)} holds the model's {experts} experts with at most "
-                         f"--max-redundant {settings.max_redundant} redundant ones{counts}; widen them")
+                         f"--max-redundant {settings.max_redundant} redundant ones{counts}{limits}; widen them")
 
 
 def _settings_summary(args: argparse.Namespace, settings) -> dict:
@@ -171,6 +182,8 @@ def _settings_summary(args: argparse.Namespace, settings) -> dict:
             "refit_every": base.balance.refit_every, "window": base.balance.window,
             "work_limit": base.balance.work_limit, "max_batch_per_gpu": base.cluster.max_decode_batch_per_card,
             "ep_sizes": list(settings.ep_sizes), "slots_per_gpu": list(settings.slots_per_card),
+            "node_limits": list(args.node_limits), "expert_groups": base.model.expert_groups,
+            "groups_per_token": base.model.groups_per_token,
             "ttft_s": args.ttft_s, "prompt_tokens": args.prompt_tokens, "cached_share": args.cached_share,
             "max_redundant": settings.max_redundant, "redundant": args.redundant,
             "load_tokens_per_s": settings.load_tokens_per_s,
@@ -183,14 +196,15 @@ def advice_text(result: dict) -> str:
     lines = [f"{settings['card']}, TPOT {settings['tpot_slo_ms']:g} ms, {settings['context_tokens']:,}-token contexts, "
              f"MTP {'on' if settings['mtp'] else 'off'}; trace: {settings['trace']} ({settings['trace_layers']} "
              f"layers replayed, refit every {settings['refit_every']} steps)",
-             "  rank | GPUs x slots | redundant | tok/s per GPU | batch per GPU | imbalance | bound by | greedy tok/s "
-             "(imbalance) | memory GB: weights + experts + KV (free) | $ per M tokens"]
+             "  rank | GPUs x slots | limits | redundant | tok/s per GPU | batch per GPU | imbalance | bound by | "
+             "greedy tok/s (imbalance) | memory GB: weights + experts + KV (free) | $ per M tokens"]
     for rank, row in enumerate(result["rows"], 1):
         chosen, greedy, memory = row["cpsat"], row["deepseek"], row["memory_gb"]
         imbalance = f"{chosen['imbalance']:.3f}" if chosen["imbalance"] is not None else "-"
         greedy_imbalance = f"{greedy['imbalance']:.3f}" if greedy["imbalance"] is not None else "-"
         cost = f"{row['usd_per_million_tokens']:.3f}" if row["usd_per_million_tokens"] is not None else "-"
-        lines.append(f"  {rank:4d} | {row['cards']:4d} x {row['slots_per_card']:<5d} | {row['redundant_experts']:9d} | "
+        lines.append(f"  {rank:4d} | {row['cards']:4d} x {row['slots_per_card']:<5d} | "
+                     f"{'groups' if row['node_limits'] else '-':6} | {row['redundant_experts']:9d} | "
                      f"{chosen['tokens_per_s_per_card']:13,.0f} | {chosen['batch_per_card']:13.1f} | {imbalance:>9} | "
                      f"{chosen['bound_by']:8} | {greedy['tokens_per_s_per_card']:8,.0f} ({greedy_imbalance}) | "
                      f"{memory['replicated']:.1f} + {memory['experts']:.1f} + {memory['kv']:.1f} "
@@ -201,8 +215,9 @@ def advice_text(result: dict) -> str:
                      "--context)")
         return "\n".join(lines)
     needed = f", {best['cards_needed']:,} GPUs for the stated load" if best["cards_needed"] is not None else ""
+    limits = ", each expert group on one node" if best["node_limits"] else ""
     lines += [f"recommended: {best['cards']} GPUs x {best['slots_per_card']} slots ({best['redundant_experts']} "
-              f"redundant experts): {best['cpsat']['tokens_per_s_per_card']:,.0f} tokens/s per GPU at "
+              f"redundant experts{limits}): {best['cpsat']['tokens_per_s_per_card']:,.0f} tokens/s per GPU at "
               f"{best['cpsat']['batch_per_card']:.1f} sequences per GPU{needed}"]
     lines += [f"  {engine}: {flags}" for engine, flags in result["engines"].items()]
     lines += [f"wrote {result[key]}: {what}, the recommended layout fitted on the trace's last steps"
@@ -211,12 +226,13 @@ def advice_text(result: dict) -> str:
     if "prefill_rows" in result:
         lines += [f"prefill instances at TTFT {settings['ttft_s']:g} s ({settings['prompt_tokens']:,}-token prompts, "
                   f"{settings['cached_share']:.0%} cached):",
-                  "  rank | GPUs (nodes) | redundant | prompt tok/s per GPU | prompts per batch | batch s | imbalance "
-                  "| bound by"]
+                  "  rank | GPUs (nodes) | limits | redundant | prompt tok/s per GPU | prompts per batch | batch s | "
+                  "imbalance | bound by"]
         for rank, row in enumerate(result["prefill_rows"], 1):
             batch = f"{row['batch_s']:.2f}" if row["batch_s"] is not None else "-"
             imbalance = f"{row['imbalance']:.3f}" if row["imbalance"] is not None else "-"
-            lines.append(f"  {rank:4d} | {row['cards']:4d} ({row['nodes']}) | {row['redundant_experts']:9d} | "
+            lines.append(f"  {rank:4d} | {row['cards']:4d} ({row['nodes']}) | "
+                         f"{'groups' if row['node_limits'] else '-':6} | {row['redundant_experts']:9d} | "
                          f"{row['tokens_per_s_per_card']:20,.0f} | {row['prompts_per_batch']:17d} | {batch:>7} | "
                          f"{imbalance:>9} | {row['bound_by']}")
     return "\n".join(lines)

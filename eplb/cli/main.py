@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from collectives.lifeline import exit_on_signals
 from eplb.cli import advise_command, commands, demo, sim_command
-from eplb.cli.arg_types import SEED_MAX, comma_separated, integer, number
+from eplb.cli.arg_types import SEED_MAX, comma_separated, integer, number, one_of
 from eplb.cli.commands import CPSAT_SEED, CPSAT_WORKERS
 from eplb.cli.demo import DEMO_EXPERTS, DEMO_LAYERS
 from eplb.cli.output_paths import check_paths
@@ -408,6 +408,11 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--redundant", type=comma_separated(integer(0, 100_000)), default=None, metavar="R,R,...",
                    help="only layouts with these redundant expert counts (each EP size with the slots per GPU that "
                         "give them)")
+    p.add_argument("--node-limits", type=comma_separated(one_of(("none", "groups"))), default=["none", "groups"],
+                   metavar="L,L,...",
+                   help="try layouts without node limits (none) and with them (groups: every expert group on one "
+                        "node, where the groups are a multiple of the nodes; DeepSeek's hierarchical rule, which "
+                        "vLLM and SGLang apply there by themselves), decode and prefill (default none,groups)")
     p.add_argument("--layers", type=integer(1, 512), default=8,
                    help="evenly spaced layers of the trace replayed for each layout (default 8; the imbalance is "
                         "their mean)")

@@ -289,27 +289,29 @@ def _clip_spikes(ax, checked: dict[str, np.ndarray], bound_T: np.ndarray | None)
 
 def advice_plot(rows: list[dict], path: str | os.PathLike, title: str) -> None:
     """`eplb advise`'s figure: decode tokens/s per GPU (left) and the expert imbalance at that batch (right)
-    against redundant experts, one line per EP size (cpsat solid, DeepSeek's greedy dashed); rows whose weights do
-    not fit are left out."""
+    against redundant experts, one line per EP size (cpsat solid, DeepSeek's greedy dashed), its rows with node
+    limits a fainter line of squares beside it; rows whose weights do not fit are left out."""
     if not rows:
         raise ValueError("rows: expected at least one candidate row, found none")
     fig = Figure(figsize=(11, 4.2))
     rate_ax, imbalance_ax = fig.subplots(1, 2)
     for index, cards in enumerate(sorted({row["cards"] for row in rows})):
-        mine = sorted((row for row in rows if row["cards"] == cards and row["cpsat"]["tokens_per_s_per_card"] > 0),
-                      key=lambda row: row["redundant_experts"])
-        if not mine:
-            continue
         colour = _COLOURS[index % len(_COLOURS)]
-        redundant = [row["redundant_experts"] for row in mine]
-        for policy, style, label in (("cpsat", "-", f"EP{cards}"), ("deepseek", "--", None)):
-            rate_ax.plot(redundant, [row[policy]["tokens_per_s_per_card"] for row in mine], style, marker="o",
-                         color=colour, label=label)
-            imbalance_ax.plot(redundant, [row[policy]["imbalance"] for row in mine], style, marker="o",
-                              color=colour)
+        for limited, marker, named in ((False, "o", ""), (True, "s", ", node limits")):
+            mine = sorted((row for row in rows if row["cards"] == cards and row.get("node_limits", False) == limited
+                           and row["cpsat"]["tokens_per_s_per_card"] > 0), key=lambda row: row["redundant_experts"])
+            if not mine:
+                continue
+            redundant = [row["redundant_experts"] for row in mine]
+            for policy, style, label in (("cpsat", "-", f"EP{cards}{named}"), ("deepseek", "--", None)):
+                style = ":" if limited and policy == "deepseek" else style
+                rate_ax.plot(redundant, [row[policy]["tokens_per_s_per_card"] for row in mine], style,
+                             marker=marker, color=colour, label=label, alpha=0.6 if limited else 1.0)
+                imbalance_ax.plot(redundant, [row[policy]["imbalance"] for row in mine], style, marker=marker,
+                                  color=colour, alpha=0.6 if limited else 1.0)
     rate_ax.set_xlabel("redundant experts")
     rate_ax.set_ylabel("decode tokens/s per GPU")
-    rate_ax.set_title("throughput (solid: cpsat, dashed: greedy)", fontsize=10)
+    rate_ax.set_title("throughput (solid: cpsat, dashed: greedy; squares: node limits)", fontsize=10)
     imbalance_ax.set_xlabel("redundant experts")
     imbalance_ax.set_ylabel("expert imbalance at the batch (max / mean)")
     imbalance_ax.set_title("imbalance", fontsize=10)

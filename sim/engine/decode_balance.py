@@ -74,7 +74,8 @@ def decode_imbalance_T(config: SimConfig, counts_TLE: np.ndarray | None = None,
     cards = config.cluster.decode_cards
     if counts_TLE is None:
         counts_TLE = synthetic_counts(config, cards, tokens_per_card)
-    return served_imbalance_T(config, cards, config.decode_slots_per_card, counts_TLE)[0]
+    return served_imbalance_T(config, cards, config.decode_slots_per_card, counts_TLE,
+                              node_limited=config.balance.node_limits)[0]
 
 
 def synthetic_counts(config: SimConfig, cards: int, tokens_per_card: float, stage: str = "decode") -> np.ndarray:
@@ -124,14 +125,16 @@ def traffic_config(config: SimConfig, stage: str, tokens: int) -> RequestTraffic
 
 
 def served_imbalance_T(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndarray,
-                       also_TLE: tuple[np.ndarray, ...] = ()) -> list[np.ndarray]:
+                       also_TLE: tuple[np.ndarray, ...] = (), node_limited: bool = False) -> list[np.ndarray]:
     """[T] imbalance of each served step (mean over layers) of `counts_TLE` [T, L, E] replayed under
     `config.balance`'s policy on a group of `cards` cards with `slots` expert slots each (a decode unit or a prefill
     instance), then of each trace of `also_TLE` (the same traffic with fewer tokens, say) served by the very
-    placements fitted on `counts_TLE`."""
+    placements fitted on `counts_TLE`. `node_limited`: every one of the model's expert groups on one node of
+    `cluster.cards_per_node` cards (the greedy hierarchical, cpsat within its nodes)."""
     balance = config.balance
-    gpus_per_node = 8 if cards % 8 == 0 else cards
-    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots, gpus_per_node=gpus_per_node)
+    per_node = config.cluster.cards_per_node
+    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots, gpus_per_node=per_node if cards % per_node == 0
+                          else cards)
     if balance.policy == "none":
         placement = fit_placement("trivial", counts_TLE[:1], cluster)
         return [score_placement(placement, trace, "static").imbalance_TL.mean(axis=1)
@@ -139,6 +142,10 @@ def served_imbalance_T(config: SimConfig, cards: int, slots: int, counts_TLE: np
     live = balance.routing == "live"
     options = {"work_limit": balance.work_limit, "routing": "dynamic" if live else "static"} \
         if balance.policy == "cpsat" else {}
+    if node_limited:
+        groups = config.model.expert_groups
+        options.update({"groups": groups, "nodes_per_group": 1} if balance.policy == "cpsat" else
+                       {"num_groups": groups})
     window = min(balance.window, counts_TLE.shape[0] // 2)
     result = rolling_replay(counts_TLE, cluster, balance.policy, every=balance.refit_every, window=window,
                             routing="live" if live else "static", policy_options=options,

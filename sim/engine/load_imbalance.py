@@ -76,8 +76,9 @@ def load_imbalance(config: SimConfig, cards: int, slots: int, stage: str = "deco
     model = config.model
     # What the traffic depends on: the balance and speculative settings and the prompts' shape, never the latency
     # targets or batch caps (a curve over targets measures the imbalance once).
-    settings = config.model_dump_json(include={"balance": True, "speculative": True, "capacity": TRAFFIC_FIELDS})
-    key = (settings, model.num_routed_experts, model.top_k, config.seed, cards, slots, stage)
+    settings = config.model_dump_json(include={"balance": True, "speculative": True, "capacity": CURVE_FIELDS})
+    key = (settings, model.num_routed_experts, model.top_k, model.expert_groups, config.cluster.cards_per_node,
+           config.seed, cards, slots, stage)
     if key not in _CURVES:
         _CURVES[key] = _measure(config, cards, slots, stage)
     return _CURVES[key]
@@ -119,10 +120,11 @@ def trace_at_loads(counts_TLE: np.ndarray, cards: int, loads: tuple[int, ...], t
 
 def _measure(config: SimConfig, cards: int, slots: int, stage: str) -> LoadImbalance:
     loads = curve_loads(config, stage)
+    node_limited = config.balance.node_limits if stage == "decode" else config.capacity.prefill_node_limits
     trace_TLE = read_routing_trace(config) if stage == "decode" else None
     if trace_TLE is not None:  # the user's own decode traffic, pooled and thinned to each load
         top, *lower = trace_at_loads(trace_TLE, cards, loads, config.model.top_k, config.seed)
-        served_T = served_imbalance_T(config, cards, slots, top, tuple(lower))
+        served_T = served_imbalance_T(config, cards, slots, top, tuple(lower), node_limited)
         return fit_load_imbalance(loads, tuple(float(steps.mean()) for steps in reversed(served_T)))
     counts_TLE = synthetic_counts(config, cards, loads[-1], stage)
     if config.balance.traffic == "requests":
@@ -135,9 +137,10 @@ def _measure(config: SimConfig, cards: int, slots: int, stage: str) -> LoadImbal
             above = thinning.binomial(above, load / denser)
             lower.append(above)
         lower = tuple(lower)
-    served_T = served_imbalance_T(config, cards, slots, counts_TLE, lower)  # top load first, then falling
+    served_T = served_imbalance_T(config, cards, slots, counts_TLE, lower, node_limited)  # top load, then falling
     return fit_load_imbalance(loads, tuple(float(steps.mean()) for steps in reversed(served_T)))
 
 
-_CURVES: dict[tuple, LoadImbalance] = {}  # (settings, E, K, seed, cards, slots, stage) -> curve
-TRAFFIC_FIELDS = {"prompt_tokens", "cached_share", "prompt_length_spread"}  # of `capacity`, the prefill traffic's
+_CURVES: dict[tuple, LoadImbalance] = {}  # (settings, E, K, groups, cards a node, seed, cards, slots, stage) -> curve
+# of `capacity`, what a curve depends on: the prefill traffic's shape, and node limits on a prefill instance
+CURVE_FIELDS = {"prompt_tokens", "cached_share", "prompt_length_spread", "prefill_node_limits"}

@@ -5,11 +5,13 @@ tests/sim/test_validation.py. Here: DeepSeek's decode unit (Day-6 post, Mar 2025
 EP144 on 18 H800 nodes with 32 redundant experts, 14.8k output tok/s per node at 21 tok/s per user, KV length 4,989.
 """
 
+import numpy as np
 import pytest
 
 from sim.calibration import load_calibration
 from sim.cost_model import (MICRO_BATCHES, StepCost, all_to_all_latency_seconds, decode_step_seconds,
-                            kv_cache_read_seconds, max_decode_batch, prefill_seconds, vision_encode_seconds)
+                            kv_cache_read_seconds, max_decode_batch, prefill_seconds, remote_domains_per_token,
+                            vision_encode_seconds)
 from sim.hardware import CALIBRATED, PROFILES, Efficiency
 from sim.model_profile import ModelProfile
 
@@ -170,6 +172,41 @@ def test_speculative_tokens_share_one_read_of_cache_and_weights():
 def test_an_empty_decode_step_or_prefill_batch_costs_nothing():
     assert decode_step_seconds(V3, H800, 144, 0, 0).total_s == 0.0
     assert prefill_seconds(V3, H800, 8, [0, 0], [100, 0]).total_s == 0.0
+
+
+def _remote_domains_sampled(model: ModelProfile, domains: int, node_limited: bool, tokens: int = 200_000) -> float:
+    """Remote domains a token reaches, counted on sampled tokens: node-limited routing picks `groups_per_token` of
+    the groups at random and each copy one of those groups at random; with node limits each group sits on one
+    domain (groups / domains a domain, consecutive), without them each copy on a domain at random."""
+    rng = np.random.default_rng(3)
+    groups, chosen, k = model.expert_groups, model.groups_per_token, model.top_k
+    picked = np.argsort(rng.random((tokens, groups)), axis=1)[:, :chosen]  # the token's groups
+    group_of_copy = np.take_along_axis(picked, rng.integers(0, chosen, (tokens, k)), axis=1)
+    domain_of_copy = group_of_copy // (groups // domains) if node_limited else rng.integers(0, domains, (tokens, k))
+    home = rng.integers(0, domains, tokens)
+    reached = np.zeros((tokens, domains), dtype=bool)
+    reached[np.arange(tokens)[:, None], domain_of_copy] = True
+    reached[np.arange(tokens), home] = False
+    return float(reached.sum(axis=1).mean())
+
+
+@pytest.mark.parametrize("domains", [2, 4, 8])
+def test_node_limits_cut_the_remote_domains_a_prefill_token_crosses_to_what_sampled_tokens_reach(domains):
+    for limited in (False, True):
+        assert remote_domains_per_token(V3, domains, limited) == pytest.approx(
+            _remote_domains_sampled(V3, domains, limited), abs=0.01)
+    assert remote_domains_per_token(V3, domains, True) < remote_domains_per_token(V3, domains, False)
+    # one group a node: at most groups_per_token nodes in all, so at most that many remote ones
+    assert remote_domains_per_token(V3, 8, True) < V3.groups_per_token
+    with pytest.raises(ValueError, match="expert_groups=8"):
+        remote_domains_per_token(V3, 3, True)
+
+
+def test_node_limits_shorten_a_multi_node_prefill_and_leave_one_node_and_decode_alone():
+    prompts = [4096] * 16
+    free, limited = (prefill_seconds(V3, H800, 32, prompts, node_limited=flag) for flag in (False, True))
+    assert limited.comm_s < free.comm_s and limited.total_s <= free.total_s
+    assert prefill_seconds(V3, H800, 8, prompts, node_limited=True) == prefill_seconds(V3, H800, 8, prompts)
 
 
 def test_the_ub_supernode_keeps_the_all_to_all_off_the_slower_nic():

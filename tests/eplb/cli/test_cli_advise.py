@@ -1,16 +1,20 @@
-"""`eplb advise` on a small shape (32 experts, 4 layers, EP8 and EP16): the recommended row is the best of the rows
-it evaluated, every row's memory adds up to the card's, a row is what `eplb sim --capacity` reports for the same
-layout and its imbalance what `eplb replay` gives on the same traffic (by hand, through the CLI), a layout whose
-weights overflow the card is a row marked so, the recommendation's SGLang and TensorRT-LLM files are what those
-engines load, and bad input is one line with exit 2."""
+"""`eplb advise` on a small shape (32 experts in 8 groups, 4 layers, EP8 and EP16): the recommended row is the best of
+the rows it evaluated, every row's memory adds up to the card's, a row (with node limits too) is what `eplb sim
+--capacity` reports for the same layout and its imbalance what `eplb replay` gives on the same traffic (by hand,
+through the CLI), prefill rows likewise, a layout whose weights overflow the card is a row marked so, each engine is
+told the row's node limits (vLLM's line the best layout vLLM can run), the recommendation's SGLang and TensorRT-LLM
+files are what those engines load (a node-limited one every group on one node), and bad input is one line with
+exit 2."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 import yaml
 
-from sim.advice import AdviceSettings, POLICIES, advise, candidate_config, candidates, evaluate
+from sim.advice import (AdviceSettings, POLICIES, advise, advise_prefill, best_for_vllm, candidate_config, candidates,
+                        engine_settings, evaluate, prefill_config)
 from sim.config import SimConfig
 from sim.engine.decode_balance import read_routing_trace
 from sim.engine.load_imbalance import curve_loads, load_imbalance, trace_at_loads
@@ -46,16 +50,22 @@ def advice(trace_path):
 
 
 def test_the_candidates_hold_every_expert_and_at_most_the_redundancy_allowed(trace_path):
-    assert candidates(_settings(trace_path)) == [(8, 4), (8, 5), (16, 2)]
-    assert candidates(_settings(trace_path, redundant=(8,))) == [(8, 5)]
+    # node limits only where they mean something: EP16 is two nodes of 8 (8 groups: 4 a node); EP8 is one node
+    assert candidates(_settings(trace_path)) == [(8, 4, False), (8, 5, False), (16, 2, False), (16, 2, True)]
+    assert candidates(_settings(trace_path, redundant=(8,))) == [(8, 5, False)]
+    assert candidates(_settings(trace_path, node_limits=(True,))) == [(16, 2, True)]
+    assert candidates(_settings(trace_path, node_limits=(True,), model={"expert_groups": 1})) == []  # 1 % 2 nodes
 
 
 def test_the_recommended_row_is_the_best_it_evaluated_and_every_row_adds_up(advice):
     settings, result, calls = advice
     rows = result["rows"]
-    assert calls == [(1, 3), (2, 3), (3, 3)] and len(rows) == 3
+    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)] and len(rows) == 4
     rates = [row["cpsat"]["tokens_per_s_per_card"] for row in rows]
     assert result["recommended"] is rows[0] and rates == sorted(rates, reverse=True) and rates[0] > 0
+    # vLLM's pick: the best row whose node limits are vLLM's at its size (EP16 is two nodes: limited; EP8 one: none)
+    runnable = [row for row in rows if row["node_limits"] == (row["cards"] == 16)]
+    assert result["vllm_recommended"] is runnable[0]
     hbm = 80.0  # the H800's
     for row in rows:
         memory = row["memory_gb"]
@@ -72,15 +82,17 @@ def test_the_recommended_row_is_the_best_it_evaluated_and_every_row_adds_up(advi
         assert row["usd_per_million_tokens"] == pytest.approx(2.0 * 1e6 / per_hour)
         assert row["cards_needed"] % row["cards"] == 0 and row["cards_needed"] * chosen["tokens_per_s_per_card"] >= 1e6
     # the redundant slots buy balance: at EP8 a spare slot a card lowers cpsat's imbalance
-    by_shape = {(row["cards"], row["slots_per_card"]): row for row in rows}
-    assert by_shape[(8, 5)]["cpsat"]["imbalance"] < by_shape[(8, 4)]["cpsat"]["imbalance"]
+    by_shape = {(row["cards"], row["slots_per_card"], row["node_limits"]): row for row in rows}
+    assert by_shape[(8, 5, False)]["cpsat"]["imbalance"] < by_shape[(8, 4, False)]["cpsat"]["imbalance"]
 
 
-def test_a_row_is_what_sim_capacity_and_replay_report_by_hand(advice, tmp_path, run_eplb_here):
+@pytest.mark.parametrize("which", ["recommended", "node-limited"])
+def test_a_row_is_what_sim_capacity_and_replay_report_by_hand(advice, tmp_path, run_eplb_here, which):
     settings, result, _ = advice
-    best = result["recommended"]
-    cards, slots = best["cards"], best["slots_per_card"]
-    config = candidate_config(settings, cards, slots, POLICIES[0])
+    best = result["recommended"] if which == "recommended" else \
+        next(row for row in result["rows"] if row["node_limits"])
+    cards, slots, limited = best["cards"], best["slots_per_card"], best["node_limits"]
+    config = candidate_config(settings, cards, slots, POLICIES[0], limited)
     config_path = tmp_path / "candidate.yaml"
     config_path.write_text(yaml.safe_dump(json.loads(config.model_dump_json())))
     capacity = run_eplb_here("sim", "--config", str(config_path), "--capacity", "--json")
@@ -97,10 +109,70 @@ def test_a_row_is_what_sim_capacity_and_replay_report_by_hand(advice, tmp_path, 
     replay = run_eplb_here("replay", "--trace", str(trace_file), "--gpus", str(cards), "--slots-per-gpu", str(slots),
                            "--gpus-per-node", str(cards if cards % 8 else 8), "--policy", "cpsat", "--routing",
                            "live", "--every", str(balance.refit_every), "--window", str(window), "--work-limit",
-                           str(balance.work_limit), "--forecast", "none", "--patch-every", "0", "--json")
+                           str(balance.work_limit), "--forecast", "none", "--patch-every", "0", "--json",
+                           *(["--groups", "8", "--nodes-per-group", "1"] if limited else []))
     assert replay.returncode == 0, replay.stderr
     curve = load_imbalance(config, cards, slots, "decode")
     assert json.loads(replay.stdout)["imbalance_mean"] == pytest.approx(curve.measured[-1], rel=1e-9)  # held-out
+
+
+def test_prefill_instances_are_ranked_with_node_limits_where_they_limit_and_a_row_is_sim_capacitys(
+        trace_path, tmp_path, run_eplb_here):
+    settings = _settings(trace_path, prefill_nodes=(1, 2), prefill_redundant=(0,))
+    settings = dataclasses.replace(settings, base=settings.base.model_copy(update={
+        "capacity": settings.base.capacity.model_copy(update={"ttft_slo_s": 0.5, "prompt_tokens": 2048})}))
+    rows = advise_prefill(settings)
+    assert sorted((row["nodes"], row["node_limits"]) for row in rows) == [(1, False), (2, False), (2, True)]
+    rates = [row["tokens_per_s_per_card"] for row in rows]
+    assert rates == sorted(rates, reverse=True) and rates[-1] > 0
+    limited = next(row for row in rows if row["node_limits"])
+    config = prefill_config(settings, 2, 0, True)
+    config_path = tmp_path / "prefill.yaml"
+    config_path.write_text(yaml.safe_dump(json.loads(config.model_dump_json())))
+    capacity = run_eplb_here("sim", "--config", str(config_path), "--capacity", "--json")
+    assert capacity.returncode == 0, capacity.stderr
+    prefill = json.loads(capacity.stdout)["prefill"]
+    assert prefill["tokens_per_s_per_card"] == pytest.approx(limited["tokens_per_s_per_card"], rel=1e-9)
+    assert prefill["imbalance"] == pytest.approx(limited["imbalance"], rel=1e-9)
+
+
+def test_each_engine_is_told_the_node_limits_of_the_row():
+    layout = {"cards": 64, "slots_per_card": 5, "redundant_experts": 64}
+    limited = engine_settings({**layout, "node_limits": True}, 256, 8, 8)
+    assert "--eplb-algorithm deepseek_hierarchical" in limited["sglang"]
+    assert "--groups 8 --nodes-per-group 1" in limited["tensorrt_llm"] and "groups on one node" not in limited["vllm"]
+    free = engine_settings({**layout, "node_limits": False}, 256, 8, 8)
+    assert "--eplb-algorithm deepseek " in free["sglang"] and "--groups" not in free["tensorrt_llm"]
+    assert "keeps each of the 8 expert groups on one node at 8 nodes" in free["vllm"]  # vLLM's own rule there
+    far = {"cards": 72, "slots_per_card": 5, "redundant_experts": 104, "node_limits": False,
+           "cpsat": {"tokens_per_s_per_card": 2240.0}}
+    assert "keeps each" not in engine_settings(far, 256, 8, 8)["vllm"]  # 8 groups, 9 nodes: vLLM's global policy
+    # the best row runs in vLLM only as its node-limited row, which loses: vLLM's line is for the best it can run
+    rows = [{**layout, "node_limits": False, "cpsat": {"tokens_per_s_per_card": 2259.0}}, far,
+            {**layout, "node_limits": True, "cpsat": {"tokens_per_s_per_card": 1945.0}}]
+    assert best_for_vllm(rows, 8, 8) is far and best_for_vllm(rows[:1], 8, 8) is None
+    vllm = engine_settings(rows[0], 256, 8, 8, far)["vllm"]
+    assert vllm.startswith("EPLB_VLLM_POLICY=cpsat vllm serve MODEL --data-parallel-size 72 ")
+    assert "vLLM's best is 72 GPUs x 5 slots, 2,240 tokens/s per GPU" in vllm
+
+
+def test_a_node_limited_recommendation_is_written_with_every_group_on_one_node(trace_path, tmp_path, run_eplb_here):
+    model = tmp_path / "model.yaml"
+    model.write_text(f"model: {{num_routed_experts: {EXPERTS}, top_k: {TOP_K}, sliding_window_share: 0.0}}\n")
+    sglang = tmp_path / "sglang.json"
+    result = run_eplb_here("advise", "--trace", str(trace_path), "--model", str(model), "--ep-sizes", "16",
+                           "--slots-per-gpu", "3", "--node-limits", "groups", "--layers", str(LAYERS),
+                           "--refit-every", "20", "--window", "20", "--sglang-out", str(sglang),
+                           "--sglang-num-layers", str(LAYERS + 1), "--sglang-first-moe-layer", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [row["node_limits"] for row in report["rows"]] == [True] and report["recommended"]["node_limits"]
+    assert "deepseek_hierarchical" in report["engines"]["sglang"]
+    group_size, slots_a_node = EXPERTS // 8, 8 * 3
+    for row in json.loads(sglang.read_text())["physical_to_logical_map"][1:]:  # the MoE layers
+        node_of_group = {}
+        for slot, expert in enumerate(row):
+            assert node_of_group.setdefault(expert // group_size, slot // slots_a_node) == slot // slots_a_node
 
 
 def test_a_layout_whose_weights_overflow_the_card_is_a_row_marked_so(trace_path):
@@ -141,7 +213,10 @@ def test_the_recommendation_is_written_for_sglang_and_tensorrt_llm(trace_path, t
     (["--tokens-per-user", "20", "--tpot-ms", "50"], "not allowed with argument"),
     (["--ep-sizes", "8", "--slots-per-gpu", "2"], "holds the model's 256 experts"),
     (["--trace", "missing.npz"], "missing.npz"),
-], ids=["ep-size-0", "slots-not-a-number", "unknown-card", "two-targets", "no-candidate", "missing-trace"])
+    (["--node-limits", "none,nodes"], "argument --node-limits: expected one of none, groups, got nodes"),
+    (["--ep-sizes", "8", "--slots-per-gpu", "32", "--node-limits", "groups"], "and takes node limits"),
+], ids=["ep-size-0", "slots-not-a-number", "unknown-card", "two-targets", "no-candidate", "missing-trace",
+        "node-limits-unknown", "node-limits-on-one-node"])
 def test_bad_input_is_one_line_and_exit_2(run_eplb_here, argv, message):
     result = run_eplb_here("advise", *argv)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr

@@ -81,6 +81,15 @@ BAD_CONFIGS = [
     ("slots-too-few-for-the-experts", "balance: {slots_per_card: 1}",
      "cluster.decode_cards=128 x balance.slots_per_card=1 = 128 slots cannot hold model.num_routed_experts=256 "
      "experts; use balance.slots_per_card >= 2"),
+    ("node-limits-on-16-nodes", "balance: {node_limits: true}",
+     "balance.node_limits: model.expert_groups=8 is not a multiple of the 16 nodes; set balance.node_limits: false, "
+     "or change cluster.decode_cards"),
+    ("prefill-node-limits-on-3-nodes", "capacity: {prefill_node_limits: true, prefill_instance_nodes: 3}",
+     "capacity.prefill_node_limits: model.expert_groups=8 is not a multiple of the 3 nodes"),
+    ("node-limits-without-a-policy", "cluster: {decode_cards: 64}\nbalance: {node_limits: true, policy: none}",
+     "node limits need a balancing policy; balance.policy none places one replica per expert"),
+    ("more-groups-a-token-than-groups", "model: {expert_groups: 4, groups_per_token: 5}",
+     "model: groups_per_token=5 exceeds expert_groups=4"),
     ("routing-steps-1e8", "balance: {steps: 100000000}", "balance.steps: Input should be less than or equal to "
                                                          "100000"),
     ("a-day-request-by-request", "duration_s: 86400",

@@ -80,3 +80,18 @@ def test_a_decode_traffic_too_large_to_hold_is_refused_naming_the_keys():
     with pytest.raises(SimConfigError, match="balance.layers"):
         traffic_config(config, "decode", 1024 * 256)
     assert traffic_config(config, "prefill", 1024 * 256).mode == "prefill"  # prefill holds a batch's prompts only
+
+
+@pytest.mark.parametrize("policy", ["deepseek", "cpsat"])
+def test_node_limits_keep_a_hot_group_on_its_node_and_the_replay_pays_for_it(policy):
+    # 32 experts in 8 groups of 4, all but a trickle of the load on group 0; 16 cards of 3 slots in two nodes. Free,
+    # the hot experts' replicas spread over both nodes; node-limited, group 0 stays on one node of 8 cards, so the
+    # other node's cards carry the trickle and the busiest card about twice the mean.
+    config = SimConfig.model_validate({"model": {"num_routed_experts": 32, "top_k": 4},
+                                       "balance": {"policy": policy, "refit_every": 10, "window": 10,
+                                                   "work_limit": 0.5}})
+    counts_TLE = np.full((40, 1, 32), 2, dtype=np.int64)
+    counts_TLE[:, :, :4] = 1000
+    free, limited = (served_imbalance_T(config, 16, 3, counts_TLE, node_limited=flag)[0].mean() for flag in
+                     (False, True))
+    assert free < 1.3 and limited > 1.8
