@@ -154,13 +154,15 @@ def evaluate(settings: AdviceSettings, cards: int, slots: int, node_limits: bool
 def advise(settings: AdviceSettings, progress: Callable[[int, int], None] | None = None) -> dict:
     """Every candidate's row, ranked by the chosen policy's decode tokens/s per card (rows whose weights do not fit
     last), the recommendation (the first row; None when no candidate fits) and vLLM's (`best_for_vllm`: the first
-    row vLLM can run). `progress(done, total)` is called after each candidate."""
+    row vLLM can run). `progress(done, total)` is called after each candidate, decode's then prefill's."""
     shapes = candidates(settings)
+    instances = prefill_candidates(settings) if settings.prefill_nodes else []
+    total = len(shapes) + len(instances)
     rows = []
     for done, (cards, slots, limited) in enumerate(shapes, 1):
         rows.append(evaluate(settings, cards, slots, limited))
         if progress is not None:
-            progress(done, len(shapes))
+            progress(done, total)
     rows.sort(key=lambda row: (-row[POLICIES[0]]["tokens_per_s_per_card"], row["cards"], row["slots_per_card"],
                                row["node_limits"]))
     best = rows[0] if rows and rows[0][POLICIES[0]]["tokens_per_s_per_card"] > 0 else None
@@ -168,7 +170,8 @@ def advise(settings: AdviceSettings, progress: Callable[[int, int], None] | None
               "vllm_recommended": best_for_vllm(rows, settings.base.model.expert_groups,
                                                 settings.base.cluster.cards_per_node)}
     if settings.prefill_nodes:
-        prefill = advise_prefill(settings)
+        prefill = advise_prefill(settings, None if progress is None else
+                                 lambda done, _: progress(len(shapes) + done, total))
         result["prefill_rows"] = prefill
         result["prefill_recommended"] = prefill[0] if prefill and prefill[0]["tokens_per_s_per_card"] > 0 else None
     return result
@@ -222,13 +225,24 @@ def evaluate_prefill(settings: AdviceSettings, nodes: int, redundant: int, node_
             "bound_by": {"ttft_slo": "TTFT", "max_prefill_batch_tokens": "batch cap"}[report["binding"]]}
 
 
-def advise_prefill(settings: AdviceSettings) -> list[dict]:
-    """Every prefill candidate's row, ranked by prompt tokens/s per card (rows whose weights do not fit last); with
-    node limits where they fit an instance of several nodes (on one node they limit nothing)."""
+def prefill_candidates(settings: AdviceSettings) -> list[tuple[int, int, bool]]:
+    """(nodes, redundant experts, node limits) of every prefill candidate; with node limits where they fit an
+    instance of several nodes (on one node they limit nothing)."""
     per_node = settings.base.cluster.cards_per_node
-    rows = [evaluate_prefill(settings, nodes, redundant, limited) for nodes in sorted(set(settings.prefill_nodes))
+    return [(nodes, redundant, limited) for nodes in sorted(set(settings.prefill_nodes))
             for redundant in sorted(set(settings.prefill_redundant)) for limited in sorted(set(settings.node_limits))
             if not limited or node_limits_fit(settings, nodes * per_node)]
+
+
+def advise_prefill(settings: AdviceSettings, progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Every prefill candidate's row (`prefill_candidates`), ranked by prompt tokens/s per card (rows whose weights
+    do not fit last). `progress(done, total)` is called after each."""
+    instances = prefill_candidates(settings)
+    rows = []
+    for done, (nodes, redundant, limited) in enumerate(instances, 1):
+        rows.append(evaluate_prefill(settings, nodes, redundant, limited))
+        if progress is not None:
+            progress(done, len(instances))
     return sorted(rows, key=lambda row: (-row["tokens_per_s_per_card"], row["cards"], row["redundant_experts"],
                                          row["node_limits"]))
 

@@ -121,7 +121,9 @@ def test_prefill_instances_are_ranked_with_node_limits_where_they_limit_and_a_ro
     settings = _settings(trace_path, prefill_nodes=(1, 2), prefill_redundant=(0,))
     settings = dataclasses.replace(settings, base=settings.base.model_copy(update={
         "capacity": settings.base.capacity.model_copy(update={"ttft_slo_s": 0.5, "prompt_tokens": 2048})}))
-    rows = advise_prefill(settings)
+    calls = []
+    rows = advise_prefill(settings, lambda done, total: calls.append((done, total)))
+    assert calls == [(1, 3), (2, 3), (3, 3)]
     assert sorted((row["nodes"], row["node_limits"]) for row in rows) == [(1, False), (2, False), (2, True)]
     rates = [row["tokens_per_s_per_card"] for row in rows]
     assert rates == sorted(rates, reverse=True) and rates[-1] > 0
