@@ -104,9 +104,11 @@ class ModelProfile(BaseModel):
     top_k: int = Field(8, ge=1, le=256, description="K: routed experts each token uses per MoE layer.")
     num_shared_experts: int = Field(1, ge=0, le=64, description="Experts every token uses per MoE layer.")
     expert_groups: int = Field(8, ge=1, le=4096, description="Groups of consecutive routed experts the router "
-                               "picks among first (DeepSeek-V3's n_group); node limits keep each on one node.")
+                               "picks among first (DeepSeek-V3's n_group; 1 for a router without groups, such as "
+                               "Qwen3-MoE's); node limits keep each on one node.")
     groups_per_token: int = Field(4, ge=1, le=4096, description="Groups a token's experts come from (DeepSeek-V3's "
-                                  "topk_group: with each group on one node, at most this many nodes a token).")
+                                  "topk_group, 1 with expert_groups 1: with each group on one node, at most this "
+                                  "many nodes a token).")
     moe_intermediate_size: int = Field(2048, ge=1, le=131072, description="Inner width of one expert (gate, up, down).")
     dense_intermediate_size: int = Field(18432, ge=1, le=1 << 20, description="Inner width of a dense layer's FFN.")
     num_heads: int = Field(128, ge=1, le=1024, description="Attention (query) heads.")
