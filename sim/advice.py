@@ -253,19 +253,18 @@ def engine_settings(row: dict, experts: int, groups: int | None = None, cards_pe
     and TensorRT-LLM's, their placement files from `eplb place` on the same trace (`--sglang-out`, `--trtllm-out`;
     the layer flags a trace that is not the engine's own dump needs: DeepSeek-V3's 61 layers, 3 dense). Node limits
     for a model of `groups` expert groups on nodes of `cards_per_node`: SGLang's `--eplb-algorithm` says which;
-    vLLM applies them by itself (`vllm_node_limits`), so where `row` differs from vLLM's rule its line is for
-    `vllm_row` (`best_for_vllm`), saying why, or, with none, says what vLLM will run."""
+    vLLM applies them by itself (`vllm_node_limits`), so where `row` has none and vLLM's rule gives them its line is
+    for `vllm_row` (`best_for_vllm`), saying why, or, with none, says what vLLM will run. (A row with node limits
+    always has vLLM's: `node_limits_fit` asks all that vLLM's rule does.)"""
     cards, slots, redundant = row["cards"], row["slots_per_card"], row["redundant_experts"]
     limited = row.get("node_limits", False)
     place = f"eplb place --trace TRACE --gpus {cards} --slots-per-gpu {slots}"
     if limited:
         place += f" --groups {groups} --nodes-per-group 1"
     vllm = _vllm_line(row)
-    if groups is not None and limited != vllm_node_limits(cards, groups, cards_per_node):
-        nodes, how = cards // cards_per_node, "with" if not limited else "without"
-        rule = (f"vLLM {'keeps each of the' if not limited else 'spreads the'} {groups} expert groups "
-                f"{'on one node' if not limited else 'over the nodes'} at {nodes} nodes whatever the policy, so this "
-                f"layout runs there as its row {how} node limits")
+    if groups is not None and not limited and vllm_node_limits(cards, groups, cards_per_node):
+        rule = (f"vLLM keeps each of the {groups} expert groups on one node at {cards // cards_per_node} nodes "
+                f"whatever the policy, so this layout runs there as its row with node limits")
         if vllm_row is not None and vllm_row is not row:
             vllm = (f"{_vllm_line(vllm_row)} ({rule}; vLLM's best is {vllm_row['cards']} GPUs x "
                     f"{vllm_row['slots_per_card']} slots{' with node limits' if vllm_row['node_limits'] else ''}, "
