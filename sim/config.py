@@ -269,16 +269,24 @@ class SimConfig(_Strict):
     def _node_limits_fit(self) -> "SimConfig":
         """Node limits only where every node can hold whole groups: refused here, in the config's terms."""
         cards_per_node = self.cluster.cards_per_node
-        asked = [("balance.node_limits", "cluster.decode_cards", self.cluster.decode_cards)] \
+        decode = [("balance.node_limits", "cluster.decode_cards", self.cluster.decode_cards)] \
             if self.balance.node_limits else []
-        if self.capacity.prefill_node_limits:  # the instance capacity mode sizes, and the one the engine serves on
-            asked += [("capacity.prefill_node_limits", f"{section}.prefill_instance_nodes", nodes * cards_per_node)
-                      for section, nodes in (("capacity", self.capacity.prefill_instance_nodes),
-                                             ("cluster", self.cluster.prefill_instance_nodes))]
+        prefill = [("capacity.prefill_node_limits", f"{section}.prefill_instance_nodes", nodes * cards_per_node)
+                   for section, nodes in (("capacity", self.capacity.prefill_instance_nodes),
+                                          ("cluster", self.cluster.prefill_instance_nodes))
+                   if self.capacity.prefill_node_limits]  # the instance capacity mode sizes, and the engine's
+        asked = decode + prefill
         for field, size, cards in asked:
             problem = node_limit_problem(self.model, cards, cards_per_node)
             if problem:
                 raise ValueError(f"{field}: {problem}; set {field}: false, or change {size}")
+        domain = PROFILES[self.hardware.prefill].scale_up_domain_cards  # what prefill's all-to-all prices as a node
+        for field, _, cards in prefill:
+            problem = node_limit_problem(self.model, cards, domain) if cards > domain else None
+            if problem:
+                raise ValueError(f"{field}: {problem} of hardware.prefill's scale-up domain ({self.hardware.prefill}: "
+                                 f"{domain} cards), which its all-to-all crosses; set cluster.cards_per_node: "
+                                 f"{domain}, or {field}: false")
         if asked and self.balance.policy == "none":
             raise ValueError("node limits need a balancing policy; balance.policy none places one replica per expert")
         return self

@@ -86,6 +86,11 @@ BAD_CONFIGS = [
      "or change cluster.decode_cards"),
     ("prefill-node-limits-on-3-nodes", "capacity: {prefill_node_limits: true, prefill_instance_nodes: 3}",
      "capacity.prefill_node_limits: model.expert_groups=8 is not a multiple of the 3 nodes"),
+    ("prefill-node-limits-over-the-nodes-the-network-sees",
+     "cluster: {cards_per_node: 12, prefill_nodes: 2}\n"
+     "capacity: {prefill_node_limits: true, prefill_instance_nodes: 2}",
+     "capacity.prefill_node_limits: model.expert_groups=8 is not a multiple of the 3 nodes of hardware.prefill's "
+     "scale-up domain (H800: 8 cards)"),
     ("node-limits-without-a-policy", "cluster: {decode_cards: 64}\nbalance: {node_limits: true, policy: none}",
      "node limits need a balancing policy; balance.policy none places one replica per expert"),
     ("more-groups-a-token-than-groups", "model: {expert_groups: 4, groups_per_token: 5}",
