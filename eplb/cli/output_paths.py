@@ -1,12 +1,14 @@
 """What each subcommand reads and writes, checked before any work: no output may destroy an input.
 
-An output path that names an input (the same file after symbolic links, or a hard link to it), two outputs that
-name one file, an output that exists but is not a regular file, and an output that exists and holds another kind of
-file than the one it would be replaced with (a placement only over a placement, a PNG only over a PNG, a trace only
-over a trace, JSON only over JSON, a TensorRT-LLM load-balancer YAML only over one: never README.md) are refused
-with exit 2 before anything is computed or written; to replace such a file on purpose, remove it first. The inputs
-are the files the flags name and, for `eplb sim`, every file its config names (the request trace, the routing
-trace): the config is read here for them.
+One rule for every command, refused with exit 2 before anything is computed or written: an input that does not
+exist; an output path that names an input (the same file after symbolic links, or a hard link to it) or lies inside
+an input folder (a TensorRT-LLM dump directory); two outputs that name one file; an output that exists but is not a
+regular file; an output whose folder cannot be written; and an output that exists and holds another kind of file than
+the one it would be replaced with (a placement only over a placement, and an SGLang map, `--sglang-out`, is one,
+under every command; a PNG only over a PNG, a trace only over a trace, JSON only over JSON, a TensorRT-LLM
+load-balancer YAML only over one: never README.md). To replace such a file on purpose, remove it first. The inputs
+are the files the flags name (`--model` and `--request-trace` among them) and, for `eplb sim`, every file its config
+names (the request trace, the routing trace): the config is read here for them.
 """
 
 import argparse
@@ -19,7 +21,8 @@ from traces import EplbError
 from traces.atomic_file import resolve_target
 
 # Flags naming files a subcommand reads, by argparse destination.
-INPUT_FLAGS = {"trace": "--trace", "placement": "--placement", "current": "--current", "config": "--config"}
+INPUT_FLAGS = {"trace": "--trace", "placement": "--placement", "current": "--current", "config": "--config",
+               "model": "--model", "request_trace": "--request-trace"}
 # Flags naming files a subcommand writes, by argparse destination.
 OUTPUT_FLAGS = {"out": "--out", "sglang_out": "--sglang-out", "trtllm_out": "--trtllm-out", "plot": "--plot"}
 # Files written into --out-dir, per subcommand: the name and whether another flag must be set for it.
@@ -33,8 +36,15 @@ OUT_DIR_FILES = {
 
 def inputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
     """(flag, path) of every file the command reads: the flags' files, and for `eplb sim` the files its config
-    names (labelled by their config keys)."""
+    names (labelled by their config keys).
+
+    Raises:
+        EplbError: a file a flag names does not exist (named by its flag, before any work).
+    """
     found = [(flag, Path(getattr(args, dest))) for dest, flag in INPUT_FLAGS.items() if getattr(args, dest, None)]
+    for flag, path in found:
+        if not os.path.exists(path):
+            raise EplbError(f"{flag} {path} not found; give the path of an existing file")
     if args.command == "sim" and getattr(args, "config", None):
         found += _named_by_sim_config(args.config)
     return found
@@ -60,7 +70,7 @@ def outputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return found
 
 
-KIND_NAMES = {"placement": "placement", "json": "JSON", "png": "PNG", "trace": "routing trace",
+KIND_NAMES = {"placement": "placement (or SGLang map)", "json": "JSON", "png": "PNG", "trace": "routing trace",
               "trtllm": "TensorRT-LLM load-balancer YAML"}
 
 
@@ -68,7 +78,7 @@ def output_kind(command: str, flag: str, path: Path) -> str:
     """The kind of file `flag` of `command` writes at `path`: placement, json, png, trace or trtllm."""
     if flag == "--trtllm-out":
         return "trtllm"
-    if flag in ("--out", "--sglang-out") and command == "place" or path.name == "placement.json":
+    if flag == "--sglang-out" or flag == "--out" and command == "place" or path.name == "placement.json":
         return "placement"
     if flag == "--out" and command == "synth" or path.suffix in (".npz", ".npy"):
         return "trace"
@@ -106,8 +116,8 @@ def holds_trtllm_config(path: Path) -> bool:
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """Raise `EplbError` unless every output can be written without touching an input, another output, or a file of
-    another kind."""
+    """Raise `EplbError` unless every input exists and every output can be written without touching an input (or a
+    file inside an input folder), another output, or a file of another kind."""
     inputs = inputs_of(args)
     seen: list[tuple[str, Path, Path]] = []
     for flag, path in outputs_of(args):
@@ -118,6 +128,11 @@ def check_paths(args: argparse.Namespace) -> None:
                     f"{flag} {path} is the input {in_flag} {in_path}: writing it would destroy the input; "
                     f"give {flag} another path"
                 )
+            folder = Path(os.path.realpath(in_path))
+            if folder.is_dir() and folder in target.parents:
+                raise EplbError(f"{flag} {path} is inside the input folder {in_flag} {in_path}: writing there would "
+                                f"change the input; give {flag} a path outside it")
+        _check_writable(flag, path, target)
         for other_flag, other_path, other_target in seen:
             if target == other_target:
                 raise EplbError(
@@ -128,6 +143,16 @@ def check_paths(args: argparse.Namespace) -> None:
             raise EplbError(f"{flag} {path} exists and is not a {KIND_NAMES[kind]} file; give a new path, or remove "
                             f"it first to replace it on purpose")
         seen.append((flag, path, target))
+
+
+def _check_writable(flag: str, path: Path, target: Path) -> None:
+    """Raise `EplbError` unless the folder `target` goes in (or the nearest existing folder above it, which the
+    write creates the rest of) can be written."""
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise EplbError(f"cannot write {flag} {path}: folder {folder} is not writable; give a path you can write")
 
 
 def _same_file(target: Path, input_path: Path) -> bool:

@@ -151,3 +151,58 @@ def test_sim_with_its_outputs_apart_from_its_inputs_runs(run_eplb_here, sim_inpu
     result = run_eplb_here("sim", "--config", sim_inputs["config"], "--out-dir", sim_inputs["dir"] / "out", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads((sim_inputs["dir"] / "out" / "report.json").read_text())["requests"] == 3
+
+
+@pytest.fixture()
+def trtllm_inputs(tmp_path, write_trtllm_dump, small_trace) -> dict:
+    """A TensorRT-LLM dump, a small trace, a simulator model config and a JSON file of another kind, side by side."""
+    import numpy as np
+
+    dump = write_trtllm_dump(tmp_path / "dump", np.ones((2, 4, 3, 32), dtype=np.int64), (3, 4, 5))
+    model = tmp_path / "model.json"
+    model.write_text('{"model": {"num_routed_experts": 32}}\n')
+    other = tmp_path / "other.json"
+    other.write_text('{"not": "a placement"}\n')
+    return {"dir": tmp_path, "dump": dump, "trace": Path(shutil.copy(small_trace, tmp_path / "t.npz")),
+            "model": model, "other": other}
+
+
+SGLANG_LAYERS = "--sglang-num-layers 3 --sglang-first-moe-layer 0"
+INPUT_CONFLICTS = [
+    ("advise-sglang-out-is-the-model", f"advise --trace {{trace}} --model {{model}} --sglang-out {{model}} "
+     f"{SGLANG_LAYERS}", "--sglang-out {model} is the input --model {model}"),
+    ("advise-sglang-out-over-other-json", f"advise --trace {{trace}} --sglang-out {{other}} {SGLANG_LAYERS}",
+     "--sglang-out {other} exists and is not a placement"),
+    ("advise-sglang-out-in-the-dump", "advise --trace {dump} --sglang-out {dump}/meta_info.json "
+     "--sglang-num-layers 3 --sglang-first-moe-layer 0", "--sglang-out {dump}/meta_info.json is inside the input "
+                                                         "folder --trace {dump}"),
+    ("place-trtllm-out-in-the-dump", "place --trace {dump} --gpus 8 --slots-per-gpu 5 --out {dir}/o.json "
+     "--trtllm-out {dump}/rank2.safetensors", "--trtllm-out {dump}/rank2.safetensors is inside the input folder"),
+    ("place-out-in-the-dump", "place --trace {dump} --gpus 8 --slots-per-gpu 5 --out {dump}/rank2.safetensors",
+     "--out {dump}/rank2.safetensors is inside the input folder"),
+    ("score-plot-in-the-dump", "score --placement {other} --trace {dump} --plot {dump}/p.png",
+     "--plot {dump}/p.png is inside the input folder"),
+    ("advise-trace-missing", "advise --trace {dir}/absent.npz", "--trace {dir}/absent.npz not found"),
+    ("advise-model-missing", "advise --trace {trace} --model {dir}/absent.yaml", "--model {dir}/absent.yaml not found"),
+    ("place-plot-unwritable", "place --trace {trace} --gpus 8 --slots-per-gpu 5 --out {dir}/o.json "
+     "--plot /proc/self/x.png", "cannot write --plot /proc/self/x.png"),
+    ("advise-plot-unwritable", "advise --trace {trace} --plot /proc/self/x.png", "cannot write --plot"),
+    ("advise-sglang-out-unwritable", f"advise --trace {{trace}} --sglang-out /proc/self/x.json {SGLANG_LAYERS}",
+     "cannot write --sglang-out"),
+    ("advise-trtllm-out-unwritable", "advise --trace {trace} --trtllm-out /proc/self/x.yaml --trtllm-layers 3-5",
+     "cannot write --trtllm-out"),
+    ("synth-out-unwritable", "synth --out /proc/self/t.npz --steps 5", "cannot write --out"),
+    ("synth-request-trace-missing", "synth --out {dir}/s.npz --requests decode --request-trace {dir}/absent.jsonl",
+     "--request-trace {dir}/absent.jsonl not found"),
+]
+
+
+@pytest.mark.parametrize(("template", "expected"), [c[1:] for c in INPUT_CONFLICTS],
+                         ids=[c[0] for c in INPUT_CONFLICTS])
+def test_no_command_writes_over_or_into_an_input_and_every_output_is_checked_first(run_eplb_here, one_line_error,
+                                                                                   trtllm_inputs, template, expected):
+    folder = trtllm_inputs["dir"]
+    names = {k: str(v) for k, v in trtllm_inputs.items()}
+    before = {p: digest(p) for p in folder.rglob("*") if p.is_file()}
+    one_line_error(run_eplb_here(*template.format(**names).split()), expected.format(**names))
+    assert {p: digest(p) for p in folder.rglob("*") if p.is_file()} == before
