@@ -20,7 +20,8 @@ burst costs').
 import numpy as np
 
 from placement.placement_model import Placement
-from placement.scoring import dynamic_gpu_loads, imbalance_of
+from placement.imbalance_metrics import max_over_mean
+from placement.scoring import dynamic_gpu_loads
 
 
 def burst_exposure(placement: Placement, load_LE: np.ndarray, factor: float) -> np.ndarray:
@@ -53,4 +54,4 @@ def burst_exposure(placement: Placement, load_LE: np.ndarray, factor: float) -> 
     experts = np.arange(num_experts)
     rows_ELE[experts, :, experts] *= factor
     loads_ELG, _ = dynamic_gpu_loads(rows_ELE, placement)
-    return imbalance_of(loads_ELG).T
+    return max_over_mean(loads_ELG).T

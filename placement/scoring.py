@@ -19,6 +19,7 @@ import numpy as np
 
 from placement.bounds import imbalance_lower_bound
 from placement.errors import PlacementFormatError
+from placement.imbalance_metrics import max_over_mean, named_metrics
 from placement.placement_model import Placement
 from placement.routing.dynamic_split import ReplicaGraph, optimal_split_loads
 from traces.routing_trace import validate_counts
@@ -39,30 +40,39 @@ class StepScores:
             live routing).
         routing: "static", "dynamic" or "live".
         dynamic_gap_TL: [T, L] certified relative gap to the optimal split (zeros for static routing).
+        loads_TLG: [T, L, G] float32 tokens each card processed (what the named metrics read).
+        gpus_per_node: cards per node of the placement's cluster (the `node_step` metric).
     """
 
     imbalance_TL: np.ndarray
     lower_bound_TL: np.ndarray
     routing: str
     dynamic_gap_TL: np.ndarray
+    loads_TLG: np.ndarray
+    gpus_per_node: int
 
     def summary(self) -> dict:
-        """Mean, p99 and worst imbalance over (step, layer), with the lower bound beside them."""
-        return summarize(self.imbalance_TL, self.lower_bound_TL, self.routing, self.dynamic_gap_TL)
+        """Mean, p99 and worst imbalance over (step, layer), with the lower bound beside them, the named metrics
+        (`placement.imbalance_metrics`) and the noise floor at these steps' load."""
+        result = summarize(self.imbalance_TL, self.lower_bound_TL, self.routing, self.dynamic_gap_TL)
+        metrics = named_metrics(self.loads_TLG, self.gpus_per_node)
+        return {**result, "noise_floor": metrics["card_step"]["noise_floor"], "metrics": metrics}
 
     def take_steps(self, count: int) -> "StepScores":
         """The first `count` steps."""
         return StepScores(self.imbalance_TL[:count], self.lower_bound_TL[:count], self.routing,
-                          self.dynamic_gap_TL[:count])
+                          self.dynamic_gap_TL[:count], self.loads_TLG[:count], self.gpus_per_node)
 
     @staticmethod
     def concatenate(parts: list["StepScores"]) -> "StepScores":
-        """Stack the steps of several results (same routing and layers)."""
+        """Stack the steps of several results (same routing, layers and cluster)."""
         return StepScores(
             np.concatenate([p.imbalance_TL for p in parts]),
             np.concatenate([p.lower_bound_TL for p in parts]),
             parts[0].routing,
             np.concatenate([p.dynamic_gap_TL for p in parts]),
+            np.concatenate([p.loads_TLG for p in parts]),
+            parts[0].gpus_per_node,
         )
 
 
@@ -140,13 +150,6 @@ def live_gpu_loads(counts_TLE: np.ndarray, placement: Placement) -> np.ndarray:
     return loads
 
 
-def imbalance_of(loads_TLG: np.ndarray) -> np.ndarray:
-    """[T, L] max / mean over GPUs (1.0 where a step carries no tokens)."""
-    mean = loads_TLG.mean(axis=-1)
-    peak = loads_TLG.max(axis=-1)
-    return np.divide(peak, mean, out=np.ones_like(peak), where=mean > 0)
-
-
 def score_placement(
     placement: Placement,
     counts_TLE: np.ndarray,
@@ -183,7 +186,7 @@ def _score_chunk(placement: Placement, counts_TLE: np.ndarray, routing: str) -> 
     cluster = placement.cluster
     bound = imbalance_lower_bound(counts_TLE.reshape(-1, num_experts), cluster.num_slots, cluster.num_gpus,
                                   whole_tokens=routing == "live").reshape(steps, num_layers)
-    return StepScores(imbalance_of(loads), bound, routing, gaps)
+    return StepScores(max_over_mean(loads), bound, routing, gaps, loads.astype(np.float32), cluster.gpus_per_node)
 
 
 def _chunks(counts_TLE: np.ndarray, chunk_steps: int) -> Iterator[np.ndarray]:

@@ -51,6 +51,7 @@ from traces.synthetic import (
     _sample_counts_RE,
     _streams,
     domain_mix_TZ,
+    expected_counts_RE,
 )
 
 # The pooled estimate on the four ESFT tasks (traces.request_concentration; docs/traffic.md, checked by
@@ -137,6 +138,15 @@ def request_traffic_TLE(config: RequestTrafficConfig, popularity_LE: np.ndarray 
     `popularity_LE` [L, E] (positive weights) replaces the drawn popularity and its drift by a fixed one, and
     `prompts` [S] (tokens >= 1) the prompt lengths, taken in order and cycled: to model a measured log's own
     popularity and sequences (docs/traffic.md, the ESFT check)."""
+    return request_traffic_with_expectation(config, popularity_LE, prompts)[0]
+
+
+def request_traffic_with_expectation(config: RequestTrafficConfig, popularity_LE: np.ndarray | None = None,
+                                     prompts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """([T, L, E] int64 counts, [T, L, E] float64 expected counts) of `request_traffic_TLE` (same arguments): the
+    expectation is each batch's mean given its requests' pick probabilities and the bursts, before the token
+    sampling (N * K * the capped pick probability; a saturated expert N): what the yardsticks' expectation oracle
+    fits on (`placement.yardsticks`)."""
     synthetic = config.synthetic()
     popularity_rng, mix_rng, burst_rng, sample_rng = _streams(synthetic)
     if config.sample_seed is not None:
@@ -160,12 +170,14 @@ def request_traffic_TLE(config: RequestTrafficConfig, popularity_LE: np.ndarray 
         requests.trace = (lengths, np.ones_like(lengths))
     bursts = _draw_bursts(synthetic, burst_rng)
     batches = _prefill_batches if config.mode == "prefill" else _decode_steps
-    counts_TLE = np.empty((config.num_steps, config.num_layers, config.num_experts), dtype=np.int64)
+    shape = (config.num_steps, config.num_layers, config.num_experts)
+    counts_TLE, expected_TLE = np.empty(shape, dtype=np.int64), np.empty(shape)
     for step, weight_LE in enumerate(batches(config, requests)):
         weight_1LE = weight_LE[None].copy()
         _apply_bursts(weight_1LE, bursts, step, config.burst_factor)
         counts_TLE[step] = _sample_counts_RE(weight_1LE[0], config.tokens_per_step, config.top_k, sample_rng)
-    return counts_TLE
+        expected_TLE[step] = expected_counts_RE(weight_1LE[0], config.tokens_per_step, config.top_k)
+    return counts_TLE, expected_TLE
 
 
 class _Requests:

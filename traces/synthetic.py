@@ -136,6 +136,26 @@ def generate_trace(config: SyntheticConfig) -> RoutingTrace:
     return RoutingTrace.from_counts(counts_TLE, top_k=K, tokens_per_step=N, source=source)
 
 
+def expected_counts_TLE(config: SyntheticConfig) -> np.ndarray:
+    """[T, L, E] float64: the expected counts of `generate_trace(config)`, step by step: the domain mix's expected
+    share (not the step's sampled split of tokens over domains), the bursts, the cap at 1 / K; the same draws as the
+    trace, none of its sampling. What the yardsticks' expectation oracle fits on (`placement.yardsticks`)."""
+    c = config
+    popularity_rng, mix_rng, burst_rng, _ = _streams(c)
+    p_ZLE = _domain_popularity_ZLE(c, popularity_rng)
+    mix_TZ = domain_mix_TZ(c, mix_rng)
+    bursts = _draw_bursts(c, burst_rng)
+    expected_TLE = np.empty((c.num_steps, c.num_layers, c.num_experts))
+    chunk = max(1, _CHUNK_VALUES // (c.num_layers * c.num_experts))
+    for t0 in range(0, c.num_steps, chunk):
+        t1 = min(c.num_steps, t0 + chunk)
+        w_TLE = (mix_TZ[t0:t1] @ p_ZLE.reshape(c.num_domains, -1)).reshape(t1 - t0, c.num_layers, c.num_experts)
+        _apply_bursts(w_TLE, bursts, t0, c.burst_factor)
+        expected_TLE[t0:t1] = expected_counts_RE(w_TLE.reshape(-1, c.num_experts), c.tokens_per_step,
+                                                 c.top_k).reshape(w_TLE.shape)
+    return expected_TLE
+
+
 def active_bursts_TL(config: SyntheticConfig) -> np.ndarray:
     """[T, L] int64: how many bursts are active at each step and layer of `generate_trace(config)` (the same draws,
     so a benchmark can tell the steps a burst touched from the calm ones)."""
@@ -225,6 +245,14 @@ def _cap_pick_probs_RE(w_RE: np.ndarray, top_k: int) -> tuple[np.ndarray, np.nda
         if not newly_RE.any():
             return free_RE / total_R1, saturated_RE
         saturated_RE |= newly_RE
+
+
+def expected_counts_RE(w_RE: np.ndarray, n_tokens: int, top_k: int) -> np.ndarray:
+    """[R, E] float64: the expectation of `_sample_counts_RE` for [R, E] pick weights (N * K picks a row over the
+    capped pick probabilities, a saturated expert exactly N; the rare clipping above N left out)."""
+    p_RE, saturated_RE = _cap_pick_probs_RE(w_RE, top_k)
+    picks_R1 = n_tokens * (top_k - saturated_RE.sum(axis=-1, keepdims=True))
+    return picks_R1 * p_RE + n_tokens * saturated_RE
 
 
 def _sample_counts_RE(w_RE: np.ndarray, n_tokens: int, top_k: int, rng: np.random.Generator) -> np.ndarray:

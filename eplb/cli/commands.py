@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from eplb.cli.progress import Progress
-from eplb.cli.report import format_table
+from eplb.cli.report import format_table, yardstick_lines
 from eplb.cli.sglang_out import check_sglang_layers, sglang_model_layers
 from eplb.cli.trtllm_output import trtllm_layer_ids, trtllm_scores, write_trtllm
 from placement import (
@@ -27,9 +27,11 @@ from placement import (
     score_placement,
     static_gpu_loads,
 )
+from placement.imbalance_metrics import group_metric
 from placement.migration import oblivious_moves, plan_migration
 from placement.patch_planner import PatchPace, PatchSettings
 from placement.scoring import check_compatible
+from placement.yardsticks import trace_yardsticks
 from traces import RoutingTrace, TraceFormatError, load_trace, save_trace
 from traces.request_traffic import RequestTrafficConfig, generate_request_traffic
 from traces.synthetic import SyntheticConfig, generate_trace
@@ -249,6 +251,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     result = {"placement": str(args.placement), "policy": placement.policy, **scores.summary()}
+    result.update(yardsticks_of(trace.counts_TLE, placement.cluster, result, args.metric_groups))
     if args.burst_factor is not None:
         result.update(burst_scores(placement, trace.counts_TLE, args.burst_factor))
     trtllm, trtllm_text = trtllm_scores(args, placement, trace.counts_TLE)
@@ -256,12 +259,25 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.plot:
         plot_before_after(placement, trace.counts_TLE, args.plot)
     rows = [{"policy": placement.policy, "routing": args.routing, **result}]
-    text = format_table(rows, ("policy", "routing"))
+    text = format_table(rows, ("policy", "routing")) + "\n" + yardstick_lines(result)
     if args.burst_factor is not None:
         text += (f"\nburst exposure (one expert's load x{args.burst_factor:g}, best split): mean "
                  f"{result['burst_exposure_mean']:.3f}, worst {result['burst_exposure_max']:.3f}")
     emit(args, result, text + trtllm_text)
     return 0
+
+
+def yardsticks_of(counts_TLE: np.ndarray, cluster: ClusterSpec, summary: dict, groups: int | None) -> dict:
+    """The keys a score's summary gains beside its figures: the granularity bound of the scored steps
+    (`placement.yardsticks.trace_yardsticks`) and, with `groups` (--metric-groups), the per-routing-group metric."""
+    found = trace_yardsticks(counts_TLE, cluster)
+    extra = {"granularity_bound": found["granularity_bound"], "granularity_from": found["granularity_from"]}
+    if groups is not None:
+        if counts_TLE.shape[-1] % groups:
+            raise ValueError(f"--metric-groups {groups} does not divide the trace's {counts_TLE.shape[-1]} experts; "
+                             f"give the model's expert groups (DeepSeek-V3: 8)")
+        extra["metrics"] = {**summary["metrics"], "group_step": group_metric(counts_TLE, groups)}
+    return extra
 
 
 def burst_scores(placement: Placement, counts_TLE: np.ndarray, factor: float) -> dict:
@@ -291,6 +307,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     logger.info("replayed %d fits (%d on drift)", len(result.refit_steps), len(result.drift_steps))
+    scored_TLE = trace.counts_TLE[args.window + args.lag:]
     summary = {"policy": args.policy, "every": args.every, "window": args.window,
                "refit_on_drift": args.refit_on_drift, "forecast": args.forecast,
                "patch_lag": args.patch_lag if args.patch_every else None,
@@ -299,6 +316,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                "patch_burst_lag": args.patch_burst_lag if args.patch_every else None,
                "refit_blocks_patches": args.refit_blocks_patches if args.patch_every else None,
                **result.summary()}
+    summary.update(yardsticks_of(scored_TLE, cluster, summary, args.metric_groups or args.groups))
     if args.plot:
         plots.plot_imbalance_over_time(
             {f"{args.policy}, {args.routing}": result.held_out.imbalance_TL.mean(axis=1)},
@@ -312,7 +330,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         {"policy": args.policy, "routing": args.routing, "fit": "held-out", **summary},
         {"policy": args.policy, "routing": args.routing, "fit": "fitted", **result.fitted.summary()},
     ]
-    emit(args, summary, format_table(rows, ("policy", "routing", "fit")))
+    emit(args, summary, format_table(rows, ("policy", "routing", "fit")) + "\n" + yardstick_lines(summary))
     return 0
 
 

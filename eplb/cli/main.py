@@ -288,6 +288,7 @@ def _add_score_command(sub: argparse._SubParsersAction) -> None:
                    help="also report the burst exposure: the imbalance under the best split while one expert's load "
                         "(the trace's mean) is F times as high, averaged over layers and experts, and the worst "
                         "(for example 4)")
+    _add_metric_groups(p)
     _add_common(p)
 
 
@@ -334,7 +335,15 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                         "a live group runs them; the last patch serves on until the refit lands (default: patches "
                         "go on while refits solve and move)")
     p.add_argument("--plot", default=None, help="also write imbalance over time as a PNG here")
+    _add_metric_groups(p)
     _add_common(p)
+
+
+def _add_metric_groups(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metric-groups", type=POSITIVE_INT, default=None, metavar="N",
+                        help="also report the per-routing-group metric (group/step): the experts cut into N contiguous "
+                             "groups, as the model's router groups them (DeepSeek-V3: 8); replay takes --groups when "
+                             "this is not given")
 
 
 def _add_sim_command(sub: argparse._SubParsersAction) -> None:

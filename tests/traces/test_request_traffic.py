@@ -11,7 +11,7 @@ from placement import ClusterSpec, fit_placement
 from placement.scoring import score_placement
 from traces.request_concentration import estimate_concentration, sequence_counts
 from traces.request_traffic import (ESFT_CONCENTRATION, RequestTrafficConfig, generate_request_traffic,
-                                    request_traffic_TLE)
+                                    request_traffic_TLE, request_traffic_with_expectation)
 
 ESFT = Path(__file__).resolve().parents[3] / "shared" / "data" / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
 REQUESTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "requests"
@@ -145,3 +145,15 @@ def test_the_default_concentration_is_the_estimate_on_the_four_esft_tasks():
     counts_SLE, tokens_S, top_k = sequence_counts(ESFT)
     assert counts_SLE.shape[0] == 213 and top_k == 6
     assert estimate_concentration(counts_SLE, tokens_S, top_k).alpha == pytest.approx(ESFT_CONCENTRATION, rel=0.01)
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_the_expectation_holds_the_counts_picks_and_their_mean_over_steps(mode):
+    config = RequestTrafficConfig(mode=mode, prompt_tokens=100, output_tokens=20, **{**SMALL, "num_steps": 400})
+    counts_TLE, expected_TLE = request_traffic_with_expectation(config)
+    np.testing.assert_array_equal(counts_TLE, request_traffic_TLE(config))
+    np.testing.assert_allclose(expected_TLE.sum(axis=-1), 512 * 4)
+    assert (expected_TLE <= 512 + 1e-9).all(), "no expert expects more than every token"
+    # The sampling noise of 400 steps' mean is about 1% of an expert's load: the expectation is the counts' mean.
+    busy = expected_TLE.mean(axis=0) > 64
+    np.testing.assert_allclose(counts_TLE.mean(axis=0)[busy], expected_TLE.mean(axis=0)[busy], rtol=0.05)

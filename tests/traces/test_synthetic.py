@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from traces.routing_trace import RoutingTrace
-from traces.synthetic import SyntheticConfig, active_bursts_TL, generate_trace
+from traces.synthetic import SyntheticConfig, active_bursts_TL, expected_counts_TLE, generate_trace
 
 SMALL = dict(num_steps=200, num_layers=3, num_experts=32, top_k=4, tokens_per_step=256)
 
@@ -132,3 +132,13 @@ def test_active_bursts_mark_the_rows_where_a_burst_expert_is_hot():
     # A 30-fold burst makes its expert the busiest by far; rows without one keep the calm skew.
     assert top_share_TL[active_TL > 0].mean() > 2 * top_share_TL[active_TL == 0].mean()
     assert not active_bursts_TL(config.model_copy(update={"burst_rate": 0.0})).any()
+
+
+@pytest.mark.parametrize("popularity", ["lognormal", "zipf"])
+def test_the_expected_counts_hold_every_pick_and_are_the_counts_mean_over_steps(popularity):
+    config = SyntheticConfig(**{**SMALL, "num_steps": 600}, popularity=popularity, seed=2)
+    counts_TLE, expected_TLE = generate_trace(config).counts_TLE, expected_counts_TLE(config)
+    assert expected_TLE.shape == counts_TLE.shape
+    np.testing.assert_allclose(expected_TLE.sum(axis=-1), 256 * 4)
+    busy = expected_TLE.mean(axis=0) > 32
+    np.testing.assert_allclose(counts_TLE.mean(axis=0)[busy], expected_TLE.mean(axis=0)[busy], rtol=0.05)

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from placement import burst_exposure, load_placement, score_placement
+from placement.imbalance_metrics import group_metric
+from placement.noise_floor import noise_floor
 from placement.patch_planner import PatchPace
 from traces import RoutingTrace, load_trace, save_trace
 
@@ -259,6 +261,25 @@ def test_score_on_the_fitted_trace_matches_what_place_reported(run_eplb, small_t
         assert scored[key] == pytest.approx(placed[key], rel=1e-9), key
 
 
+def test_score_carries_the_yardsticks_and_every_named_metric(run_eplb, small_trace, small_placement):
+    printed = ok_json(run_eplb("score", "--placement", small_placement, "--trace", small_trace, "--metric-groups",
+                               "4", "--json"))
+    counts_TLE = load_trace(small_trace).counts_TLE
+    assert printed["noise_floor"] == noise_floor(counts_TLE.sum(axis=-1).mean(), 8)
+    assert 1.0 <= printed["granularity_bound"] <= printed["imbalance_mean"] + 1e-9
+    metrics = printed["metrics"]
+    assert metrics["card_step"]["value"] == pytest.approx(printed["imbalance_mean"])
+    assert metrics["group_step"]["value"] == pytest.approx(group_metric(counts_TLE, 4)["value"])
+    assert metrics["card_window_10"]["rows"] == 6 * 3 and metrics["card_window_100"]["value"] is None
+    text = run_eplb("score", "--placement", small_placement, "--trace", small_trace).stdout
+    assert "yardsticks: noise floor" in text and "card/10 steps" in text
+
+
+def test_score_refuses_metric_groups_that_do_not_divide_the_experts(run_eplb, small_trace, small_placement):
+    result = run_eplb("score", "--placement", small_placement, "--trace", small_trace, "--metric-groups", "5")
+    assert result.returncode == 2 and "--metric-groups 5 does not divide" in result.stderr
+
+
 # --- replay ----------------------------------------------------------------------------------------------------
 
 
@@ -271,6 +292,9 @@ def test_replay_scores_the_held_out_steps_with_one_refit_per_every(run_eplb, sma
     assert summary["steps"] == 60 - 10, "steps [0, window) are never scored"
     assert summary["refits"] == 4, "refits at steps 10, 25, 40, 55"
     assert summary["forecast"] == "trend", "the trend forecast is the default fit"
+    held_TLE = load_trace(small_trace).counts_TLE[10:]
+    assert summary["noise_floor"] == noise_floor(held_TLE.sum(axis=-1).mean(), 8), "at the held-out steps' load"
+    assert summary["metrics"]["card_window_10"]["rows"] == 5 * 3
 
 
 def test_replay_patches_a_burst_between_refits_and_reports_the_slots_moved(run_eplb, tmp_path):
