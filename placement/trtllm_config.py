@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from placement.errors import PlacementFormatError
 from placement.placement_model import Placement
 from traces.atomic_file import write_text_atomically
+from traces.model_layers import MAX_MODEL_LAYERS
 
 
 def trtllm_config(placement: Placement, layer_ids: Sequence[int]) -> dict:
@@ -74,20 +75,24 @@ def save_trtllm_config(placement: Placement, path: str | os.PathLike, layer_ids:
 
 
 def parse_layer_ids(text: str) -> tuple[int, ...]:
-    """Layer ids from text: comma-separated ids or inclusive ranges, ascending ('3-60', '1,3,5', '0-26,27').
+    """Layer ids from text: comma-separated ids or inclusive ranges, ascending ('3-60', '1,3,5', '0-26,27'), each
+    a model layer id below `MAX_MODEL_LAYERS` (checked before a range is expanded).
 
     Raises:
         ValueError: the text is not such a list (the message says what was expected).
     """
     ids: list[int] = []
+    shown = text if len(text) <= 40 else text[:37] + "..."
     for item in text.split(","):
         low, dash, high = item.strip().partition("-")
-        if not low.isdigit() or dash and not high.isdigit():
-            raise ValueError(f"expected layer ids or ranges such as 3-60 or 1,3,5; got {text!r}")
+        if not low.isdecimal() or not low.isascii() or dash and not (high.isdecimal() and high.isascii()):
+            raise ValueError(f"expected layer ids or ranges such as 3-60 or 1,3,5; got {shown!r}")
+        if max(len(low), len(high)) > 6 or max(int(low), int(high or 0)) >= MAX_MODEL_LAYERS:
+            raise ValueError(f"layer ids are a model's layers, below {MAX_MODEL_LAYERS}; got {shown!r}")
         first, last = int(low), int(high) if dash else int(low)
         if last < first:
             raise ValueError(f"range {item.strip()} runs backwards; write it as {last}-{first}")
         ids.extend(range(first, last + 1))
     if any(b <= a for a, b in zip(ids, ids[1:])):
-        raise ValueError(f"layer ids {text!r} must ascend, each once (the trace's layers follow the model's)")
+        raise ValueError(f"layer ids {shown!r} must ascend, each once (the trace's layers follow the model's)")
     return tuple(ids)

@@ -9,6 +9,10 @@ from dataclasses import dataclass
 
 from traces.errors import TraceFormatError
 
+# The most decoder layers a model may have (the largest MoE models have about a hundred): a layer count or a layer id
+# read from a file or a flag is checked against it before anything is sized by it.
+MAX_MODEL_LAYERS = 1024
+
 
 @dataclass(frozen=True)
 class ModelLayers:
@@ -25,8 +29,10 @@ class ModelLayers:
 
     def __post_init__(self) -> None:
         ids = self.moe_layer_ids
-        if not isinstance(self.num_layers, int) or isinstance(self.num_layers, bool) or self.num_layers < 1:
-            raise TraceFormatError(f"num_layers must be a positive integer; got {self.num_layers!r}")
+        if not isinstance(self.num_layers, int) or isinstance(self.num_layers, bool) or \
+                not 1 <= self.num_layers <= MAX_MODEL_LAYERS:
+            raise TraceFormatError(f"num_layers must be an integer in [1, {MAX_MODEL_LAYERS}] (a model's decoder "
+                                   f"layers); got {self.num_layers!r}")
         if not ids or any(not 0 <= i < self.num_layers for i in ids) or list(ids) != sorted(set(ids)):
             raise TraceFormatError(f"moe_layer_ids must be increasing layer ids in [0, num_layers={self.num_layers}); "
                                    f"got {_span(ids)}")

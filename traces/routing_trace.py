@@ -3,6 +3,7 @@
 Legend: T steps, L MoE layers, E logical experts, K top-k.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,20 @@ class TraceHeader(BaseModel):
 
 
 MAX_TOTAL_TOKENS = 2**53  # the most tokens a trace may hold in all: every sum stays exact in int64 and float64
+# The most counts (T x L x E) a reader builds from one file: 2 GiB as int64, 8 times the longest trace the docs use
+# (2,000 steps x 61 layers x 256 experts) and 17 times SGLang's default recorder buffer, checked before allocating so
+# that a small file whose header claims a huge shape stays small.
+MAX_READ_VALUES = 1 << 28
+
+
+def check_read_shape(shape: tuple[int, ...], what: str) -> None:
+    """Raise `TraceFormatError` unless an array of `shape`, built from file `what`, holds at most MAX_READ_VALUES
+    values (checked before it is allocated)."""
+    values = math.prod(int(n) for n in shape)
+    if values > MAX_READ_VALUES:
+        raise TraceFormatError(f"{what} would hold {' x '.join(str(int(n)) for n in shape)} = {values:,} values, more "
+                               f"than the {MAX_READ_VALUES:,} a trace may hold when read "
+                               f"({MAX_READ_VALUES * 8 // 2**30} GiB as int64); split the recording into shorter ones")
 
 
 def validate_counts(counts: np.ndarray, what: str = "counts", whole: bool = True) -> np.ndarray:

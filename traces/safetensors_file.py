@@ -5,10 +5,15 @@ UTF-8 JSON mapping each tensor's name to `{"dtype", "shape", "data_offsets": [be
 after the header), with an optional `"__metadata__"` object of strings; then the tensors' bytes, little-endian,
 row-major. Reading it here keeps `traces` free of torch and of the `safetensors` package; the TensorRT-LLM
 expert-statistic reader (`traces/trtllm_statistics.py`) is its user.
+
+The header is checked against the file before any tensor is read, as the safetensors package checks it: the
+tensors' byte ranges follow one another without gap or overlap and end exactly where the file does, so a header
+cannot claim more bytes than the file holds. Tensors are read one at a time (`iter_tensors`), never the whole file.
 """
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +31,7 @@ MAX_HEADER_BYTES = 100 * 2**20  # the limit the safetensors package itself sets 
 
 def read_header(file: Path) -> dict[str, dict]:
     """The tensors' entries of `file`'s JSON header: name -> {"dtype", "shape", "data_offsets"} ("__metadata__"
-    left out), each checked to lie inside the file and to hold exactly its shape's bytes.
+    left out), each checked to hold exactly its shape's bytes, the entries to tile the file's data bytes.
 
     Raises:
         TraceFormatError: the file is not a safetensors file (the message names the file and what is wrong).
@@ -41,17 +46,28 @@ def read_tensors(file: Path) -> dict[str, np.ndarray]:
     Raises:
         TraceFormatError: not a safetensors file, or a tensor of a dtype numpy lacks (BF16, FP8).
     """
+    return dict(iter_tensors(file))
+
+
+def iter_tensors(file: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, tensor) for every tensor of `file`, in header order, read one at a time (the whole file never is).
+
+    Raises:
+        TraceFormatError: as `read_tensors`.
+    """
     header, start = _header_and_start(file)
-    data = file.read_bytes()[start:]
-    tensors = {}
-    for name, entry in header.items():
-        if entry["dtype"] not in DTYPES:
-            raise TraceFormatError(f"{file.name}: tensor {name!r} has dtype {entry['dtype']}; expected one of "
-                                   f"{', '.join(DTYPES)}")
-        begin, end = entry["data_offsets"]
-        array = np.frombuffer(data[begin:end], dtype=DTYPES[entry["dtype"]]).reshape(entry["shape"])
-        tensors[name] = array.astype(array.dtype.newbyteorder("="))
-    return tensors
+    with open(file, "rb") as handle:
+        for name, entry in header.items():
+            if entry["dtype"] not in DTYPES:
+                raise TraceFormatError(f"{file.name}: tensor {name!r} has dtype {entry['dtype']}; expected one of "
+                                       f"{', '.join(DTYPES)}")
+            begin, end = entry["data_offsets"]
+            handle.seek(start + begin)
+            raw = handle.read(end - begin)
+            if len(raw) != end - begin:
+                raise TraceFormatError(f"{file.name} ended inside tensor {name!r}: it changed while being read")
+            array = np.frombuffer(raw, dtype=DTYPES[entry["dtype"]]).reshape(entry["shape"])
+            yield name, array.astype(array.dtype.newbyteorder("="))
 
 
 def _header_and_start(file: Path) -> tuple[dict[str, dict], int]:
@@ -75,7 +91,24 @@ def _header_and_start(file: Path) -> tuple[dict[str, dict], int]:
     data_bytes = size - 8 - length
     for name, entry in header.items():
         _check_entry(file, name, entry, data_bytes)
+    _check_tiling(file, header, data_bytes)
     return header, 8 + length
+
+
+def _check_tiling(file: Path, header: dict[str, dict], data_bytes: int) -> None:
+    """Raise unless the entries' byte ranges follow one another from 0 without gap or overlap and end at
+    `data_bytes` (what the safetensors package requires): no byte is claimed twice, none left over."""
+    ranges = sorted((entry["data_offsets"][0], entry["data_offsets"][1], name) for name, entry in header.items())
+    at = 0
+    for begin, end, name in ranges:
+        if begin != at:
+            what = "overlaps the tensor before it" if begin < at else f"leaves bytes [{at}, {begin}) unclaimed"
+            raise TraceFormatError(f"{file.name}: tensor {name!r} at bytes [{begin}, {end}) {what}; a safetensors "
+                                   f"file's tensors follow one another; re-save it with the safetensors package")
+        at = end
+    if at != data_bytes:
+        raise TraceFormatError(f"{file.name}: its tensors end at byte {at} of {data_bytes} data bytes; a safetensors "
+                               f"file ends with its last tensor; re-save it with the safetensors package")
 
 
 def _check_entry(file: Path, name: str, entry, data_bytes: int) -> None:

@@ -22,9 +22,18 @@ Both index layers by the model's absolute layer id over all M decoder layers; a 
 zero. The reader keeps the steps that routed any token (an all-zero step is an unfilled buffer slot or an idle pass,
 and scoring it would count a perfectly balanced step that never ran) and the layers that routed any token (the MoE
 layers), and returns which model layers those are, as SGLang's `--init-expert-location` map needs them.
+
+A `.pt` file is a pickle: it is read with `weights_only=True` (tensors, numbers and containers only), and only under
+a torch without a published bypass of that (`MIN_SAFE_TORCH`). Before any tensor is built from it, the file is checked
+to stay small: torch's zip layout with every record stored, not compressed, in the bytes the file has; then every
+tensor the reader uses counted at its full size (an expanded view or records that share one storage claim more bytes
+than the file holds, and are refused); expert ids below the map's slots; the counts' shape and sum within the
+trace's bounds (`routing_trace.MAX_READ_VALUES`, `MAX_TOTAL_TOKENS`).
 """
 
 import os
+import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +41,11 @@ import numpy as np
 
 from traces.errors import TraceFormatError
 from traces.model_layers import ModelLayers
-from traces.routing_trace import RoutingTrace, validate_counts
+from traces.routing_trace import MAX_TOTAL_TOKENS, RoutingTrace, check_read_shape, validate_counts
+
+# weights_only=True has published bypasses below torch 2.6 (CVE-2025-32434) and below 2.10 (CVE-2026-24747): a
+# pickle is read only under a torch at or above this.
+MIN_SAFE_TORCH = "2.10"
 
 
 @dataclass(frozen=True)
@@ -72,11 +85,14 @@ def read_sglang_dump(path: str | os.PathLike) -> SglangDump:
     import torch
 
     file = Path(path)
+    check_torch_for_pickles(torch.__version__)
+    _check_archive(file)
     try:
         data = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many exception types for a bad file
-        raise TraceFormatError(f"cannot read {file} as a torch file: {_one_line(exc)}") from exc
+        raise TraceFormatError(f"cannot read {file} as a torch file: {_torch_reason(exc)}") from exc
     if isinstance(data, dict) and "logical_count" in data:
+        _check_claimed_bytes(file, [_tensor(data["logical_count"], file, "logical_count")])
         counts_TME, mode = _stat_counts(data["logical_count"], file), "stat"
     elif isinstance(data, dict) and "records" in data:
         counts_TME, mode = _detail_counts(data, file), "detail"
@@ -97,32 +113,109 @@ def read_sglang_dump(path: str | os.PathLike) -> SglangDump:
     return SglangDump(trace, layers, int((~recorded).sum()), mode)
 
 
+def check_torch_for_pickles(version: str) -> None:
+    """Raise `TraceFormatError` unless torch `version` reads a pickle with weights_only=True safely (>= MIN_SAFE_TORCH)."""
+    from torch.torch_version import TorchVersion
+
+    if TorchVersion(version) < MIN_SAFE_TORCH:
+        raise TraceFormatError(f"reading a .pt dump (a pickle) needs torch >= {MIN_SAFE_TORCH}: torch {version} has "
+                               f"published bypasses of weights_only=True (CVE-2025-32434 below 2.6, CVE-2026-24747 "
+                               f"below 2.10); upgrade torch (pip install 'torch>={MIN_SAFE_TORCH}')")
+
+
+def _check_archive(file: Path) -> None:
+    """Raise unless `file` is torch's zip layout (what torch.save writes) with every record stored uncompressed in the
+    file's own bytes: then loading it allocates no more than the file holds."""
+    expected = "an SGLang dump is what torch.save writes (a zip archive of stored records)"
+    try:
+        size = file.stat().st_size
+        with zipfile.ZipFile(file) as archive:
+            records = archive.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as exc:
+        raise TraceFormatError(f"cannot read {file} as a torch file: {_one_line(exc)}; {expected}") from None
+    squeezed = [r.filename for r in records if r.compress_type != zipfile.ZIP_STORED or r.compress_size != r.file_size]
+    if squeezed:
+        raise TraceFormatError(f"{file.name}: record {squeezed[0][:60]!r} is compressed; {expected}")
+    claimed = sum(r.file_size for r in records)
+    if claimed > size:
+        raise TraceFormatError(f"{file.name}: its records claim {claimed:,} bytes but the file holds {size:,}; "
+                               f"{expected}")
+
+
+def _check_claimed_bytes(file: Path, tensors: list) -> None:
+    """Raise unless the tensors the reader will turn into arrays, each at its full size, fit in the file's bytes: a
+    tensor expanded from a small storage, or many records that share one, claim more than the file holds."""
+    claimed = sum(t.numel() * t.element_size() for t in tensors)
+    size = file.stat().st_size
+    if claimed > size:
+        raise TraceFormatError(f"{file.name}: its tensors claim {claimed:,} bytes at full size but the file holds "
+                               f"{size:,} (expanded views or records sharing one storage); save each record's tensors "
+                               f"on their own (tensor.clone()), as SGLang's recorder does")
+
+
+def _tensor(value, file: Path, key: str):
+    """`value` if it is a tensor of numbers (not bool), else `TraceFormatError` naming `key` (a nested list could
+    stand for any number of values, so none is taken)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise TraceFormatError(f"{file.name}: {key} must be a tensor; found a {type(value).__name__}")
+    if value.dtype == torch.bool or value.is_complex():
+        raise TraceFormatError(f"{file.name}: {key} must hold integer counts or ids; found dtype {value.dtype}")
+    return value
+
+
 def _stat_counts(value, file: Path) -> np.ndarray:
     """[T, M, E] from a stat dump's `logical_count` ([M, E] is read as one step)."""
     counts = _array(value, file, "logical_count must be a tensor [steps, layers, experts] of counts")
-    return counts[None] if counts.ndim == 2 else counts
+    counts = counts[None] if counts.ndim == 2 else counts
+    check_read_shape(counts.shape, f"{file.name}:logical_count")
+    return counts
 
 
 def _detail_counts(data: dict, file: Path) -> np.ndarray:
     """[T, M, E] from a detail dump: each record's physical slot counts summed onto the logical experts."""
     records = data["records"]
-    phy2log_MP = _array(data.get("last_physical_to_logical_map"), file,
-                        "last_physical_to_logical_map must be a tensor [layers, slots] of expert ids")
-    if phy2log_MP.ndim != 2 or phy2log_MP.size == 0 or phy2log_MP.dtype.kind not in "iu" or phy2log_MP.min() < 0:
-        raise TraceFormatError(f"{file.name}: last_physical_to_logical_map must be [layers, slots] expert ids >= 0; "
-                               f"found shape {phy2log_MP.shape}, dtype {phy2log_MP.dtype}")
+    if "last_physical_to_logical_map" not in data:
+        raise TraceFormatError(f"{file.name}: last_physical_to_logical_map must be a tensor [layers, slots] of expert "
+                               f"ids; found none")
+    phy2log = _tensor(data["last_physical_to_logical_map"], file, "last_physical_to_logical_map")
     if not isinstance(records, list) or not records or not all(isinstance(r, dict) for r in records):
         raise TraceFormatError(f"{file.name}: records must be a non-empty list of one dict per forward pass; record "
                                f"with traffic running before dumping")
+    _check_claimed_bytes(file, [phy2log] + [_record_tensor(record, file) for record in records])
+    phy2log_MP = _array(phy2log, file, "last_physical_to_logical_map must be a tensor [layers, slots] of expert ids")
+    if phy2log_MP.ndim != 2 or phy2log_MP.size == 0 or phy2log_MP.dtype.kind not in "iu" or phy2log_MP.min() < 0:
+        raise TraceFormatError(f"{file.name}: last_physical_to_logical_map must be [layers, slots] expert ids >= 0; "
+                               f"found shape {phy2log_MP.shape}, dtype {phy2log_MP.dtype}")
     num_layers, num_slots = phy2log_MP.shape
+    if phy2log_MP.max() >= num_slots:
+        raise TraceFormatError(f"{file.name}: last_physical_to_logical_map holds expert id {phy2log_MP.max()} but has "
+                               f"{num_slots} slots a layer; every expert has a slot, so ids are below {num_slots}")
     num_experts = int(phy2log_MP.max()) + 1
+    check_read_shape((len(records), num_layers, num_experts), f"{file.name} (records x layers x experts)")
     ordered = sorted(records, key=lambda record: _pass_id(record, file))
     # Slot p of layer m adds to entry m * E + phy2log[m, p] of the step's flattened [M, E] counts.
     flat_index_MP = np.arange(num_layers)[:, None] * num_experts + phy2log_MP
     counts_TME = np.zeros((len(ordered), num_layers, num_experts), dtype=np.int64)
+    total = 0.0  # every count is at most the total: below MAX_TOTAL_TOKENS, no sum wraps around int64
     for step, record in enumerate(ordered):
-        np.add.at(counts_TME[step].reshape(-1), flat_index_MP, _physical_count(record, num_layers, num_slots, file))
+        physical_MP = _physical_count(record, num_layers, num_slots, file)
+        total += float(physical_MP.sum(dtype=np.float64))
+        if total > MAX_TOTAL_TOKENS:
+            raise TraceFormatError(f"{file.name}: its records count more than 2^53 tokens ({MAX_TOTAL_TOKENS:.3g}); "
+                                   f"token counts must stay exact in int64 and float64")
+        np.add.at(counts_TME[step].reshape(-1), flat_index_MP, physical_MP.astype(np.int64))
     return counts_TME
+
+
+def _record_tensor(record: dict, file: Path):
+    """The tensor of `record` the reader counts: `global_physical_count`, else `topk_ids_of_layer`."""
+    for key in ("global_physical_count", "topk_ids_of_layer"):
+        if key in record:
+            return _tensor(record[key], file, key)
+    raise TraceFormatError(f"{file.name}: a record holds neither global_physical_count nor topk_ids_of_layer; found "
+                           f"{sorted(map(str, record))[:8]}")
 
 
 def _pass_id(record: dict, file: Path) -> int:
@@ -136,16 +229,19 @@ def _physical_count(record: dict, num_layers: int, num_slots: int, file: Path) -
     """[M, P] int64: the record's `global_physical_count`, or its `topk_ids_of_layer` [M, N, K] counted per slot."""
     if "global_physical_count" in record:
         counts = _array(record["global_physical_count"], file, "global_physical_count must be a tensor [layers, slots]")
-        if counts.shape != (num_layers, num_slots) or counts.dtype.kind not in "iu" or (counts < 0).any():
+        if counts.shape != (num_layers, num_slots) or counts.dtype.kind not in "iu" or (counts < 0).any() or \
+                (counts.size and counts.max() > MAX_TOTAL_TOKENS):
             raise TraceFormatError(f"{file.name}: global_physical_count must be [{num_layers}, {num_slots}] counts "
                                    f"(layers x slots of last_physical_to_logical_map); found shape {counts.shape}, "
                                    f"dtype {counts.dtype}")
-        return counts.astype(np.int64)
+        return counts
     if "topk_ids_of_layer" in record:
         ids = _array(record["topk_ids_of_layer"], file, "topk_ids_of_layer must be a tensor [layers, tokens, top-k]")
-        if ids.ndim != 3 or ids.shape[0] != num_layers or ids.dtype.kind not in "iu" or (ids >= num_slots).any():
+        if ids.ndim != 3 or ids.shape[0] != num_layers or ids.dtype.kind not in "iu" or \
+                (ids.size and (ids.max() >= num_slots or ids.min() < -1)):
             raise TraceFormatError(f"{file.name}: topk_ids_of_layer must be [{num_layers}, tokens, top-k] slot ids "
-                                   f"below {num_slots}; found shape {ids.shape}, dtype {ids.dtype}")
+                                   f"below {num_slots}, or -1 for no pick; found shape {ids.shape}, dtype {ids.dtype}"
+                                   + (f", ids {ids.min()} to {ids.max()}" if ids.ndim == 3 and ids.size else ""))
         flat = ids.reshape(num_layers, -1)
         return np.stack([np.bincount(row[row >= 0], minlength=num_slots) for row in flat]).astype(np.int64)
     raise TraceFormatError(f"{file.name}: a record holds neither global_physical_count nor topk_ids_of_layer; found "
@@ -167,6 +263,22 @@ def _ids(ids) -> str:
     if ids == list(range(ids[0], ids[-1] + 1)):
         return f"layer {ids[0]}" if len(ids) == 1 else f"layers {ids[0]}-{ids[-1]}"
     return "layers " + ", ".join(map(str, ids[:6])) + (", ..." if len(ids) > 6 else "")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _torch_reason(exc: BaseException) -> str:
+    """Why torch could not load a file, in one clean line: terminal colour codes removed, and of a weights_only
+    refusal only what was refused (torch's advice to load it unsafely is not ours to give)."""
+    text = _ANSI.sub("", str(exc))
+    if "Weights only load failed" in text:
+        found = [part for part in re.split(r"\n\s*\n", text) if part.strip() and "weights_only" not in part
+                 and "Weights only" not in part and not part.strip().startswith("Check the documentation")]
+        detail = " ".join(" ".join(found).split())[:200] or "a Python object"
+        return (f"it holds Python objects beyond tensors, numbers and containers ({detail}); it was not read: an "
+                f"SGLang dump holds none")
+    return " ".join(text.split())[:300] or type(exc).__name__
 
 
 def _one_line(exc: BaseException) -> str:

@@ -8,6 +8,9 @@ task (docs/formats.md, 'Top-k id logs').
 import numpy as np
 
 from traces.errors import TraceFormatError
+from traces.routing_trace import check_read_shape
+
+_CHUNK_IDS = 1 << 22  # picks counted at once
 
 
 def counts_from_topk_ids(topk_ids_LNK: np.ndarray, num_experts: int, tokens_per_step: int) -> np.ndarray:
@@ -38,16 +41,22 @@ def counts_from_topk_ids(topk_ids_LNK: np.ndarray, num_experts: int, tokens_per_
         raise TraceFormatError(f"top-k ids reach {ids.max()} but the model has {num_experts} experts")
     if ids.size and ids.min() < -1:
         raise TraceFormatError(f"top-k ids contain {ids.min()}; expected ids in [0, {num_experts}) or -1")
-    ids = ids[:, : num_steps * tokens_per_step].astype(np.int64)
-    # Flat bin of each pick: ((step * L) + layer) * E + expert; -1 picks go to a spill bin that is dropped.
-    step_N = np.arange(num_steps * tokens_per_step) // tokens_per_step
-    layer_L = np.arange(num_layers)
-    bins = (step_N[None, :, None] * num_layers + layer_L[:, None, None]) * num_experts + ids
-    size = num_steps * num_layers * num_experts
-    bins = np.where(ids < 0, size, bins)
-    counts = np.bincount(bins.ravel(), minlength=size + 1)[:size]
-    return counts.reshape(num_steps, num_layers, num_experts)
-
+    check_read_shape((num_steps, num_layers, num_experts), "the top-k log's counts (steps x layers x experts)")
+    counts = np.zeros((num_steps, num_layers, num_experts), dtype=np.int64)
+    # Steps a chunk at a time, so that the temporaries stay a few MiB whatever the log's size.
+    chunk = max(1, _CHUNK_IDS // max(1, num_layers * tokens_per_step * ids.shape[2]))
+    for first in range(0, num_steps, chunk):
+        last = min(num_steps, first + chunk)
+        part = ids[:, first * tokens_per_step: last * tokens_per_step].astype(np.int64)
+        # Flat bin of each pick: ((step * L) + layer) * E + expert; -1 picks go to a spill bin that is dropped.
+        step_N = np.arange((last - first) * tokens_per_step) // tokens_per_step
+        layer_L = np.arange(num_layers)
+        bins = (step_N[None, :, None] * num_layers + layer_L[:, None, None]) * num_experts + part
+        size = (last - first) * num_layers * num_experts
+        bins = np.where(part < 0, size, bins)
+        counts[first:last] = np.bincount(bins.ravel(), minlength=size + 1)[:size].reshape(last - first, num_layers,
+                                                                                          num_experts)
+    return counts
 
 def topk_tasks(keys: list[str]) -> list[str]:
     """The task names of the `<task>_topk_ids` arrays among `keys`, in file order."""

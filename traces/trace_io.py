@@ -9,6 +9,9 @@ Formats (chosen by suffix and content):
   `tokens_per_step` tokens; tasks are concatenated in file order unless `tasks` picks some;
 - TensorRT-LLM expert-statistic dump: a directory holding `meta_info.json` and `rank<r>.safetensors`
   (`traces/trtllm_statistics.py`), the ranks' counts summed.
+
+Every array's shape is read from its header and checked (`routing_trace.MAX_READ_VALUES`) before the array is: a
+compressed `.npz` of a few kilobytes may claim gigabytes.
 """
 
 import json
@@ -22,12 +25,13 @@ from pydantic import ValidationError
 
 from traces.atomic_file import write_atomically
 from traces.errors import TraceFormatError
-from traces.routing_trace import RoutingTrace, TraceHeader, validate_counts
+from traces.routing_trace import MAX_READ_VALUES, RoutingTrace, TraceHeader, check_read_shape, validate_counts
 from traces.sglang_dump import read_sglang_dump
 from traces.topk_log import counts_from_topk_ids, topk_tasks
 from traces.trtllm_statistics import META_FILE, load_trtllm_statistics
 
 logger = logging.getLogger(__name__)
+MAX_TEXT_BYTES = 1 << 20  # the most a text array (header_json) may hold
 SUPPORTED = (".npz (counts or <task>_topk_ids), .npy [T, L, E], an SGLang .pt dump (logical_count or records), or a "
              "TensorRT-LLM expert-statistic directory")
 
@@ -61,8 +65,9 @@ def load_trace(
         if suffix in (".npy", ".pt"):
             _check_counts_options(file, tokens_per_step, tasks, num_experts)
         if suffix == ".npy":
-            counts = np.load(file, allow_pickle=False)
-            return RoutingTrace.from_counts(validate_counts(counts, f"{file.name}"), source=str(file))
+            counts = np.load(file, allow_pickle=False, mmap_mode="r")  # the header alone, until the shape is checked
+            _check_stored(counts.shape, counts.dtype, file.name)
+            return RoutingTrace.from_counts(validate_counts(np.array(counts), f"{file.name}"), source=str(file))
         if suffix == ".pt":
             return _load_sglang_dump(file)
     except (ValueError, OSError, zipfile.BadZipFile, EOFError, RecursionError) as exc:
@@ -131,6 +136,10 @@ def _load_npz(
 ) -> RoutingTrace:
     with np.load(file, allow_pickle=False) as data:
         keys = list(data.keys())
+        stored = sum(_check_stored(*_member_header(data, key, file), f"{file.name}:{key}") for key in keys)
+        if stored > MAX_READ_VALUES * 8:
+            raise TraceFormatError(f"{file.name} holds {stored:,} bytes of arrays, more than the "
+                                   f"{MAX_READ_VALUES * 8:,} a trace may read; split it into smaller files")
         if "counts" in keys:
             _check_counts_options(file, tokens_per_step, tasks, num_experts)
             counts = validate_counts(data["counts"], f"{file.name}:counts")
@@ -160,6 +169,29 @@ def _load_npz(
     counts = np.concatenate([counts_from_topk_ids(a, experts, tokens_per_step) for a in ids], axis=0)
     source = f"{file} tasks={','.join(chosen)} tokens_per_step={tokens_per_step}"
     return RoutingTrace.from_counts(counts, top_k=top_k, tokens_per_step=tokens_per_step, source=source)
+
+
+def _member_header(data, key: str, file: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of array `key` of the open `.npz` `data`, from its header alone (nothing decompressed past it)."""
+    with data.zip.open(f"{key}.npy") as member:
+        version = np.lib.format.read_magic(member)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read is None:
+            raise TraceFormatError(f"{file.name}:{key} is in .npy format {version[0]}.{version[1]}; save it with "
+                                   f"numpy.savez (format 1.0 or 2.0)")
+        shape, _, dtype = read(member)
+    return shape, dtype
+
+
+def _check_stored(shape: tuple[int, ...], dtype: np.dtype, what: str) -> int:
+    """The bytes an array of `shape` and `dtype` holds; `TraceFormatError` unless they are at most MAX_READ_VALUES
+    values of at most 8 bytes each (checked before it is read)."""
+    check_read_shape(shape, what)
+    stored = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if stored > MAX_READ_VALUES * 8 or dtype.kind in "USV" and stored > MAX_TEXT_BYTES:
+        raise TraceFormatError(f"{what} holds {stored:,} bytes of dtype {dtype}; expected numbers (or a header of "
+                               f"at most {MAX_TEXT_BYTES:,} bytes)")
+    return stored
 
 
 def _experts_of_log(data, ids_by_task: dict[str, np.ndarray], file: Path) -> int:

@@ -20,22 +20,29 @@ and E is the number of slots (the comment at the `ExpertStatistic.maybe_add_info
 The reader sums the ranks' counts as `examples/wide_ep/ep_load_balancer/utils.py` (`load_expert_statistic`) does,
 reads `rank<r>.safetensors` files only (not `rank<r>_raw.safetensors`, `cooccurrence_rank<r>.safetensors` or
 other files some versions write beside them), and requires what that loader asserts: every iteration from the first
-to the last, each with every layer.
+to the last, each with every layer, and here in every rank's file (a rank that recorded other layers or missed one
+would leave its tokens out of some counts). A `rank<r>.safetensors` that is not a regular file (a folder, a FIFO, a
+device) is refused, never skipped. Sizes are checked before anything is allocated: layer ids below
+`MAX_MODEL_LAYERS`, the trace's T x L x E below `MAX_READ_VALUES`, each count and their sum within
+`MAX_TOTAL_TOKENS` (the ranks' sum never wraps around int64).
 """
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from traces.errors import TraceFormatError
-from traces.routing_trace import RoutingTrace, validate_counts
-from traces.safetensors_file import read_header, read_tensors
+from traces.model_layers import MAX_MODEL_LAYERS
+from traces.routing_trace import MAX_TOTAL_TOKENS, RoutingTrace, check_read_shape, validate_counts
+from traces.safetensors_file import iter_tensors, read_header
 
 META_FILE = "meta_info.json"
-RANK_FILE = re.compile(r"rank(\d+)\.safetensors")
+RANK_FILE = re.compile(r"rank(0|[1-9]\d*)\.safetensors")  # as TensorRT-LLM names them: no leading zeros
 RECORD_KEY = re.compile(r"(0|[1-9]\d*)_(0|[1-9]\d*)")  # as TensorRT-LLM writes them: no leading zeros
 INTEGER_DTYPES = ("I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64")
 EXPECTED = (f"a TensorRT-LLM expert-statistic directory ($EXPERT_STATISTIC_PATH) holding {META_FILE} and "
@@ -81,10 +88,9 @@ def read_dump_layout(directory: str | Path) -> DumpLayout:
     folder = Path(directory)
     num_experts, top_k = _read_meta(folder)
     files = _rank_files(folder)
-    records: set[tuple[int, int]] = set()
-    for file in files:
-        for key, entry in read_header(file).items():
-            records.add(_record_of(file, key, entry, num_experts))
+    by_file = [{_record_of(file, key, entry, num_experts) for key, entry in read_header(file).items()}
+               for file in files]
+    records = set().union(*by_file)
     if not records:
         raise TrtllmDumpError(f"{folder}: no rank file holds a record; expected {EXPECTED}")
     iterations = sorted({iteration for iteration, _ in records})
@@ -97,6 +103,13 @@ def read_dump_layout(directory: str | Path) -> DumpLayout:
             f"{folder}: no rank file holds '{iteration}_{layer}' ({expected - len(records)} (iteration, layer) "
             f"records missing); expected every iteration {iterations[0]}..{iterations[-1]} with each of the "
             f"{len(layers)} layers, as TensorRT-LLM writes them")
+    for file, own in zip(files, by_file):
+        if own != records:
+            iteration, layer = min(records - own)
+            raise TrtllmDumpError(
+                f"{folder}: {file.name} lacks '{iteration}_{layer}', which another rank file holds ({len(own)} "
+                f"records against {len(records)} in all); every rank records the same iterations and layers, so copy "
+                f"each rank's whole file")
     return DumpLayout(tuple(layers), range(iterations[0], iterations[-1] + 1), len(files), num_experts, top_k)
 
 
@@ -111,10 +124,21 @@ def load_trtllm_statistics(directory: str | Path) -> RoutingTrace:
     layout = read_dump_layout(folder)
     first = layout.iterations.start
     layer_index = {layer: index for index, layer in enumerate(layout.layer_ids)}
-    counts_TLE = np.zeros((len(layout.iterations), len(layout.layer_ids), layout.num_experts), dtype=np.int64)
+    shape = (len(layout.iterations), len(layout.layer_ids), layout.num_experts)
+    check_read_shape(shape, f"{folder} (iterations x layers x experts)")
+    counts_TLE = np.zeros(shape, dtype=np.int64)
+    total = 0.0  # every count is at most the total: below MAX_TOTAL_TOKENS, no sum wraps around int64
     for file in _rank_files(folder):
-        for key, tensor in read_tensors(file).items():
+        for key, tensor in iter_tensors(file):
             iteration, layer = (int(part) for part in RECORD_KEY.fullmatch(key).groups())
+            if tensor.size and tensor.min() < 0:
+                raise TrtllmDumpError(f"{file.name}: tensor {key!r} holds a negative count ({tensor.min()}); "
+                                       f"expected token counts >= 0")
+            total += float(tensor.sum(dtype=np.float64))
+            if total > MAX_TOTAL_TOKENS:
+                raise TrtllmDumpError(f"{folder}: its counts sum to more than 2^53 tokens ({MAX_TOTAL_TOKENS:.3g}) "
+                                       f"by {file.name}'s '{key}'; token counts must stay exact in int64 and "
+                                       f"float64: scale them down")
             counts_TLE[iteration - first, layer_index[layer]] += tensor.astype(np.int64)
     source = (f"{folder} (TensorRT-LLM expert statistics: iterations {first}..{layout.iterations.stop - 1}, "
               f"layers {layer_span(layout.layer_ids)}, {layout.num_ranks} ranks)")
@@ -140,19 +164,27 @@ def _read_meta(folder: Path) -> tuple[int, int | None]:
     top_k = meta.get("num_experts_per_token")
     if top_k is not None and not (_is_positive(top_k) and top_k <= meta["num_experts"]):
         raise TrtllmDumpError(f"{file}: num_experts_per_token is {top_k!r}; expected a positive integer up to "
-                               f"num_experts ({meta['num_experts']})")
+                               f"'num_experts' ({meta['num_experts']})")
     return meta["num_experts"], top_k
 
 
 def _rank_files(folder: Path) -> list[Path]:
-    """`rank<r>.safetensors` for r = 0 .. R - 1, in rank order; raise if none or a rank is missing."""
-    by_rank = {int(match.group(1)): path for path in folder.iterdir()
-               if (match := RANK_FILE.fullmatch(path.name)) and path.is_file()}
+    """`rank<r>.safetensors` for r = 0 .. R - 1, in rank order; raise if none, a rank is missing, or one is not a
+    regular file (a folder, a FIFO, a device, a broken link: refused, never opened or skipped)."""
+    by_rank = {int(match.group(1)): path for path in folder.iterdir() if (match := RANK_FILE.fullmatch(path.name))}
     if not by_rank:
         raise TrtllmDumpError(f"{folder} holds {META_FILE} but no rank<r>.safetensors; expected {EXPECTED}")
-    absent = sorted(set(range(max(by_rank) + 1)) - by_rank.keys())
-    if absent:
-        raise TrtllmDumpError(f"{folder}: rank{absent[0]}.safetensors is missing ({len(by_rank)} rank files, up to "
+    for path in by_rank.values():
+        try:
+            regular = stat.S_ISREG(os.stat(path).st_mode)
+        except OSError as exc:
+            raise TrtllmDumpError(f"{folder}: cannot read {path.name} ({exc.strerror}); copy every rank's file") from None
+        if not regular:
+            raise TrtllmDumpError(f"{folder}: {path.name} is not a regular file (a folder, FIFO or device); each rank's "
+                                   f"counts are a safetensors file: copy it")
+    absent = next(rank for rank in range(len(by_rank) + 1) if rank not in by_rank)
+    if absent < max(by_rank):
+        raise TrtllmDumpError(f"{folder}: rank{absent}.safetensors is missing ({len(by_rank)} rank files, up to "
                                f"rank{max(by_rank)}); copy every rank's file, or the counts lose its tokens")
     return [by_rank[rank] for rank in sorted(by_rank)]
 
@@ -165,7 +197,10 @@ def _record_of(file: Path, key: str, entry: dict, num_experts: int) -> tuple[int
                                f"({EXPECTED})")
     if entry["dtype"] not in INTEGER_DTYPES or entry["shape"] != [num_experts]:
         raise TrtllmDumpError(f"{file.name}: tensor {key!r} is {entry['dtype']} {entry['shape']}; expected integer "
-                               f"counts [{num_experts}] ({META_FILE}'s num_experts)")
+                               f"counts [{num_experts}] ({META_FILE}'s 'num_experts')")
+    if int(match.group(2)) >= MAX_MODEL_LAYERS:
+        raise TrtllmDumpError(f"{file.name}: tensor {key!r} names layer {match.group(2)[:20]}; expected a model "
+                               f"layer id below {MAX_MODEL_LAYERS}")
     return int(match.group(1)), int(match.group(2))
 
 

@@ -27,6 +27,7 @@ from placement import POLICIES, ROUTINGS, PlacementFormatError
 from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
 from placement.patch_planner import PatchPace, PatchSettings
 from traces import EplbError
+from traces.model_layers import MAX_MODEL_LAYERS
 from traces.synthetic import MAX_TRACE_VALUES
 from traces.trtllm_statistics import TrtllmDumpError
 from traces.atomic_file import all_or_nothing
@@ -254,10 +255,11 @@ def _add_place_command(sub: argparse._SubParsersAction) -> None:
                    help="also write the file SGLang's --init-expert-location takes: {physical_to_logical_map}, one "
                         "row per model layer (dense layers included) as SGLang indexes it; the layers come from an "
                         "SGLang dump, else from --sglang-num-layers and --sglang-first-moe-layer")
-    p.add_argument("--sglang-num-layers", type=POSITIVE_INT, default=None, metavar="N",
+    p.add_argument("--sglang-num-layers", type=_number(int, 1, high=MAX_MODEL_LAYERS), default=None, metavar="N",
                    help="with --sglang-out: the model's decoder layers, num_hidden_layers of its config (61 for "
                         "DeepSeek-V3)")
-    p.add_argument("--sglang-first-moe-layer", type=NON_NEGATIVE_INT, default=None, metavar="K",
+    p.add_argument("--sglang-first-moe-layer", type=_number(int, 0, high=MAX_MODEL_LAYERS - 1), default=None,
+                   metavar="K",
                    help="with --sglang-out: the model's first MoE layer, first_k_dense_replace of a DeepSeek config "
                         "(3 for DeepSeek-V3; 0 where every layer is MoE); the trace's layers are layers K to N - 1")
     p.add_argument("--trtllm-out", default=None, metavar="YAML",
@@ -578,9 +580,10 @@ def _is_input_error(exc: Exception) -> bool:
 def _as_flags(message: str, command: str) -> str:
     """`message` with each parameter name (`num_gpus`, `window=3`) replaced by the flag that sets it."""
     table = SYNTH_FLAG_OF_PARAMETER if command in ("synth", "demo") else FLAG_OF_PARAMETER
-    # A name with an underscore is a parameter wherever it stands; a plain word (`window`) only right before `=`,
-    # or before `:` opening the message (pydantic's "field: reason").
-    pattern = r"(?<![\w-])(%s)(?==)|^(%s)(?=:)|(?<![\w-])(%s)(?![\w])" % (
+    # A name with an underscore is a parameter wherever it stands, except inside brackets or quotes (a shape such as
+    # `[num_experts]`, a file's key such as `'num_experts'`); a plain word (`window`) only right before `=`, or
+    # before `:` opening the message (pydantic's "field: reason").
+    pattern = r"(?<![\w-])(%s)(?==)|^(%s)(?=:)|(?<![\w\-\['\"])(%s)(?![\w\]'\"])" % (
         "|".join(re.escape(k) for k in table if "_" not in k),
         "|".join(re.escape(k) for k in table if "_" not in k),
         "|".join(re.escape(k) for k in table if "_" in k),

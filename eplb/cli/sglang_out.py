@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from traces import RoutingTrace, TraceFormatError
-from traces.model_layers import ModelLayers
+from traces.model_layers import MAX_MODEL_LAYERS, ModelLayers
 from traces.sglang_dump import read_sglang_dump
 
 EXAMPLES = "61 and 3 for DeepSeek-V3 and R1, 48 and 0 for Qwen3-30B-A3B"
@@ -33,6 +33,9 @@ def sglang_model_layers(args: argparse.Namespace) -> ModelLayers | None:
         missing = "--sglang-first-moe-layer" if first is None else "--sglang-num-layers"
         raise TraceFormatError(f"--sglang-num-layers and --sglang-first-moe-layer go together; add {missing} "
                                f"({EXAMPLES})")
+    if num_layers is not None and num_layers > MAX_MODEL_LAYERS:
+        raise TraceFormatError(f"--sglang-num-layers {num_layers} is more decoder layers than a model has; give the "
+                               f"model config's num_hidden_layers, at most {MAX_MODEL_LAYERS} ({EXAMPLES})")
     if first is not None and first >= num_layers:
         raise TraceFormatError(f"--sglang-first-moe-layer {first} must be below --sglang-num-layers {num_layers}")
     named = None if first is None else ModelLayers.from_first_moe_layer(first, num_layers)

@@ -3,6 +3,8 @@
 returned, what was left out said in one warning."""
 
 import logging
+import os
+import re
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from placement import ClusterSpec, fit_placement, score_placement
 from traces import TraceFormatError, load_trace
 from traces.model_layers import ModelLayers
-from traces.sglang_dump import read_sglang_dump
+from traces.sglang_dump import check_torch_for_pickles, read_sglang_dump
 
 torch = pytest.importorskip("torch")
 
@@ -161,3 +163,42 @@ def test_model_layers_from_the_first_moe_layer_and_their_checks():
         ModelLayers.from_first_moe_layer(61, 61)
     with pytest.raises(TraceFormatError, match="moe_layer_ids must be increasing"):
         ModelLayers(4, (2, 1))
+
+
+def test_bool_counts_are_refused_not_read_as_zeros_and_ones(tmp_path):
+    torch.save({"logical_count": torch.ones(3, LAYERS, EXPERTS, dtype=torch.bool)}, tmp_path / "bool.pt")
+    with pytest.raises(TraceFormatError, match="logical_count must hold integer counts or ids; found dtype torch.bool"):
+        read_sglang_dump(tmp_path / "bool.pt")
+
+
+def test_slot_ids_below_minus_one_are_refused_not_dropped(tmp_path):
+    records, _ = detail_records(physical_map(), passes=2, tokens=2, with_counts=False)
+    records[1]["topk_ids_of_layer"][3, 0, 0] = -5
+    torch.save({"records": records, "last_physical_to_logical_map": torch.tensor(physical_map())}, tmp_path / "d.pt")
+    with pytest.raises(TraceFormatError, match="or -1 for no pick; .* ids -5 to"):
+        read_sglang_dump(tmp_path / "d.pt")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def test_a_pickle_with_code_is_refused_in_one_clean_line_without_torch_s_advice(tmp_path):
+    torch.save({"logical_count": _Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(TraceFormatError) as caught:
+        load_trace(tmp_path / "evil.pt")
+    message = str(caught.value)
+    assert "holds Python objects beyond tensors" in message and "GLOBAL" in message, message
+    assert "\n" not in message and "\x1b" not in message and "weights_only" not in message, message
+
+
+@pytest.mark.parametrize("version", ["2.4.0", "2.5.1+cu121", "2.6.0", "2.9.1"])
+def test_a_torch_with_a_published_weights_only_bypass_reads_no_pickle(version):
+    with pytest.raises(TraceFormatError, match=f"needs torch >= 2.10: torch {re.escape(version)} has published"):
+        check_torch_for_pickles(version)
+
+
+@pytest.mark.parametrize("version", ["2.10.0", "2.13.0+cpu", "3.0.0"])
+def test_a_torch_without_a_known_bypass_reads_pickles(version):
+    check_torch_for_pickles(version)

@@ -2,6 +2,7 @@
 layer ids and the recorded iterations kept, the files TensorRT-LLM writes beside them ignored, and every dump that
 is not the documented layout refused with one line saying what was expected."""
 
+import os
 import shutil
 
 import numpy as np
@@ -108,6 +109,25 @@ MALFORMED = [
      "truncated"),
     ("not-a-safetensors-file", lambda d: (d / "rank0.safetensors").write_bytes(b"\x00" * 40),
      "not a safetensors file"),
+    ("a-rank-with-another-layer-set", lambda d: _save(d, "rank1.safetensors", {
+        f"{100 + t}_{layer}": np.zeros(8, np.int64) for t in range(STEPS) for layer in (3, 4, 7)}),
+     "rank0.safetensors lacks '100_7'"),
+    ("a-rank-missing-a-layer", lambda d: _save(d, "rank1.safetensors", {
+        f"{100 + t}_{layer}": np.zeros(8, np.int64) for t in range(STEPS) for layer in (3, 4)}),
+     "rank1.safetensors lacks '100_6'"),
+    ("a-rank-file-that-is-a-folder", lambda d: ((d / "rank1.safetensors").unlink(), (d / "rank1.safetensors").mkdir()),
+     "rank1.safetensors is not a regular file"),
+    ("a-rank-file-that-is-a-fifo", lambda d: ((d / "rank1.safetensors").unlink(), os.mkfifo(d / "rank1.safetensors")),
+     "rank1.safetensors is not a regular file"),
+    ("a-rank-file-linked-to-dev-zero", lambda d: ((d / "rank1.safetensors").unlink(),
+                                                  os.symlink("/dev/zero", d / "rank1.safetensors")),
+     "rank1.safetensors is not a regular file"),
+    ("counts-summing-past-int64", lambda d: [_save(d, f"rank{r}.safetensors", {
+        f"{100 + t}_{layer}": np.full(8, 2**62, np.int64) for t in range(STEPS) for layer in LAYERS})
+        for r in range(RANKS)], "sum to more than 2^53 tokens"),
+    ("negative-counts", lambda d: _save(d, "rank1.safetensors", {
+        f"{100 + t}_{layer}": np.full(8, -1, np.int64) for t in range(STEPS) for layer in LAYERS}),
+     "holds a negative count"),
 ]
 
 

@@ -133,6 +133,15 @@ ERRORS = [
     ("placement-deeply-nested", "score --placement {dir}/nested.json --trace {trace}", "nests JSON too deeply"),
     ("plot-placement-for-another-model", "plot --trace {dir}/trace16.npz --placement {placement} --out-dir {dir}/pl",
      "32 experts"),
+    ("sglang-num-layers-ten-million", "place --trace {trace} {cluster} --out {dir}/o.json --sglang-out {dir}/s.json "
+     "--sglang-num-layers 10000004 --sglang-first-moe-layer 10000001", "argument --sglang-num-layers: must be >= 1 "
+                                                                       "and <= 1024; got 10000004"),
+    ("advise-sglang-num-layers-100004", "advise --trace {trace} --sglang-out {dir}/s.json --sglang-num-layers 100004 "
+     "--sglang-first-moe-layer 100001", "--sglang-num-layers 100004 is more decoder layers than a model has"),
+    ("trtllm-layers-range-to-1e11", "place --trace {trace} {cluster} --out {dir}/o.json --trtllm-out {dir}/t.yaml "
+     "--trtllm-layers 0-100000000000", "layer ids are a model's layers, below 1024; got '0-100000000000'"),
+    ("trtllm-layers-a-23-digit-id", "advise --trace {trace} --trtllm-out {dir}/t.yaml "
+     "--trtllm-layers 1,2,3,99999999999999999999999", "layer ids are a model's layers, below 1024"),
 ]
 
 
@@ -239,3 +248,14 @@ def test_a_value_error_inside_a_library_is_a_bug_with_its_traceback_not_bad_inpu
         run_eplb_here("place", "--trace", small_trace, *CLUSTER, "--policy", "deepseek",
                       "--out", tmp_path / "placement.json", "--plot", tmp_path / "loads.png")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ("one integer tensor [num_experts] per record", "one integer tensor [num_experts] per record"),
+    ("meta_info.json's 'num_experts' is 0", "meta_info.json's 'num_experts' is 0"),
+    ("num_gpus=3 cannot hold num_experts", "--gpus=3 cannot hold --num-experts"),
+], ids=["shape-in-brackets", "quoted-file-key", "parameters"])
+def test_parameter_names_become_flags_except_shapes_and_file_keys(message, expected):
+    from eplb.cli.main import _as_flags
+
+    assert _as_flags(message, "place") == expected
