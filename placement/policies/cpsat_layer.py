@@ -22,6 +22,7 @@ from placement.policies.cpsat_budget import MIN_SOLVE_S
 from placement.policies.cpsat_config import CpSatConfig
 from placement.drift_swaps import ring_spans
 from placement.policies.cpsat_solve import cpsat_phase
+from placement.policies.fit_stop import FitStop
 from placement.policies.node_limits import NodeLimits, node_chain_layout
 from placement.policies.ring_search import ring_search, search_pays_off
 from placement.policies.swap_search import swap_search
@@ -110,6 +111,7 @@ class _LayerSearch:
         greedy_floor: under dynamic routing, a lower bound on the greedy's fitted objective with its move penalty
             (`_fixed_load_bound`), or None.
         search_seconds: wall time inside the ring and swap searches.
+        stop: the fit's stop flag, checked between steps (`fit_stop`; a stopped layer raises `FitStopped`).
     """
 
     layer: int
@@ -131,6 +133,7 @@ class _LayerSearch:
     bound: float = 0.0
     greedy_floor: float | None = None
     search_seconds: float = 0.0
+    stop: FitStop = field(default_factory=FitStop)
 
     @property
     def work(self) -> tuple[int, int]:
@@ -146,6 +149,7 @@ class _LayerSearch:
 
     def score(self, name: str) -> None:
         """Scores candidate `name` on the window under the router that will run."""
+        self.stop.check()
         self.steps[name] = step_imbalance_T(self.counts_TE, *self.starts[name], self.cluster, self.config.routing,
                                             self.speed_G)
         self.fitted[name] = float(self.steps[name].mean())
@@ -187,11 +191,12 @@ class _LayerSearch:
 
 def solve_layer(layer, counts_TE, mean_E, replicas_E, greedy: Placement, cluster: ClusterSpec, config: CpSatConfig,
                 speed_G, current: Placement | None, budget, limits: NodeLimits | None = None,
-                best: str = "full") -> LayerResult:
+                best: str = "full", stop: FitStop | None = None) -> LayerResult:
     """One layer, at the best of LEVELS from `best` on that the budget allows. Under `limits` every candidate keeps
-    each expert group within its nodes (`node_limits`); `greedy` is then the hierarchical greedy."""
+    each expert group within its nodes (`node_limits`); `greedy` is then the hierarchical greedy. `stop`: the fit's
+    stop flag (raises `FitStopped` between steps once it is set)."""
     search = _LayerSearch(layer, counts_TE, mean_E, replicas_E, cluster, config, speed_G, current, budget, limits,
-                          _chain_orders(replicas_E, cluster, config), level="greedy")
+                          _chain_orders(replicas_E, cluster, config), level="greedy", stop=stop or FitStop())
     if config.gpu_capacity is None:
         search.bound = float(imbalance_lower_bound(counts_TE, cluster.num_slots, cluster.num_gpus).mean())
     search.level = budget.start_layer(layer, *search.work, best)
@@ -272,7 +277,8 @@ def _swap_phase(search: _LayerSearch) -> None:
                                     cluster.slots_per_gpu, search.speed_G, evaluations,
                                     recount=config.routing == "equal",
                                     node_of_G=None if search.limits is None else search.limits.node_of_G,
-                                    min_z=PAIRING_SWAP_Z if cluster.slots_per_gpu <= PAIRING_SLOTS else 0.0)
+                                    min_z=PAIRING_SWAP_Z if cluster.slots_per_gpu <= PAIRING_SLOTS else 0.0,
+                                    stop=search.stop.check)
     budget.charge(search.layer, amount * min(1.0, spent / max(evaluations, 1.0)))
     search.search_seconds += budget.clock() - began
     start = np.sort(search.starts["deepseek"][0].reshape(cluster.num_gpus, -1), axis=1).reshape(-1)
@@ -299,7 +305,7 @@ def _ring_search_phase(search: _LayerSearch) -> None:
     deadline, rounds = budget.ring_limits(amount)
     phy2log, _, done = ring_search(search.counts_TE, search.starts[start][0], cluster.num_gpus,
                                           cluster.slots_per_gpu, search.speed_G, (config.seed, search.layer),
-                                          deadline, max_rounds=rounds)
+                                          deadline, max_rounds=rounds, stop=search.stop.check)
     budget.charge(search.layer, amount * done / max(rounds, 1))
     search.starts["chain-search"] = search.weighted(phy2log)
     search.score("chain-search")
@@ -361,6 +367,7 @@ def _add_starts(search: _LayerSearch, orders: list[tuple[str, int]]) -> None:
     began = budget.clock()
     built = 0
     for order, seed in orders:
+        search.stop.check()
         if search.limits is None:
             chain = chain_layout(search.mean_E, search.replicas_E, cluster.num_gpus, cluster.slots_per_gpu, order,
                                  seed, search.counts_TE)

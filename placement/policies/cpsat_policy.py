@@ -25,7 +25,8 @@ vLLM and SGLang need, which compute the placement on every rank and broadcast no
 wall-clock budget instead (`cpsat_budget.FitBudget`), for a caller that solves once and broadcasts: layers then
 step down as the clock runs short and get back what earlier layers left over. OpenBLAS runs one thread meanwhile
 (`placement.blas_threads`). One layer's steps are `placement.policies.cpsat_layer`; this module runs the layers on
-threads and sums them up, with each fit's lower bound (`placement.bounds`) beside its objective.
+threads and sums them up, with each fit's lower bound (`placement.bounds`) beside its objective. An exception in the
+thread that waits for them (Ctrl-C, SIGTERM) stops the layers (`fit_stop`): the fit ends within moments at any budget.
 """
 
 import time
@@ -42,6 +43,7 @@ from placement.policies.cpsat_budget import LEVELS, FitBudget
 from placement.policies.cpsat_config import CpSatConfig
 from placement.policies.cpsat_layer import LayerResult, fitted_objective, solve_layer
 from placement.policies.deepseek import place_deepseek, replicate_greedy
+from placement.policies.fit_stop import FitStop
 from placement.policies.node_limits import node_limits
 from placement.policies.work_budget import LayerShape, WorkBudget
 
@@ -73,23 +75,33 @@ def fit_cpsat(
                                 or current.num_experts != num_experts):
         raise PlacementFormatError("the current placement is for another model or cluster than this fit")
     budget = _budget(config, num_steps, num_layers, num_experts, cluster, began)
+    stop = FitStop()
 
     def solve(layer: int, best: str = "full") -> LayerResult:
+        stop.check()  # a layer the pool takes after the fit stopped does not start
         try:
             return solve_layer(layer, counts_TLE[:, layer], mean_LE[layer], replicas_LE[layer], greedy, cluster,
-                               config, speed_G, current, budget, limits, best)
+                               config, speed_G, current, budget, limits, best, stop)
         finally:
             budget.finish_layer(layer)
 
     with one_blas_thread(), ThreadPoolExecutor(max_workers=config.workers) as pool:
-        results = list(pool.map(solve, range(num_layers)))
-        again = []
-        if config.time_limit_s is not None:
-            # Time left over (the cores freed up after the plan fell to the greedy): those layers get a chain start.
-            again = [layer for layer, result in enumerate(results) if result.level == "greedy"]
-            budget.reopen(len(again))
-            for layer, result in zip(again, pool.map(solve, again, ["one-chain"] * len(again))):
-                results[layer] = result
+        try:
+            results = list(pool.map(solve, range(num_layers)))
+            again = []
+            if config.time_limit_s is not None:
+                # Time left over (the cores freed up after the plan fell to the greedy): those layers get a chain
+                # start.
+                again = [layer for layer, result in enumerate(results) if result.level == "greedy"]
+                budget.reopen(len(again))
+                for layer, result in zip(again, pool.map(solve, again, ["one-chain"] * len(again))):
+                    results[layer] = result
+        except BaseException:
+            # Interrupted (Ctrl-C, a signal turned into an exception) or broken: the layers stop now, rather than
+            # the pool's exit waiting for every one submitted.
+            stop.stop()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     info = _summary(results, time.perf_counter() - began, config, budget)
     info["revisited_layers"] = len(again)
     info.update(_bound_summary(counts_TLE, cluster, results))

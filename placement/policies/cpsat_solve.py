@@ -34,6 +34,7 @@ def cpsat_phase(search) -> tuple[str, float | None, float | None, float]:
     `search` is the layer's `cpsat_layer._LayerSearch`."""
     config, budget, cluster = search.config, search.budget, search.cluster
     num_gpus, slots = cluster.num_gpus, cluster.slots_per_gpu
+    search.stop.check()
     best_start = search.best()
     began = budget.clock()
     near = {name: search.starts[name] for name in (best_start, "deepseek", "current") if name in search.starts}
@@ -54,7 +55,8 @@ def cpsat_phase(search) -> tuple[str, float | None, float | None, float]:
     solver.parameters.catch_sigint_signal = False
     solver.parameters.random_seed = config.seed
     solving = budget.clock()
-    code = solver.solve(lm.model)
+    with search.stop.solving(solver):  # a stopped fit ends the solve at once, and the layer with it
+        code = solver.solve(lm.model)
     solved = budget.clock() - solving
     budget.charge(search.layer, solver.deterministic_time)
     status, objective, bound = STATUS_NAMES.get(code, str(code)), None, None

@@ -31,6 +31,7 @@ search').
 """
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -78,6 +79,7 @@ def ring_search(
     deadline: float | None = None,
     max_rounds: int = MAX_ROUNDS,
     patience: int = PATIENCE,
+    stop: Callable[[], None] | None = None,
 ) -> tuple[np.ndarray, float, int]:
     """Improve one layer's ring layout on the window's steps by swapping experts' replica sets.
 
@@ -89,6 +91,8 @@ def ring_search(
         seed: seed of the random pairs.
         deadline: `time.perf_counter()` value to stop at (default none: stop on `patience` / `max_rounds`, the
             same rounds in any process).
+        stop: called before each round; it raises to end the search at once (a fit being stopped), else changes
+            nothing.
 
     Returns:
         (phy2log_P [P] int64, its `ring_objective`, never worse than the start's; the rounds it ran, what a
@@ -104,6 +108,8 @@ def ring_search(
     for rounds in range(max_rounds + 1):
         if rounds == max_rounds or idle >= patience or (deadline is not None and time.perf_counter() >= deadline):
             break
+        if stop is not None:
+            stop()
         a = rng.integers(0, num_experts, batch)
         b = rng.integers(0, num_experts, batch)
         # [T, O, B] arc loads after each swap.

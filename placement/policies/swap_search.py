@@ -28,6 +28,7 @@ The search is deterministic: the same input gives the same moves, and it stops a
 evaluations (element-steps), when no move improves, or at the first GPU that no move relieves.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +68,7 @@ def swap_search(
     recount: bool = False,
     node_of_G: np.ndarray | None = None,
     min_z: float = 0.0,
+    stop: Callable[[], None] | None = None,
 ) -> tuple[np.ndarray, float, float]:
     """Improve one layer's slot map by swaps (and with `recount`, replica moves) under equal split.
 
@@ -80,6 +82,8 @@ def swap_search(
         node_of_G: [G] node of each GPU: swaps only within a node and no recount (keeps node limits), or None.
         min_z: >= 0; a swap's mean gain over the steps must exceed this many standard errors of its per-step gains
             (0: any improvement; not applied to one-step windows).
+        stop: called before each move; it raises to end the search at once (a fit being stopped), else changes
+            nothing.
 
     Returns:
         (phy2log_P [P] int64, each GPU's experts in ascending order; its objective; the evaluations spent). Never
@@ -98,6 +102,8 @@ def swap_search(
     recount_cost = slots_per_gpu * (num_gpus * num_experts + num_gpus * num_gpus * slots_per_gpu)
     use_recount = recount and num_steps == 1 and node_of_G is None
     while spent < max_evaluations:
+        if stop is not None:
+            stop()
         moved, spent = _one_move(state, slots, best, spent, max_evaluations, (swap_cost, recount_cost),
                                  use_recount, node_of_G, min_z if num_steps > 1 else 0.0)
         if not moved:
