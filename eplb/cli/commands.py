@@ -13,6 +13,7 @@ import numpy as np
 from eplb.cli.progress import Progress
 from eplb.cli.report import format_table, yardstick_lines
 from eplb.cli.sglang_out import check_sglang_layers, sglang_model_layers
+from eplb.cli.synth_checks import check_mode_flags, check_work
 from eplb.cli.trtllm_output import trtllm_layer_ids, trtllm_scores, write_trtllm
 from placement import (
     ClusterSpec,
@@ -161,18 +162,22 @@ REQUEST_FLAGS = {"concentration": "--concentration", "prompt_tokens": "--prompt-
 
 
 def request_traffic_config(args: argparse.Namespace) -> RequestTrafficConfig:
-    """`eplb synth --requests`'s config from its flags; Zipf popularity is refused (the requests' is lognormal)."""
+    """`eplb synth --requests`'s config from its flags; Zipf popularity, a flag of the other mode and a run past its
+    work bound are refused (`synth_checks`)."""
     if args.popularity != "lognormal" or args.zipf_exponent is not None:
         raise TraceFormatError("--requests draws lognormal popularity; drop --popularity zipf and --zipf-exponent, "
                                "and shape it with --skew")
+    check_mode_flags(args)
     given = {key: getattr(args, key) for key in REQUEST_FLAGS if getattr(args, key) is not None}
     if args.request_trace is not None and not Path(args.request_trace).is_file():
         raise TraceFormatError(f"--request-trace {args.request_trace} not found; give a Mooncake .jsonl or Azure "
                                f".csv request trace")
-    return RequestTrafficConfig(
+    config = RequestTrafficConfig(
         mode=args.requests, num_steps=args.steps, num_layers=args.layers, num_experts=args.experts,
         top_k=args.top_k, tokens_per_step=args.tokens_per_step, seed=args.seed,
         **({"skew": args.skew} if args.skew is not None else {}), **given)
+    check_work(config)
+    return config
 
 
 def cmd_synth(args: argparse.Namespace) -> int:

@@ -87,10 +87,10 @@ def test_synth_npy_output_holds_the_bare_counts_array(run_eplb, tmp_path):
     assert np.load(tmp_path / "trace.npy").shape == (60, 3, 32)
 
 
-@pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_synth_requests_writes_request_level_traffic_that_replay_takes(run_eplb, tmp_path, mode):
-    result = run_eplb("synth", "--out", "trace.npz", *SYNTH, "--requests", mode, "--prompt-tokens", "100",
-                      "--output-tokens", "20", "--json", cwd=tmp_path)
+@pytest.mark.parametrize("mode, lengths", [("prefill", ("--prompt-tokens", "100")),
+                                           ("decode", ("--output-tokens", "20"))], ids=["prefill", "decode"])
+def test_synth_requests_writes_request_level_traffic_that_replay_takes(run_eplb, tmp_path, mode, lengths):
+    result = run_eplb("synth", "--out", "trace.npz", *SYNTH, "--requests", mode, *lengths, "--json", cwd=tmp_path)
     assert ok_json(result)["shape"] == [60, 3, 32]
     counts = counts_of(tmp_path / "trace.npz")
     assert (counts.sum(axis=2) == 256 * 4).all()

@@ -142,6 +142,16 @@ ERRORS = [
      "--trtllm-layers 0-100000000000", "layer ids are a model's layers, below 1024; got '0-100000000000'"),
     ("trtllm-layers-a-23-digit-id", "advise --trace {trace} --trtllm-out {dir}/t.yaml "
      "--trtllm-layers 1,2,3,99999999999999999999999", "layer ids are a model's layers, below 1024"),
+    ("synth-prefill-a-million-one-token-prompts", "synth --out {dir}/r.npz --requests prefill --tokens-per-step "
+     "1000000 --prompt-tokens 1", "--requests prefill would draw about 2e+09 requests' preferences"),
+    ("synth-decode-one-token-outputs", "synth --out {dir}/r.npz --requests decode --layers 61 --output-tokens 1",
+     "raise --output-tokens"),
+    ("synth-prefill-tokens-per-request", "synth --out {dir}/r.npz --requests prefill --tokens-per-request 4",
+     "--tokens-per-request applies to --requests decode only"),
+    ("synth-prefill-output-tokens", "synth --out {dir}/r.npz --requests prefill --output-tokens 3",
+     "--output-tokens applies to --requests decode only"),
+    ("synth-decode-prompt-tokens", "synth --out {dir}/r.npz --requests decode --prompt-tokens 5",
+     "--prompt-tokens applies to --requests prefill only"),
 ]
 
 
