@@ -55,8 +55,9 @@ from eplb.cli.main import OneLineParser
 from placement import ClusterSpec, Placement, fit_placement, rolling_replay, score_placement
 from traces import load_trace
 from traces.atomic_file import write_text_atomically
-from traces.request_traffic import RequestTrafficConfig, request_traffic_TLE
-from traces.synthetic import SyntheticConfig, generate_trace
+from placement.yardsticks import expectation_oracle, trace_yardsticks
+from traces.request_traffic import RequestTrafficConfig, request_traffic_with_expectation
+from traces.synthetic import SyntheticConfig, expected_counts_TLE, generate_trace
 
 # "G x S" -> tokens a GPU carries a step (EP32 prefill batches 2,048 tokens a GPU; decode 128)
 SHAPES = {"144x2": 128, "72x4": 128, "64x4": 128, "128x2": 128, "32x9": 2048}
@@ -83,19 +84,32 @@ def parse_shape(text: str) -> tuple[int, int]:
 
 
 def trace(gpus: int, tokens_per_gpu: int, skew: float, steps: int, layers: int, seed: int,
-          sample_seed: int | None = None, traffic: str = "tokens", stage: str = "decode") -> np.ndarray:
-    """[T, L, 256] synthetic counts at `gpus * tokens_per_gpu` tokens a step, lognormal popularity of sigma `skew`
-    (with `sample_seed`, the twin: the same popularity and requests, other samples); `traffic` "requests" draws
-    request-level traffic of `stage` (decode: continuous batching, outputs of mean 512; prefill: chunked batches of
-    4K prompts), "tokens" independent tokens."""
+          sample_seed: int | None = None, traffic: str = "tokens", stage: str = "decode") -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
+    """([T, L, 256] synthetic counts at `gpus * tokens_per_gpu` tokens a step, [T, L, 256] their expected counts),
+    lognormal popularity of sigma `skew` (with `sample_seed`, the twin: the same popularity and requests, other
+    samples); `traffic` "requests" draws request-level traffic of `stage` (decode: continuous batching, outputs of
+    mean 512; prefill: chunked batches of 4K prompts), "tokens" independent tokens."""
     if traffic == "requests":
         stage_settings = {"prompt_tokens": PREFILL_PROMPT_TOKENS} if stage == "prefill" else {}
-        return request_traffic_TLE(RequestTrafficConfig(
+        return request_traffic_with_expectation(RequestTrafficConfig(
             mode=stage, num_steps=steps, num_layers=layers, num_experts=NUM_EXPERTS, top_k=TOP_K,
             tokens_per_step=gpus * tokens_per_gpu, seed=seed, skew=skew, sample_seed=sample_seed, **stage_settings))
     config = SyntheticConfig(num_steps=steps, num_layers=layers, num_experts=NUM_EXPERTS, top_k=TOP_K,
                              tokens_per_step=gpus * tokens_per_gpu, seed=seed, skew=skew, sample_seed=sample_seed)
-    return generate_trace(config).counts_TLE
+    return generate_trace(config).counts_TLE, expected_counts_TLE(config)
+
+
+def yardstick_row(counts_TLE: np.ndarray, expected_TLE: np.ndarray, cluster: ClusterSpec, options: dict,
+                  window: int, oracle_every: int) -> dict:
+    """The held-out steps' yardsticks (`placement.yardsticks`): the noise floor, the granularity bound on the expected
+    load and the expectation oracle (cpsat with `options` refitted every `oracle_every` steps on those steps'
+    expected load, no lag, the live router)."""
+    held = slice(window, None)
+    found = trace_yardsticks(counts_TLE[held], cluster, expected_TLE[held])
+    oracle = expectation_oracle(counts_TLE[held], expected_TLE[held], cluster, "cpsat", "live", oracle_every, options)
+    return {"noise_floor": found["noise_floor"], "granularity_bound": found["granularity_bound"],
+            "expectation_oracle": float(oracle.imbalance_TL.mean())}
 
 
 def oracle_row(counts_TLE: np.ndarray, twin_TLE: np.ndarray, cluster: ClusterSpec, policy: str, routing: str,
@@ -123,7 +137,8 @@ def replay_row(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, routin
 
 
 def measure(shapes: list[str], skews: list[float], steps: int, layers: int, every: int, window: int, seed: int,
-            groups: int | None, cpsat_options: dict, oracle: bool = False, traffic: str = "tokens") -> list[dict]:
+            groups: int | None, cpsat_options: dict, oracle: bool = False, traffic: str = "tokens",
+            oracle_every: int = 10) -> list[dict]:
     rows = []
     for shape in shapes:
         gpus, slots = parse_shape(shape)
@@ -131,7 +146,8 @@ def measure(shapes: list[str], skews: list[float], steps: int, layers: int, ever
         cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
         for skew in skews:
             stage = "prefill" if shape in PREFILL_SHAPES else "decode"
-            counts_TLE = trace(gpus, tokens_per_gpu, skew, steps, layers, seed, traffic=traffic, stage=stage)
+            counts_TLE, expected_TLE = trace(gpus, tokens_per_gpu, skew, steps, layers, seed, traffic=traffic,
+                                             stage=stage)
             limits = [None] + ([groups] if groups and cluster.num_nodes >= 1 and groups % cluster.num_nodes == 0
                                else [])
             for group_count in limits:
@@ -140,8 +156,14 @@ def measure(shapes: list[str], skews: list[float], steps: int, layers: int, ever
                 found = [replay_row(counts_TLE, cluster, "deepseek", "dynamic", greedy_options, every, window),
                          replay_row(counts_TLE, cluster, "cpsat", "live",
                                     {"routing": "dynamic", **cpsat_options, **node_options}, every, window)]
+                yardsticks = yardstick_row(counts_TLE, expected_TLE, cluster, {"routing": "dynamic",
+                                           **cpsat_options, **node_options}, window, oracle_every)
+                greedy_row, cpsat_row = found
+                gap = greedy_row["held_out"] - yardsticks["expectation_oracle"]
+                yardsticks["recovered"] = (greedy_row["held_out"] - cpsat_row["held_out"]) / gap if gap > 0 else None
                 if oracle:
-                    twin_TLE = trace(gpus, tokens_per_gpu, skew, steps, layers, seed, TWIN_SAMPLE_SEED, traffic, stage)
+                    twin_TLE, _ = trace(gpus, tokens_per_gpu, skew, steps, layers, seed, TWIN_SAMPLE_SEED, traffic,
+                                        stage)
                     for row, options in zip(found, (greedy_options, {"routing": "dynamic", **cpsat_options,
                                                                        **node_options})):
                         row["oracle"] = oracle_row(counts_TLE, twin_TLE, cluster, row["policy"], row["routing"],
@@ -149,7 +171,7 @@ def measure(shapes: list[str], skews: list[float], steps: int, layers: int, ever
                 for row in found:
                     row.update({"shape": f"{gpus} x {slots}", "tokens_per_gpu": tokens_per_gpu, "traffic": traffic,
                                 "redundant": gpus * slots - NUM_EXPERTS, "skew": skew,
-                                "groups": group_count})
+                                "groups": group_count, **yardsticks})
                     print(f"{row['shape']} skew {skew} groups {group_count} {row['policy']}/{row['routing']}: "
                           f"held-out {row['held_out']:.4f} (fitted {row['fitted']:.4f}) bound {row['bound']:.4f} "
                           f"fit {row['fit_seconds_mean']:.2f} s", file=sys.stderr, flush=True)
@@ -229,16 +251,20 @@ def real_table(rows: list[dict]) -> str:
 def table(rows: list[dict]) -> str:
     oracle = "oracle" in rows[0]
     lines = ["| shape | redundant | popularity | node limit | greedy + best split: held-out (fitted) | cpsat, live "
-             "router: held-out (fitted) | cpsat - greedy | bound: held-out (fitted) | cpsat's gap to its fitted bound |"
-             + (" oracle: greedy / cpsat |" if oracle else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|" if oracle else "")]
+             "router: held-out (fitted) | cpsat - greedy | in-batch bound: held-out (fitted) | cpsat's gap to its "
+             "fitted bound | noise floor | granularity bound | expectation oracle | recovered of the oracle gap |"
+             + (" twin oracle: greedy / cpsat |" if oracle else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if oracle else "")]
     for greedy, cpsat in zip(rows[0::2], rows[1::2]):
         limit = "-" if greedy["groups"] is None else f"{greedy['groups']} groups, 1 node each"
         requests = ", requests" if greedy.get("traffic") == "requests" else ""
         line = (f"| {greedy['shape']} | {greedy['redundant']} | lognormal {greedy['skew']:g}{requests} | {limit} | "
                 f"{greedy['held_out']:.4f} ({greedy['fitted']:.4f}) | {cpsat['held_out']:.4f} "
                 f"({cpsat['fitted']:.4f}) | {cpsat['held_out'] - greedy['held_out']:+.4f} | {greedy['bound']:.4f} "
-                f"({cpsat['fitted_bound']:.4f}) | {cpsat['fitted'] - cpsat['fitted_bound']:.4f} |")
+                f"({cpsat['fitted_bound']:.4f}) | {cpsat['fitted'] - cpsat['fitted_bound']:.4f} | "
+                f"{greedy['noise_floor']:.4f} | {greedy['granularity_bound']:.4f} | "
+                f"{greedy['expectation_oracle']:.4f} | "
+                f"{'-' if greedy['recovered'] is None else format(greedy['recovered'], '.0%')} |")
         if oracle:
             line += f" {greedy['oracle']:.4f} / {cpsat['oracle']:.4f} |"
         lines.append(line)
@@ -255,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=100, help="fit on the last W steps")
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
     parser.add_argument("--groups", type=int, default=None, help="also node-limited rows with this many groups")
-    parser.add_argument("--oracle", action="store_true", help="also each policy's oracle (popularity known)")
+    parser.add_argument("--oracle", action="store_true", help="also each policy's twin oracle (each segment fitted "
+                        "on a twin of its steps: the same popularity, other samples)")
+    parser.add_argument("--oracle-every", type=int, default=10, help="the expectation oracle refits cpsat every N "
+                        "steps on those steps' expected load (default 10)")
     parser.add_argument("--real", action="store_true", help="instead, the real-routing rows (ESFT, OLMoE)")
     parser.add_argument("--traffic", choices=("tokens", "requests"), default="tokens",
                         help="synthetic traffic: independent tokens, or requests that keep their own experts "
@@ -282,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.groups is not None and (not 1 <= args.groups <= NUM_EXPERTS or NUM_EXPERTS % args.groups
                                     or all(args.groups % -(-gpus // 8) for gpus, _ in shapes)):  # nodes
         parser.error(f"--groups must divide {NUM_EXPERTS} and be a multiple of some shape's node count (G / 8)")
+    if not 1 <= args.oracle_every <= 20_000:
+        parser.error("--oracle-every must be in [1, 20000] steps")
     if args.work_limit is not None and not (math.isfinite(args.work_limit) and 0 < args.work_limit <= 1e6):
         parser.error("--work-limit must be a number of work units in (0, 1e6]")
     options = {} if args.work_limit is None else {"work_limit": args.work_limit}
@@ -294,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
         return 0
     rows = measure(args.shapes, args.skews, args.steps, args.layers, args.every, args.window, args.seed,
-                   args.groups, options, args.oracle, args.traffic)
+                   args.groups, options, args.oracle, args.traffic, args.oracle_every)
     print(table(rows))
     if args.json:
         write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")

@@ -184,6 +184,9 @@ class BalanceConfig(_Strict):
                                  "concentration of a request's expert preferences (default: measured on ESFT).")
     output_tokens: float = Field(512.0, ge=1, le=1e6, description="Requests only: mean output length of a decoding "
                                  "request (lognormal, sigma 1): how long a request keeps its experts in the batch.")
+    burst_rate: float = Field(2.0, ge=0, le=1000, description="Bursts per layer per 1,000 steps of the synthetic "
+                              "routing (an expert's weight x4 for about 50 steps); fitted to nothing: a scenario "
+                              "axis (sim.scenarios), 0 for none.")
     node_limits: bool = Field(False, description="Keep every expert group's replicas on one node of "
                               "cluster.cards_per_node cards (DeepSeek's hierarchical rule, which vLLM and SGLang "
                               "apply where the groups are a multiple of the nodes): needs model.expert_groups a "

@@ -382,7 +382,21 @@ def _add_sim_command(sub: argparse._SubParsersAction) -> None:
                                       "each of these TPOT targets (default 10 15 20 30 40 50 70 100 150 ms)")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="with --capacity: also plot the decode curve (TPOT against tokens/s per card) to this file")
+    _add_scenarios(p, "with --capacity: ")
     _add_common(p)
+
+
+def _add_scenarios(parser: argparse.ArgumentParser, scope: str) -> None:
+    """--scenarios, --bursts and --seeds: the traffic cases a figure is run over (`sim.scenarios`)."""
+    parser.add_argument("--scenarios", default="single-dataset,production-mix", metavar="NAMES",
+                        help=f"{scope}also run these traffic scenarios (comma-separated: single-dataset, the fitted "
+                             "skew; production-mix, the skew of ESFT's tasks pooled; production-mix-olmoe, OLMoE's "
+                             "domains pooled) and print each figure's range over them beside the central one "
+                             "(default %(default)s; none: the central figure alone)")
+    parser.add_argument("--bursts", default="on,off", metavar="ON,OFF",
+                        help=f"{scope}the scenarios with bursts on, off or both (default %(default)s)")
+    parser.add_argument("--seeds", type=_number(int, 1, high=20), default=3,
+                        help=f"{scope}seeds of each scenario (default %(default)s)")
 
 
 def _add_advise_command(sub: argparse._SubParsersAction) -> None:

@@ -136,6 +136,17 @@ def _capacity(args: argparse.Namespace, config) -> int:
     check_replay_work(config, routing_shape(config, None))
     report = capacity_report(config)
     text = capacity_text(report)
+    case_list = traffic_cases(args)
+    if case_list:
+        from eplb.cli.progress import Progress
+        from sim.capacity_range import capacity_ranges, ranges_text
+
+        progress = Progress("scenarios", enabled=not (args.json or args.quiet))
+        try:
+            report["ranges"] = capacity_ranges(config, report, case_list, progress.callback())
+        finally:
+            progress.close()
+        text += "\n" + ranges_text(report["ranges"], config.balance.routing_trace is not None)
     if args.curve is not None or args.plot:
         rows = decode_curve(config, tuple(args.curve or CURVE_TPOT_MS))
         report["decode_curve"] = rows
@@ -146,6 +157,20 @@ def _capacity(args: argparse.Namespace, config) -> int:
                                               f"{config.capacity.decode_context_tokens:,}-token context")
     emit(args, _finite(report), text)
     return 0
+
+
+def traffic_cases(args: argparse.Namespace) -> list:
+    """The traffic cases of --scenarios, --bursts and --seeds (`sim.scenarios.cases`); none with --scenarios none."""
+    from sim.scenarios import cases
+
+    if args.scenarios.strip() == "none":
+        return []
+    names = tuple(name.strip() for name in args.scenarios.split(",") if name.strip())
+    bursts = tuple(name.strip() for name in args.bursts.split(",") if name.strip())
+    try:
+        return cases(names, bursts, args.seeds)
+    except ValueError as exc:
+        raise ValueError(f"--scenarios/--bursts: {exc}") from None
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -89,7 +89,7 @@ def synthetic_counts(config: SimConfig, cards: int, tokens_per_card: float, stag
     skew = {} if balance.skew is None else {"skew": balance.skew}
     return generate_trace(SyntheticConfig(
         num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts, top_k=model.top_k,
-        tokens_per_step=tokens, seed=config.seed, **skew)).counts_TLE
+        tokens_per_step=tokens, seed=config.seed, burst_rate=balance.burst_rate, **skew)).counts_TLE
 
 
 def traffic_config(config: SimConfig, stage: str, tokens: int) -> RequestTrafficConfig:
@@ -101,13 +101,14 @@ def traffic_config(config: SimConfig, stage: str, tokens: int) -> RequestTraffic
       computed), lognormal with `capacity.prompt_length_spread` = E[P^2] / E[P]^2 = exp(sigma^2).
 
     The popularity's skew is `balance.skew`, else the fitted `traffic.skew`; the concentration
-    `balance.concentration`."""
+    `balance.concentration`; the bursts `balance.burst_rate`."""
     from sim.calibration import fitted
 
     balance, model, capacity = config.balance, config.model, config.capacity
     common = dict(num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts,
                   top_k=model.top_k, seed=config.seed, concentration=balance.concentration,
-                  skew=fitted("traffic.skew") if balance.skew is None else balance.skew)
+                  skew=fitted("traffic.skew") if balance.skew is None else balance.skew,
+                  burst_rate=balance.burst_rate)
     if stage == "prefill":
         prompt = max(1.0, capacity.prompt_tokens * (1.0 - capacity.cached_share))
         return RequestTrafficConfig(mode="prefill", tokens_per_step=tokens, prompt_tokens=prompt,

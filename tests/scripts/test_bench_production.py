@@ -24,11 +24,24 @@ def test_a_bad_flag_is_refused_in_one_line(load_script, capsys, monkeypatch, scr
 
 def test_request_traffic_beside_independent_tokens(load_script):
     bench = load_script("bench_production")
-    tokens = bench.trace(32, 64, 0.6, 30, 2, seed=0)
-    requests = bench.trace(32, 64, 0.6, 30, 2, seed=0, traffic="requests", stage="prefill")
-    twin = bench.trace(32, 64, 0.6, 30, 2, seed=0, sample_seed=5, traffic="requests", stage="prefill")
-    assert tokens.shape == requests.shape == (30, 2, bench.NUM_EXPERTS)
+    tokens, tokens_expected = bench.trace(32, 64, 0.6, 30, 2, seed=0)
+    requests, expected = bench.trace(32, 64, 0.6, 30, 2, seed=0, traffic="requests", stage="prefill")
+    twin, twin_expected = bench.trace(32, 64, 0.6, 30, 2, seed=0, sample_seed=5, traffic="requests", stage="prefill")
+    assert tokens.shape == requests.shape == tokens_expected.shape == (30, 2, bench.NUM_EXPERTS)
     assert (requests.sum(axis=2) == 32 * 64 * bench.TOP_K).all() and not np.array_equal(requests, twin)
+    np.testing.assert_array_equal(expected, twin_expected)  # the twin: the same requests, other samples
+
+
+def test_every_row_carries_the_yardsticks_of_its_held_out_steps(load_script):
+    bench = load_script("bench_production")
+    rows = bench.measure(["16x20"], [0.6], steps=30, layers=1, every=10, window=10, seed=0, groups=None,
+                         cpsat_options={"work_limit": 0.3}, oracle_every=10)
+    greedy, cpsat = rows
+    assert greedy["noise_floor"] == cpsat["noise_floor"] > 1.0
+    assert 1.0 <= greedy["granularity_bound"] <= greedy["expectation_oracle"] + 0.01
+    if greedy["recovered"] is not None:
+        assert greedy["recovered"] == pytest.approx((greedy["held_out"] - cpsat["held_out"])
+                                                    / (greedy["held_out"] - greedy["expectation_oracle"]))
 
 
 def test_the_rows_never_replace_a_placement_file(load_script, capsys, tmp_path):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from placement import ClusterSpec
-from traces.request_traffic import RequestTrafficConfig, request_traffic_TLE
+from placement.noise_floor import noise_floor
+from traces.request_traffic import RequestTrafficConfig, request_traffic_with_expectation
 
 
 def test_esft_batches_are_whole_prompts_cut_at_the_budget_and_the_shuffle_keeps_the_tokens(load_script):
@@ -20,14 +21,24 @@ def test_esft_batches_are_whole_prompts_cut_at_the_budget_and_the_shuffle_keeps_
     assert np.corrcoef(whole.sum(axis=0).ravel(), shuffled.sum(axis=0).ravel())[0, 1] > 0.99
 
 
-def test_a_recovery_row_sets_the_balancers_beside_the_bound(load_script):
+def test_a_recovery_row_sets_the_balancers_beside_the_yardsticks(load_script):
     bench = load_script("bench_request_traffic")
-    counts = request_traffic_TLE(RequestTrafficConfig(mode="prefill", num_steps=40, num_layers=2, num_experts=32,
-                                                      top_k=4, tokens_per_step=2048, prompt_tokens=256))
-    row = bench._recovery_row("small", counts, ClusterSpec(num_gpus=8, slots_per_gpu=5, gpus_per_node=8), 0.5, 10, 10)
-    assert row["greedy_static"] >= row["greedy_best_split"] >= row["lower_bound"] >= 1.0
-    assert row["cpsat_live"] >= row["lower_bound"]
-    assert row["recovered"] == pytest.approx((row["greedy_static"] - row["cpsat_live"]) / (row["greedy_static"] - 1))
+    counts, expected = request_traffic_with_expectation(RequestTrafficConfig(
+        mode="prefill", num_steps=40, num_layers=2, num_experts=32, top_k=4, tokens_per_step=2048,
+        prompt_tokens=256))
+    cluster = ClusterSpec(num_gpus=8, slots_per_gpu=5, gpus_per_node=8)
+    row = bench._recovery_row("small", counts, cluster, 0.5, 10, 10, expected)
+    assert row["greedy_static"] >= row["greedy_best_split"] >= row["in_batch_bound"] >= 1.0
+    assert row["cpsat_live"] >= row["in_batch_bound"]
+    assert row["noise_floor"] == noise_floor(2048 * 4, 8)
+    assert 1.0 <= row["granularity_bound"] <= row["expectation_oracle"] + 0.01, "a bound in expectation"
+    oracle = row["expectation_oracle"]
+    if row["greedy_best_split"] > oracle:
+        assert row["recovered_of_best_split"] == pytest.approx(
+            (row["greedy_best_split"] - row["cpsat_live"]) / (row["greedy_best_split"] - oracle))
+    blind = bench._recovery_row("no expectation", counts, cluster, 0.5, 10, 10)
+    assert blind["expectation_oracle"] is None and blind["recovered_of_static"] is None
+    assert blind["granularity_bound"] is None
 
 
 @pytest.mark.parametrize("flags", [["--part", "nothing"], ["--work-limit", "nan"], ["--work-limit", "0"],

@@ -95,7 +95,8 @@ def test_a_row_is_what_sim_capacity_and_replay_report_by_hand(advice, tmp_path, 
     config = candidate_config(settings, cards, slots, POLICIES[0], limited)
     config_path = tmp_path / "candidate.yaml"
     config_path.write_text(yaml.safe_dump(json.loads(config.model_dump_json())))
-    capacity = run_eplb_here("sim", "--config", str(config_path), "--capacity", "--json")
+    capacity = run_eplb_here("sim", "--config", str(config_path), "--capacity", "--scenarios", "none",
+                             "--json")
     assert capacity.returncode == 0, capacity.stderr
     decode = json.loads(capacity.stdout)["decode"]
     assert decode["tokens_per_s_per_card"] == pytest.approx(best["cpsat"]["tokens_per_s_per_card"], rel=1e-9)
@@ -131,7 +132,8 @@ def test_prefill_instances_are_ranked_with_node_limits_where_they_limit_and_a_ro
     config = prefill_config(settings, 2, 0, True)
     config_path = tmp_path / "prefill.yaml"
     config_path.write_text(yaml.safe_dump(json.loads(config.model_dump_json())))
-    capacity = run_eplb_here("sim", "--config", str(config_path), "--capacity", "--json")
+    capacity = run_eplb_here("sim", "--config", str(config_path), "--capacity", "--scenarios", "none",
+                             "--json")
     assert capacity.returncode == 0, capacity.stderr
     prefill = json.loads(capacity.stdout)["prefill"]
     assert prefill["tokens_per_s_per_card"] == pytest.approx(limited["tokens_per_s_per_card"], rel=1e-9)

@@ -140,14 +140,41 @@ def test_capacity_prints_both_stages_and_its_targets_come_from_the_flags(tmp_pat
     config.write_text("model: {sliding_window_share: 0.0}\n"
                       "balance: {policy: deepseek, layers: 2, steps: 40, refit_every: 10, window: 10}\n")
     result = run_eplb_here("sim", "--config", str(config), "--capacity", "--tpot-slo-ms", "30", "--ttft-slo-s",
-                           "0.2", "--json")
+                           "0.2", "--scenarios", "none", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["settings"]["tpot_slo_ms"] == 30 and report["settings"]["ttft_slo_s"] == 0.2
     assert report["decode"]["tpot_ms"] <= 30 and report["prefill"]["batch_s"] <= 0.2
     assert report["decode"]["tokens_per_s_per_card"] > 0 and report["prefill"]["tokens_per_s_per_card"] > 0
+    assert "ranges" not in report, "--scenarios none: the central figure alone"
     one_line_error(run_eplb_here("sim", "--config", str(config), "--tpot-slo-ms", "30"), "add --capacity")
     one_line_error(run_eplb_here("sim", "--capacity", "--tpot-slo-ms", "0"), "--tpot-slo-ms")
+
+
+def test_capacity_reports_each_figure_s_range_over_the_traffic_cases(tmp_path, run_eplb_here, one_line_error):
+    config = tmp_path / "small.yaml"
+    config.write_text("model: {sliding_window_share: 0.0}\n"
+                      "balance: {policy: deepseek, layers: 2, steps: 40, refit_every: 10, window: 10}\n")
+    result = run_eplb_here("sim", "--config", str(config), "--capacity", "--scenarios", "single-dataset,production-mix",
+                           "--bursts", "off", "--seeds", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    ranges = report["ranges"]
+    assert [(row["scenario"], row["bursts"]) for row in ranges["cases"]] == [("single-dataset", "off"),
+                                                                            ("production-mix", "off")]
+    for stage in ("decode", "prefill"):
+        for figure in ("tokens_per_s_per_card", "imbalance"):
+            found = ranges[stage][figure]
+            assert found["central"] == report[stage][figure]
+            values = [found["central"], *(row[stage][figure] for row in ranges["cases"])]
+            assert (found["min"], found["max"]) == (min(values), max(values))
+    skewed, mixed = ranges["cases"]
+    assert skewed["decode"]["imbalance"] > mixed["decode"]["imbalance"], "the pooled mix is less skewed"
+    text = run_eplb_here("sim", "--config", str(config), "--capacity", "--scenarios", "production-mix", "--bursts",
+                         "on", "--seeds", "1")
+    assert "over 1 traffic cases (production-mix bursts on; 1 seed)" in text.stdout
+    one_line_error(run_eplb_here("sim", "--config", str(config), "--capacity", "--scenarios", "busy-day"),
+                   "unknown traffic scenario 'busy-day'")
 
 
 def test_capacity_curve_prints_every_target_and_plots_it(tmp_path, run_eplb_here, one_line_error):
@@ -156,7 +183,7 @@ def test_capacity_curve_prints_every_target_and_plots_it(tmp_path, run_eplb_here
                       "balance: {policy: deepseek, layers: 2, steps: 40, refit_every: 10, window: 10}\n")
     plot = tmp_path / "curve.png"
     result = run_eplb_here("sim", "--config", str(config), "--capacity", "--curve", "50", "10", "20", "30", "--plot",
-                           str(plot), "--json")
+                           str(plot), "--scenarios", "none", "--json")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)["decode_curve"]
     assert [row["tpot_slo_ms"] for row in rows] == [10, 20, 30, 50]
@@ -165,7 +192,7 @@ def test_capacity_curve_prints_every_target_and_plots_it(tmp_path, run_eplb_here
     # 10 ms is below what one sequence's step takes (the fixed time per layer alone is most of it): no batch meets it
     assert rows[0]["tokens_per_s_per_card"] == 0 and rows[0]["binding"] == "tpot_slo" and rows[0]["tpot_ms"] > 10
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = run_eplb_here("sim", "--config", str(config), "--capacity", "--curve")
+    text = run_eplb_here("sim", "--config", str(config), "--capacity", "--curve", "--scenarios", "none")
     assert text.returncode == 0 and "latency-throughput curve" in text.stdout and text.stdout.count(" | ") >= 9 * 6
     one_line_error(run_eplb_here("sim", "--config", str(config), "--curve"), "add --capacity")
     one_line_error(run_eplb_here("sim", "--capacity", "--curve", "0"), "--curve")
