@@ -10,6 +10,10 @@ Formats (chosen by suffix):
   2025 multimodal trace's schema) is read into `Request.images`.
 
 Both give `Request`s sorted by arrival, with `arrival_s` counted from the trace's earliest request.
+
+A malformed line is refused in one line naming the file, the line and the field. What the message repeats of the
+file is capped (`SHOWN_CHARS`), and nothing of it is repeated when the path is a symbolic link: the error of a trace
+linked to another file (`/etc/shadow`) must not print that file.
 """
 
 import csv
@@ -33,6 +37,7 @@ SUPPORTED = "a Mooncake .jsonl trace or an Azure LLM inference .csv trace"
 _AZURE_TIME = re.compile(r"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(\.\d+)?")
 _EPOCH = datetime(1970, 1, 1)
 _ONE_SECOND = timedelta(seconds=1)
+SHOWN_CHARS = 40  # the most characters of a value an error repeats
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +108,10 @@ def load_request_trace(
         raise TraceFormatError(f"unknown request-trace format '{suffix}' for {file}; expected {SUPPORTED}")
     if not file.is_file():
         raise TraceFormatError(f"request trace not found: {file}; expected {SUPPORTED}")
+    shown = _Shown(os.path.islink(file))
     try:
         with open(file, encoding="utf-8-sig", newline="") as f:
-            rows = _read_mooncake(f, file) if suffix == ".jsonl" else _read_azure(f, file)
+            rows = _read_mooncake(f, file, shown) if suffix == ".jsonl" else _read_azure(f, file, shown)
     except UnicodeDecodeError as exc:
         raise TraceFormatError(f"{file} is not UTF-8 text ({exc.reason}); expected {SUPPORTED}") from None
     except OSError as exc:
@@ -133,7 +139,7 @@ def load_request_trace(
 _Row = tuple[float, int, int, tuple[int, ...], int]
 
 
-def _read_mooncake(f, file: Path) -> list[_Row]:
+def _read_mooncake(f, file: Path, shown: "_Shown") -> list[_Row]:
     rows: list[_Row] = []
     for number, line in enumerate(f, start=1):
         if not line.strip():
@@ -145,6 +151,10 @@ def _read_mooncake(f, file: Path) -> list[_Row]:
                 f"{file} line {number}: not valid JSON ({exc.msg} at column {exc.colno}); "
                 f"expected one object a line with {MOONCAKE_FIELDS}"
             ) from None
+        except (ValueError, RecursionError) as exc:  # an integer past Python's digit limit, arrays nested too deep
+            why = "a number too long" if isinstance(exc, ValueError) else "arrays or objects nested too deeply"
+            raise TraceFormatError(f"{file} line {number}: {why} to read; expected one object a line with "
+                                   f"{MOONCAKE_FIELDS}") from None
         if not isinstance(obj, dict):
             raise TraceFormatError(
                 f"{file} line {number}: found a JSON {type(obj).__name__}; expected an object with {MOONCAKE_FIELDS}"
@@ -157,21 +167,29 @@ def _read_mooncake(f, file: Path) -> list[_Row]:
         timestamp = obj["timestamp"]
         if type(timestamp) not in (int, float) or not math.isfinite(timestamp) or timestamp < 0:
             raise TraceFormatError(
-                f"{file} line {number}: timestamp={timestamp!r}; expected a finite number of milliseconds >= 0"
+                f"{file} line {number}: timestamp={shown(timestamp)}; expected a finite number of milliseconds >= 0"
             )
-        inp = _count(obj["input_length"], "input_length", 1, file, number)
-        out = _count(obj["output_length"], "output_length", 1, file, number)
+        inp = _count(obj["input_length"], "input_length", 1, file, number, shown)
+        out = _count(obj["output_length"], "output_length", 1, file, number, shown)
         hashes = obj["hash_ids"]
         if not isinstance(hashes, list) or any(type(h) is not int for h in hashes):
             raise TraceFormatError(
-                f"{file} line {number}: hash_ids must be a list of integer block ids; found {str(hashes)[:60]}"
+                f"{file} line {number}: hash_ids must be a list of integer block ids; found {shown(hashes)}"
             )
         rows.append((timestamp / 1000.0, inp, out, tuple(hashes), 0))
     return rows
 
 
-def _read_azure(f, file: Path) -> list[_Row]:
+def _read_azure(f, file: Path, shown: "_Shown") -> list[_Row]:
     reader = csv.reader(f)
+    try:
+        return _azure_rows(reader, file, shown)
+    except csv.Error as exc:  # a field past csv's limit (128 KiB), a NUL byte
+        raise TraceFormatError(f"{file} line {reader.line_num}: not CSV that can be read ({exc}); expected "
+                               f"{','.join(AZURE_COLUMNS)} rows") from None
+
+
+def _azure_rows(reader, file: Path, shown: "_Shown") -> list[_Row]:
     header = next(reader, None)
     if header is None:
         return []
@@ -179,7 +197,7 @@ def _read_azure(f, file: Path) -> list[_Row]:
     missing = [name for name in AZURE_COLUMNS if name not in columns]
     if missing:
         raise TraceFormatError(
-            f"{file} line 1: header {','.join(columns)[:80]!r} lacks {', '.join(missing)}; "
+            f"{file} line 1: header lacks {', '.join(missing)}; "
             f"expected {','.join(AZURE_COLUMNS)} (and optionally NumImages)"
         )
     at_time, at_in, at_out = (columns.index(name) for name in AZURE_COLUMNS)
@@ -192,50 +210,73 @@ def _read_azure(f, file: Path) -> list[_Row]:
             continue
         if len(fields) != len(columns):
             raise TraceFormatError(
-                f"{file} line {number}: {len(fields)} fields; expected {len(columns)} ({','.join(columns)})"
+                f"{file} line {number}: {len(fields)} fields; expected {len(columns)}, one per column of the header"
             )
-        inp = _count(_integer(fields[at_in], "ContextTokens", file, number), "ContextTokens", 1, file, number)
-        out = _count(_integer(fields[at_out], "GeneratedTokens", file, number), "GeneratedTokens", 1, file, number)
+        inp = _count(_integer(fields[at_in], "ContextTokens", file, number, shown), "ContextTokens", 1, file, number,
+                     shown)
+        out = _count(_integer(fields[at_out], "GeneratedTokens", file, number, shown), "GeneratedTokens", 1, file,
+                     number, shown)
         images = 0
         if at_images is not None:
-            images = _count(_integer(fields[at_images], "NumImages", file, number), "NumImages", 0, file, number)
-        whole, fraction = _azure_time(fields[at_time], file, number)
+            images = _count(_integer(fields[at_images], "NumImages", file, number, shown), "NumImages", 0, file,
+                            number, shown)
+        whole, fraction = _azure_time(fields[at_time], file, number, shown)
         base = whole if base is None else base
         rows.append((whole - base + fraction, inp, out, (), images))
     return rows
 
 
-def _azure_time(text: str, file: Path, number: int) -> tuple[int, float]:
+def _azure_time(text: str, file: Path, number: int, shown: "_Shown") -> tuple[int, float]:
     """A naive Azure timestamp as (whole seconds since 1970-01-01, fraction of a second in [0, 1))."""
     match = _AZURE_TIME.fullmatch(text.strip())
     if match is None:
         raise TraceFormatError(
-            f"{file} line {number}: TIMESTAMP={text!r}; expected a date and time like 2023-11-16 18:15:46.6805900"
+            f"{file} line {number}: TIMESTAMP={shown(text)}; expected a date and time like 2023-11-16 18:15:46.6805900"
         )
     try:
         whole = datetime.fromisoformat(match.group(1))
     except ValueError:
-        raise TraceFormatError(f"{file} line {number}: TIMESTAMP={text!r} is not a valid date and time") from None
+        raise TraceFormatError(f"{file} line {number}: TIMESTAMP={shown(text)} is not a valid date and "
+                               f"time") from None
     fraction = float("0" + match.group(2)) if match.group(2) else 0.0
     return (whole - _EPOCH) // _ONE_SECOND, fraction
 
 
-def _integer(text: str, name: str, file: Path, number: int) -> int:
+def _integer(text: str, name: str, file: Path, number: int, shown: "_Shown") -> int:
+    if len(text.strip()) > 20:  # beyond any token count, and past int()'s digit limit at 4,300
+        raise TraceFormatError(f"{file} line {number}: {name}={shown(text)}; expected a whole number of tokens")
     try:
         return int(text)
     except ValueError:
-        raise TraceFormatError(f"{file} line {number}: {name}={text!r}; expected a whole number of tokens") from None
+        raise TraceFormatError(f"{file} line {number}: {name}={shown(text)}; expected a whole number of "
+                               f"tokens") from None
 
 
 MAX_REQUEST_TOKENS = 10**7  # tokens one request's prompt or output may have: beyond any served context window
 
 
-def _count(value, name: str, least: int, file: Path, number: int) -> int:
+def _count(value, name: str, least: int, file: Path, number: int, shown: "_Shown") -> int:
     """`value` as an int in [`least`, MAX_REQUEST_TOKENS], else a TraceFormatError naming the field."""
     if type(value) is not int:
-        raise TraceFormatError(f"{file} line {number}: {name}={value!r}; expected a whole number of tokens")
+        raise TraceFormatError(f"{file} line {number}: {name}={shown(value)}; expected a whole number of tokens")
     if not least <= value <= MAX_REQUEST_TOKENS:
-        raise TraceFormatError(f"{file} line {number}: {name}={value}; expected a whole number of tokens in "
+        raise TraceFormatError(f"{file} line {number}: {name}={shown(value)}; expected a whole number of tokens in "
                                f"[{least}, {MAX_REQUEST_TOKENS}]")
     return value
+
+
+class _Shown:
+    """How an error repeats a value read from the file: its repr cut to SHOWN_CHARS, or nothing of it when the trace
+    is a symbolic link (the file it points to may be anyone's)."""
+
+    def __init__(self, linked: bool) -> None:
+        self.linked = linked
+
+    def __call__(self, value) -> str:
+        if self.linked:
+            return "(a value not shown: the trace is a symbolic link)"
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 64:
+            return f"(an integer of {abs(value).bit_length()} bits)"  # repr() of a huge int is slow, or refused
+        text = repr(value)
+        return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 

@@ -175,3 +175,41 @@ def test_real_traces_load_every_request_from_time_zero(name, count, last_s):
     assert requests[0].arrival_s == 0.0
     assert all(a.arrival_s <= b.arrival_s for a, b in zip(requests, requests[1:]))
     assert requests[-1].arrival_s == pytest.approx(last_s, abs=1e-6)
+
+
+HOSTILE_TRACES = [
+    ("csv-field-over-128-kib", "t.csv", f"{AZURE_HEADER}\n2023-11-16 18:15:46.1,{'9' * 200_000},5\n",
+     "line 2: not CSV that can be read (field larger than field limit"),
+    ("jsonl-5000-digit-integer", "t.jsonl", '{"timestamp": 1, "input_length": ' + "9" * 5000
+     + ', "output_length": 1, "hash_ids": []}\n', "line 1: a number too long to read"),
+    ("jsonl-100000-nested-arrays", "t.jsonl", "[" * 100_000 + "]" * 100_000 + "\n",
+     "line 1: arrays or objects nested too deeply to read"),
+    ("jsonl-5000-character-value", "t.jsonl", '{"timestamp": "' + "A" * 5000
+     + '", "input_length": 1, "output_length": 1, "hash_ids": []}\n', "timestamp='AAAA"),
+    ("csv-4000-digit-count", "t.csv", f"{AZURE_HEADER}\n2023-11-16 18:15:46.1,{'9' * 4000},5\n",
+     "ContextTokens='99999"),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "expected"), [h[1:] for h in HOSTILE_TRACES], ids=[h[0] for h in HOSTILE_TRACES])
+def test_a_hostile_request_trace_is_refused_in_one_short_line(tmp_path, name, body, expected):
+    (tmp_path / name).write_text(body)
+    with pytest.raises(TraceFormatError) as info:
+        load_request_trace(tmp_path / name)
+    message = str(info.value)
+    assert expected in message and "\n" not in message and len(message) < 300, message
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl"])
+def test_an_error_in_a_linked_trace_repeats_nothing_of_the_file_it_points_to(tmp_path, name):
+    secret = tmp_path / "shadow"
+    secret.write_text("admin:$6$SECRETHASH:19000:0:99999:7:::\nTIMESTAMP,ContextTokens,GeneratedTokens\n")
+    (tmp_path / name).symlink_to(secret)
+    with pytest.raises(TraceFormatError) as info:
+        load_request_trace(tmp_path / name)
+    assert "SECRET" not in str(info.value) and "admin" not in str(info.value), str(info.value)
+    (tmp_path / "rows.csv").write_text(f"{AZURE_HEADER}\n2023-11-16 18:15:46.1,SECRET,5\n")
+    (tmp_path / "linked.csv").symlink_to(tmp_path / "rows.csv")
+    with pytest.raises(TraceFormatError, match="a value not shown: the trace is a symbolic link") as info:
+        load_request_trace(tmp_path / "linked.csv")
+    assert "SECRET" not in str(info.value)
