@@ -17,7 +17,9 @@ import torch
 from placement import ClusterSpec, PlacementInfeasibleError
 from placement.cluster import MAX_GPUS, MAX_SLOTS
 
-# Bounds of the cpsat policy's budget: past them a call would run for days.
+# Bounds of the cpsat policy's budget: past them a call would run for days; below MIN_WORK_LIMIT (a millisecond of a
+# core's work) every layer keeps the greedy, so a smaller value is a typo, not a budget.
+MIN_WORK_LIMIT = 1e-3
 MAX_WORK_LIMIT = 1e6
 MAX_TIME_LIMIT_S = 86400.0
 
@@ -111,11 +113,12 @@ def checked_old_map(old, num_layers: int, num_experts: int, slots_per_gpu: int) 
 
 
 def check_solver_options(work_limit, time_limit_s, seed) -> None:
-    """The cpsat policy's budget (work_limit units > 0, finite, at most MAX_WORK_LIMIT; time_limit_s None or seconds
+    """The cpsat policy's budget (work_limit units in [MIN_WORK_LIMIT, MAX_WORK_LIMIT]; time_limit_s None or seconds
     > 0, at most MAX_TIME_LIMIT_S) and seed (an int in [0, 2^31))."""
     if isinstance(work_limit, bool) or not isinstance(work_limit, numbers.Real) or not (
-            math.isfinite(work_limit) and 0 < work_limit <= MAX_WORK_LIMIT):
-        raise ValueError(f"work_limit must be a number of work units in (0, {MAX_WORK_LIMIT:g}]; got {work_limit!r}")
+            math.isfinite(work_limit) and MIN_WORK_LIMIT <= work_limit <= MAX_WORK_LIMIT):
+        raise ValueError(f"work_limit must be a number of work units in [{MIN_WORK_LIMIT:g}, {MAX_WORK_LIMIT:g}]; got "
+                         f"{work_limit!r}")
     if time_limit_s is not None and (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real)
                                      or not (math.isfinite(time_limit_s) and 0 < time_limit_s <= MAX_TIME_LIMIT_S)):
         raise ValueError(f"time_limit_s must be None (the deterministic work_limit) or seconds in (0, "

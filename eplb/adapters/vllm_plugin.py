@@ -10,9 +10,12 @@ name can only be "default"; so the switch is an environment variable every vLLM 
                            this project's slot keeping
   EPLB_VLLM_WORK_LIMIT     optional, with "cpsat": the solver's deterministic work budget per call (seconds of
                            work, the same map on every rank), as `CpsatEplbPolicy.configured(work_limit=...)`
+  EPLB_VLLM_SEED           optional, with "cpsat": the solver's seed, an integer in [0, 2^31) (the same on every
+                           rank, as every vLLM process inherits it), as `CpsatEplbPolicy.configured(seed=...)`
 
 A value it cannot use stops vLLM's start-up with one line naming the variable, rather than serving with a policy
-the operator did not ask for.
+the operator did not ask for; so does any other `EPLB_VLLM_*` variable, a typo of these or `EPLB_VLLM_TIME_LIMIT`
+(vLLM computes the map on every rank and broadcasts nothing: a wall-clock budget would give ranks different maps).
 """
 
 import math
@@ -20,7 +23,13 @@ import os
 
 POLICY_VARIABLE = "EPLB_VLLM_POLICY"
 WORK_LIMIT_VARIABLE = "EPLB_VLLM_WORK_LIMIT"
+SEED_VARIABLE = "EPLB_VLLM_SEED"
+PREFIX = "EPLB_VLLM_"
 CHOICES = ("cpsat", "deepseek")
+# Why a variable the plugin does not take is refused, where there is more to say than that it is unknown.
+REFUSED = {"EPLB_VLLM_TIME_LIMIT": "vLLM computes the map on every rank and broadcasts nothing, and a wall-clock "
+                                   "budget would give ranks different maps; set EPLB_VLLM_WORK_LIMIT (deterministic "
+                                   "work) instead"}
 
 
 class PluginSettingError(ValueError):
@@ -28,40 +37,66 @@ class PluginSettingError(ValueError):
 
 
 def policy_from_environment(environ: dict[str, str] | None = None):
-    """The policy class the environment asks for (`EPLB_VLLM_POLICY`, `EPLB_VLLM_WORK_LIMIT`), or None when it asks
-    for none (vLLM's own policy then serves).
+    """The policy class the environment asks for (`EPLB_VLLM_POLICY`, `EPLB_VLLM_WORK_LIMIT`, `EPLB_VLLM_SEED`), or
+    None when it asks for none (vLLM's own policy then serves).
 
     Raises:
-        PluginSettingError: a variable holds a value the plugin cannot use (the message names it and the choices).
+        PluginSettingError: a variable holds a value the plugin cannot use, or an `EPLB_VLLM_*` variable is not one it
+            takes (the message names it and the choices).
     """
     environ = os.environ if environ is None else environ
+    _refuse_unknown(environ)
     name = environ.get(POLICY_VARIABLE, "").strip()
-    work = environ.get(WORK_LIMIT_VARIABLE, "").strip()
+    options = {variable: environ.get(variable, "").strip() for variable in (WORK_LIMIT_VARIABLE, SEED_VARIABLE)}
+    given = [variable for variable, value in options.items() if value]
     if not name:
-        if work:
-            raise PluginSettingError(f"{WORK_LIMIT_VARIABLE}={work!r} is set but {POLICY_VARIABLE} is not; set "
-                                     f"{POLICY_VARIABLE}=cpsat, or unset {WORK_LIMIT_VARIABLE}")
+        if given:
+            raise PluginSettingError(f"{given[0]}={options[given[0]]!r} is set but {POLICY_VARIABLE} is not; set "
+                                     f"{POLICY_VARIABLE}=cpsat, or unset {given[0]}")
         return None
     if name not in CHOICES:
         raise PluginSettingError(f"{POLICY_VARIABLE}={name!r} is not one of {', '.join(CHOICES)}; unset it for "
                                  f"vLLM's own policy")
     from eplb.adapters.vllm_policy import CpsatEplbPolicy
 
-    if not work:
+    if not given:
         return CpsatEplbPolicy if name == "cpsat" else CpsatEplbPolicy.configured(policy="deepseek")
     if name != "cpsat":
-        raise PluginSettingError(f"{WORK_LIMIT_VARIABLE} applies to {POLICY_VARIABLE}=cpsat only; unset it with "
+        raise PluginSettingError(f"{given[0]} applies to {POLICY_VARIABLE}=cpsat only; unset it with "
                                  f"{POLICY_VARIABLE}={name}")
+    work, seed = options[WORK_LIMIT_VARIABLE], options[SEED_VARIABLE]
+    chosen = {}
+    if work:
+        chosen["work_limit"] = _number(work, WORK_LIMIT_VARIABLE, "a number of seconds of work, e.g. 5")
+    if seed:
+        if not (seed.isdecimal() and seed.isascii() and len(seed) <= 10):
+            raise PluginSettingError(f"{SEED_VARIABLE}={seed[:40]!r} must be an integer in [0, 2^31), e.g. 0")
+        chosen["seed"] = int(seed)
     try:
-        work_limit = float(work)
-    except ValueError:
-        work_limit = math.nan
-    if not (math.isfinite(work_limit) and work_limit > 0):
-        raise PluginSettingError(f"{WORK_LIMIT_VARIABLE}={work!r} must be a number of seconds of work > 0, e.g. 5")
-    try:
-        return CpsatEplbPolicy.configured(work_limit=work_limit)
+        return CpsatEplbPolicy.configured(**chosen)
     except ValueError as exc:
-        raise PluginSettingError(f"{WORK_LIMIT_VARIABLE}={work!r}: {exc}") from exc
+        variable = WORK_LIMIT_VARIABLE if "work_limit" in str(exc) else SEED_VARIABLE
+        raise PluginSettingError(f"{variable}={options[variable][:40]!r}: {exc}") from exc
+
+
+def _refuse_unknown(environ) -> None:
+    """Raise `PluginSettingError` for an `EPLB_VLLM_*` variable the plugin does not take (a typo would otherwise
+    serve with a setting the operator did not ask for)."""
+    known = (POLICY_VARIABLE, WORK_LIMIT_VARIABLE, SEED_VARIABLE)
+    for variable in sorted(environ):
+        if variable.startswith(PREFIX) and variable not in known:
+            why = REFUSED.get(variable, f"the plugin takes {', '.join(known)} only")
+            raise PluginSettingError(f"{variable} is set, but {why}; unset it")
+
+
+def _number(text: str, variable: str, expected: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise PluginSettingError(f"{variable}={text[:40]!r} must be {expected}")
+    return value
 
 
 def register_if_asked() -> None:

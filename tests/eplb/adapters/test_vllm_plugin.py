@@ -6,6 +6,7 @@ vLLM's own policy package (loaded by path, with vLLM's own plugin loader where i
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import sys
 import types
 from pathlib import Path
@@ -32,8 +33,8 @@ def registry(monkeypatch):
     module = types.ModuleType("vllm.distributed.eplb.policy")
     module.EPLB_POLICIES = {"default": "vLLM's DefaultEplbPolicy"}
     monkeypatch.setitem(sys.modules, "vllm.distributed.eplb.policy", module)
-    monkeypatch.delenv("EPLB_VLLM_POLICY", raising=False)
-    monkeypatch.delenv("EPLB_VLLM_WORK_LIMIT", raising=False)
+    for variable in [name for name in os.environ if name.startswith("EPLB_VLLM_")]:
+        monkeypatch.delenv(variable)
     return module.EPLB_POLICIES
 
 
@@ -58,6 +59,8 @@ def test_the_variables_choose_the_policy_and_its_budget():
     assert issubclass(deepseek, CpsatEplbPolicy) and deepseek.policy == "deepseek"
     budgeted = policy_from_environment({"EPLB_VLLM_POLICY": "cpsat", "EPLB_VLLM_WORK_LIMIT": "2.5"})
     assert budgeted.policy == "cpsat" and budgeted.work_limit == 2.5
+    seeded = policy_from_environment({"EPLB_VLLM_POLICY": "cpsat", "EPLB_VLLM_WORK_LIMIT": "2", "EPLB_VLLM_SEED": "7"})
+    assert (seeded.work_limit, seeded.seed, seeded.time_limit_s) == (2.0, 7, None)
 
 
 @pytest.mark.parametrize("environ, names", [
@@ -67,8 +70,20 @@ def test_the_variables_choose_the_policy_and_its_budget():
     ({"EPLB_VLLM_POLICY": "cpsat", "EPLB_VLLM_WORK_LIMIT": "-1"}, "EPLB_VLLM_WORK_LIMIT='-1' must be"),
     ({"EPLB_VLLM_POLICY": "cpsat", "EPLB_VLLM_WORK_LIMIT": "1e300"}, "EPLB_VLLM_WORK_LIMIT='1e300'"),
     ({"EPLB_VLLM_POLICY": "deepseek", "EPLB_VLLM_WORK_LIMIT": "5"}, "applies to EPLB_VLLM_POLICY=cpsat only"),
+    ({"EPLB_VLLM_POLICY": "cpsat", "EPLB_VLLM_WORK_LIMIT": "1e-300"},
+     "EPLB_VLLM_WORK_LIMIT='1e-300': work_limit must be a number of work units in [0.001, 1e+06]"),
+    ({"EPLB_VLLM_POLICY": "cpsat", "EPLB_VLLM_TIME_LIMIT": "5"},
+     "EPLB_VLLM_TIME_LIMIT is set, but vLLM computes the map on every rank"),
+    ({"EPLB_VLLM_POLICY": "cpsat", "EPLB_VLLM_WORKLIMIT": "5"},
+     "EPLB_VLLM_WORKLIMIT is set, but the plugin takes EPLB_VLLM_POLICY, EPLB_VLLM_WORK_LIMIT, EPLB_VLLM_SEED only"),
+    ({"EPLB_VLLM_POLICY": "cpsat", "EPLB_VLLM_SEED": "-1"}, "EPLB_VLLM_SEED='-1' must be an integer in [0, 2^31)"),
+    ({"EPLB_VLLM_POLICY": "cpsat", "EPLB_VLLM_SEED": "2147483648"}, "EPLB_VLLM_SEED='2147483648': seed must be "
+                                                                   "below 2^31"),
+    ({"EPLB_VLLM_SEED": "3"}, "EPLB_VLLM_SEED='3' is set but EPLB_VLLM_POLICY is not"),
+    ({"EPLB_VLLM_POLICY": "deepseek", "EPLB_VLLM_SEED": "3"}, "EPLB_VLLM_SEED applies to EPLB_VLLM_POLICY=cpsat"),
 ], ids=["unknown-policy", "budget-without-policy", "budget-nan", "budget-negative", "budget-absurd",
-        "budget-with-deepseek"])
+        "budget-with-deepseek", "budget-vanishing", "time-limit", "misspelt-variable", "seed-negative", "seed-huge",
+        "seed-without-policy", "seed-with-deepseek"])
 def test_a_value_the_plugin_cannot_use_stops_start_up_in_one_line(registry, monkeypatch, environ, names):
     for variable, value in environ.items():
         monkeypatch.setenv(variable, value)

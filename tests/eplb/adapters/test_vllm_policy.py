@@ -161,13 +161,14 @@ def test_preserving_slots_claims_the_first_match_and_fills_in_new_order():
     ({"time_limit_s": 0}, r"time_limit_s must be None \(the deterministic work_limit\) or seconds in \(0, 86400\]; "
                           r"got 0"),
     ({"time_limit_s": float("inf")}, r"time_limit_s must be None .* got inf"),
-    ({"work_limit": 0}, r"work_limit must be a number of work units in \(0, 1e\+06\]; got 0"),
-    ({"work_limit": 1e300}, r"work_limit must be a number of work units in \(0, 1e\+06\]; got 1e\+300"),
+    ({"work_limit": 0}, r"work_limit must be a number of work units in \[0.001, 1e\+06\]; got 0"),
+    ({"work_limit": 1e300}, r"work_limit must be a number of work units in \[0.001, 1e\+06\]; got 1e\+300"),
+    ({"work_limit": 1e-300}, r"work_limit must be a number of work units in \[0.001, 1e\+06\]; got 1e-300"),
     ({"seed": -1}, "seed must be >= 0; got -1"),
     ({"seed": 1.5}, r"seed must be an int; got 1.5 \(float\)"),
     ({"seed": 2**31}, r"seed must be below 2\^31 \(CP-SAT's seed is a 32-bit int\); got 2147483648"),
-], ids=["unknown-policy", "zero-time", "infinite-time", "zero-work", "endless-work", "negative-seed", "float-seed",
-        "huge-seed"])
+], ids=["unknown-policy", "zero-time", "infinite-time", "zero-work", "endless-work", "vanishing-work", "negative-seed",
+        "float-seed", "huge-seed"])
 def test_bad_options_are_refused_by_name_when_configured_and_when_called(options, message):
     with pytest.raises(ValueError, match=message):
         CpsatEplbPolicy.configured(**options)
