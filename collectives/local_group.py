@@ -29,7 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 from collectives.communicator import Communicator, init_communicator
-from collectives.errors import CollectiveError
+from collectives.errors import CollectiveError, RankDiedError
 from collectives.lifeline import end_with_parent, parent_of_child
 
 
@@ -58,7 +58,7 @@ def run_local_group(
         timeout_s: the communicator's timeout for each collective.
         deadline_s: the whole run's limit; processes still alive then are killed.
         allow_failures: if True, a rank that raised, died or was killed at the deadline yields its exception (a
-            `CollectiveError` if it died, a `TimeoutError` if it was killed) as its result instead of making the
+            `RankDiedError` if it died, a `TimeoutError` if it was killed) as its result instead of making the
             run raise.
     """
     ctx, parent = _rank_context()
@@ -144,7 +144,7 @@ def _start_and_collect(procs: list, readers: tuple[Connection, ...], writers: tu
                 outcome[rank] = pickle.loads(reader.recv_bytes())
             except (EOFError, OSError):  # it ended before or while it wrote
                 procs[rank].join(timeout=1.0)
-                outcome[rank] = (False, CollectiveError(f"rank {rank} died (exit code {procs[rank].exitcode})"))
+                outcome[rank] = (False, RankDiedError(rank, procs[rank].exitcode))
     return outcome
 
 
@@ -173,10 +173,17 @@ def _results_in_rank_order(outcome: dict[int, tuple[bool, Any]], world_size: int
         outcome[rank] = (False, TimeoutError(f"rank {rank} did not finish within deadline_s={deadline_s:g}; killed"))
     failed = {rank: value for rank, (ok, value) in outcome.items() if not ok}
     if failed and not allow_failures:
-        # The root cause is a rank's own error; the others' collectives failed because of it.
-        rank, error = min(failed.items(), key=lambda item: (isinstance(item[1], CollectiveError), item[0]))
+        rank, error = min(failed.items(), key=lambda item: (root_cause_order(item[1]), item[0]))
         raise RuntimeError(f"rank {rank} of {world_size} failed: {error}") from error
     return [outcome[rank][1] for rank in range(world_size)]
+
+
+def root_cause_order(error: BaseException) -> int:
+    """Sort key of a rank's error as the cause of a group's failure: a rank's own error first, then a rank that died
+    (killed, crashed), last a collective that failed because a peer did."""
+    if isinstance(error, RankDiedError):
+        return 1
+    return 2 if isinstance(error, CollectiveError) else 0
 
 
 def _rank_main(fn, rank: int, world_size: int, address: str, timeout_s: float, results: Connection, args,

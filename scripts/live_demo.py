@@ -12,11 +12,13 @@ shifts at --shift-at-step (a new mix of experts; default half of R), a rebalance
 imbalance drifts), moves the weights in chunks between steps and switches every rank at once; rank K's process is
 killed outright (SIGKILL) in the middle of step N (or, with --fail-at-start, as the rebalancers start) and the
 survivors recover and finish the run. The JSON object then also holds imbalance_before, imbalance_after,
-rebalances (and rebalances_kept: fits not worth moving to), bytes_moved, requests_requeued, failed_rank,
+rebalances (and rebalances_kept: fits not worth moving to), bytes_moved, requests_requeued, failed_rank and
+lost_ranks (the ranks that died, the demo's or any killed from outside, in order),
 decode_steps_waiting_on_rebalance, step_time_p99_ratio and what they rest on (see
-`eplb.harness.rebalancing_summary.summarize_rebalancing`). A run that cannot go on (a rank lost whose experts lived
-nowhere else, before host copies of them existed) exits 1, its JSON object then `stopped` (the reason),
-`stopped_rank`, `failed_rank`, `world_size` and `ranks_finished`.
+`eplb.harness.rebalancing_summary.summarize_rebalancing`). A run that cannot go on (a rank that dies without a
+rebalancer, or one lost whose experts lived nowhere else, before host copies of them existed) exits 1, its JSON
+object then `stopped` (the reason), `stopped_rank`, `failed_rank` and `lost_ranks` (the ranks that died),
+`world_size` and `ranks_finished`.
 
 A bad flag value exits 2 with one line on stderr, before any process starts. The ranks and the solver's helper end
 with this process however it ends; SIGTERM or SIGINT stops them and exits 128 + the signal's number.
@@ -34,7 +36,8 @@ import sys
 
 
 from collectives import backend_for, exit_on_signals, run_local_group, start_local_group_server
-from collectives.errors import BackendUnavailableError
+from collectives.errors import BackendUnavailableError, RankDiedError
+from collectives.local_group import root_cause_order
 from eplb.cli.arg_types import SEED_MAX, integer, json_output, number
 from eplb.cli.main import OneLineParser
 from eplb.live import ROUTING_MODES, MoELayerConfig
@@ -229,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     share = counts[args.fit_steps :] / (args.tokens_per_step * args.top_k)
     setup = DecodeSetup(config, placement, share, args.tokens_per_step, args.routing, args.seed)
     reports = run_local_group(run_decode_loop, args.world_size, setup, args.steps, timeout_s=args.timeout,
-                              deadline_s=60 + 10 * args.steps, device=args.device)
+                              deadline_s=60 + 10 * args.steps, device=args.device, allow_failures=True)
+    if any(isinstance(r, BaseException) for r in reports):  # a rank died or failed: without a rebalancer, no recovery
+        return report_stopped(args, reports, excused=())
     result = {**summarize(reports, args.routing), "device": args.device,
               "placement": {"policy": "cpsat", "gpus": args.world_size, "slots_per_gpu": slots}}
     if not args.json:
@@ -274,23 +279,16 @@ def rebalancing_demo(args) -> int:
                               timeout_s=args.timeout, deadline_s=120 + 10 * args.steps, allow_failures=True,
                               device=args.device)
     # A rank the survivors recovered from (the demo's --fail-rank, or one killed from outside) is no error: the
-    # survivors served on without it.
-    lost = sorted({rank for r in reports if isinstance(r, LoopReport) for rec in r.recoveries
-                   for rank in rec["lost_ranks"]})
-    errors = [(rank, r) for rank, r in enumerate(reports)
-              if isinstance(r, BaseException) and rank != args.fail_rank and rank not in lost]
-    if errors or not any(isinstance(r, LoopReport) for r in reports):
-        rank, error = errors[0] if errors else (None, "no rank finished")
-        reason = ' '.join(str(error).split())[:300]
-        print(f"live_demo: rank {rank} failed: {reason}", file=sys.stderr)
-        if args.json:  # the run stopped: the one JSON object says why, and that nothing it reports was measured
-            print(json.dumps({"stopped": reason, "stopped_rank": rank, "world_size": args.world_size,
-                              "failed_rank": args.fail_rank, "ranks_finished": sum(isinstance(r, LoopReport)
-                                                                                  for r in reports)},
-                             sort_keys=True))
-        return 1
-    failed_rank = args.fail_rank if args.fail_rank is not None else (lost[0] if lost else None)
-    result = {**summarize_rebalancing(reports, setup, failed_rank), "device": args.device,
+    # survivors served on without it. In the order the group lost them.
+    lost = list(dict.fromkeys(rank for r in reports if isinstance(r, LoopReport) for rec in r.recoveries
+                              for rank in rec["lost_ranks"]))
+    excused = {args.fail_rank, *lost} - {None}
+    if any(isinstance(r, BaseException) and rank not in excused for rank, r in enumerate(reports)) or \
+            not any(isinstance(r, LoopReport) for r in reports):
+        return report_stopped(args, reports, excused)
+    # The rank that died first, planned or killed from outside (all of them, in order: lost_ranks).
+    failed_rank = lost[0] if lost else args.fail_rank
+    result = {**summarize_rebalancing(reports, setup, failed_rank), "device": args.device, "lost_ranks": lost,
               "placement": {"policy": "cpsat", "gpus": args.world_size, "slots_per_gpu": slots},
               "rebalance": rebalance.model_dump(), "traffic_shift_step": shift_step(args)}
     if not args.json:
@@ -310,6 +308,25 @@ def rebalancing_demo(args) -> int:
             print(f"live_demo: {exc}", file=sys.stderr)
             return 2
     return 1 if result["tokens_lost"] else 0
+
+
+def report_stopped(args, reports: list, excused) -> int:
+    """A run that cannot go on: one line on stderr and, under --json, the one JSON object (`stopped`, the reason;
+    `stopped_rank`, whose error it is: a rank's own error first, then a rank that died, then a collective that failed
+    because of it; `failed_rank` and `lost_ranks`, the ranks that died, planned or not; `world_size`,
+    `ranks_finished`). Exit 1."""
+    failures = [(rank, r) for rank, r in enumerate(reports) if isinstance(r, BaseException) and rank not in excused]
+    rank, error = min(failures, key=lambda f: (root_cause_order(f[1]), f[0])) if failures else (None,
+                                                                                               "no rank finished")
+    died = [rank for rank, r in enumerate(reports) if isinstance(r, RankDiedError)]
+    failed_rank = died[0] if died else args.fail_rank
+    reason = " ".join(str(error).split())[:300]
+    print(f"live_demo: rank {rank} failed: {reason}", file=sys.stderr)
+    if args.json:  # the run stopped: the one JSON object says why, and that nothing it reports was measured
+        print(json.dumps({"stopped": reason, "stopped_rank": rank, "world_size": args.world_size,
+                          "failed_rank": failed_rank, "lost_ranks": died,
+                          "ranks_finished": sum(not isinstance(r, BaseException) for r in reports)}, sort_keys=True))
+    return 1
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from collectives import CollectiveError, backend_for, run_local_group
+from collectives.errors import RankDiedError
 from collectives.errors import BackendUnavailableError
 
 
@@ -119,6 +120,8 @@ def test_a_peer_that_raises_dies_or_hangs_makes_every_other_rank_fail_within_the
         assert seconds < timeout + 2.0 and f"rank {rank} of 3: all_gather" in message
     if how == "hangs":
         assert results[0][0] == "CollectiveTimeoutError"
+    if how == "dies":  # the launcher names the rank that died and how
+        assert isinstance(results[1], RankDiedError) and (results[1].rank, results[1].exitcode) == (1, 9)
 
 
 def test_backend_follows_the_device_and_npu_names_the_missing_package():

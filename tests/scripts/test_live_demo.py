@@ -6,6 +6,7 @@ alone ends every process it started (ranks, the solver's helper and its pacer, m
 within 5 s."""
 
 import json
+import os
 import multiprocessing.process
 import signal
 import subprocess
@@ -208,3 +209,37 @@ def test_a_group_larger_than_the_machine_runs_is_refused_before_any_rank_starts(
         demo.main(["--world-size", str(2 * demo.RANKS_PER_CORE + 1)])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1 and "more ranks than this machine runs" in err[0]
+
+
+def _ranks_by_number(members: dict[int, str], leader: int) -> list[int]:
+    """Pids of the ranks, in rank order: the fork server's children (forked one after another, rank 0 first)."""
+    parents = {}
+    for pid in members:
+        with open(f"/proc/{pid}/stat") as stat:
+            parents[pid] = int(stat.read().rsplit(")", 1)[1].split()[1])
+    servers = [pid for pid, parent in parents.items() if parent == leader and "forkserver" in members[pid]]
+    return sorted(pid for pid, parent in parents.items() if servers and parent == servers[0])
+
+
+SMALL = ["--world-size", "3", "--experts", "12", "--hidden-size", "16", "--tokens-per-step", "60",
+         "--time-limit", "0.5", "--timeout", "4", "--json"]
+
+
+@pytest.mark.parametrize("extra, victim", [(["--steps", "100000"], 1),
+                                           (["--steps", "30", "--rebalance-every", "6", "--solve-in", "thread"], 2)],
+                         ids=["no-rebalancer", "with-rebalancer"])
+def test_a_rank_killed_from_outside_is_named_in_the_one_json_object_with_no_traceback(tmp_path, new_session, extra,
+                                                                                         victim):
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        session = new_session([sys.executable, str(SCRIPT), *SMALL, *extra], stdout=stdout, stderr=stderr)
+    members = session.wait_for(lambda found: len(_ranks_by_number(found, session.sid)) == 3, timeout_s=120)
+    time.sleep(0.5)
+    os.kill(_ranks_by_number(members, session.sid)[victim], signal.SIGKILL)
+    returncode = session.process.wait(timeout=120)
+    report = json.loads((tmp_path / "stdout").read_text().strip().splitlines()[-1])
+    errors = (tmp_path / "stderr").read_text()
+    assert report["failed_rank"] == victim and victim in report["lost_ranks"], report
+    assert "Traceback" not in errors and "[W" not in errors, errors
+    if "stopped" in report:  # without a rebalancer, or before the survivors could serve the victim's experts
+        assert returncode == 1 and f"rank {victim} died" in report["stopped"] + errors
+        assert errors.strip().splitlines()[-1].startswith("live_demo: rank")
