@@ -5,9 +5,12 @@ keyed by the model's layer ids with slot p on rank p // S, and a mismatch of lay
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from placement import ClusterSpec, Placement, PlacementFormatError, fit_placement
 from placement.trtllm_config import parse_layer_ids, save_trtllm_config, trtllm_yaml
+from traces.model_layers import MAX_MODEL_LAYERS
 
 CLUSTER = ClusterSpec(num_gpus=4, slots_per_gpu=5)  # P = 20 slots for E = 16 experts
 LAYER_IDS = (3, 4, 5)
@@ -68,3 +71,19 @@ def test_layer_ids_parse_from_ranges_and_lists(text, ids):
 def test_layer_ids_that_are_not_an_ascending_list_are_refused(text):
     with pytest.raises(ValueError):
         parse_layer_ids(text)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(text=st.one_of(
+    st.text(alphabet="0123456789-,٣ ", max_size=40),
+    st.lists(st.tuples(st.integers(0, 10**25), st.one_of(st.none(), st.integers(0, 10**25))), min_size=1,
+             max_size=5).map(lambda items: ",".join(f"{a}" if b is None else f"{a}-{b}" for a, b in items))))
+def test_any_layer_id_text_gives_model_layers_or_one_line_at_once(text):
+    """Ids of any size and ranges of any length: at most MAX_MODEL_LAYERS ascending ids below it, or a ValueError,
+    without expanding a range first."""
+    try:
+        ids = parse_layer_ids(text)
+    except ValueError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 200
+    else:
+        assert all(0 <= layer < MAX_MODEL_LAYERS for layer in ids) and list(ids) == sorted(set(ids))
