@@ -39,12 +39,15 @@ def inputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
     names (labelled by their config keys).
 
     Raises:
-        EplbError: a file a flag names does not exist (named by its flag, before any work).
+        EplbError: a file a flag names does not exist, or is a directory where only a trace may be one (named by its
+            flag, before any work).
     """
     found = [(flag, Path(getattr(args, dest))) for dest, flag in INPUT_FLAGS.items() if getattr(args, dest, None)]
     for flag, path in found:
         if not os.path.exists(path):
             raise EplbError(f"{flag} {path} not found; give the path of an existing file")
+        if flag != "--trace" and os.path.isdir(path):  # only a trace may be a directory (a TensorRT-LLM dump)
+            raise EplbError(f"{flag} {path} is a directory; give the path of a file")
     if args.command == "sim" and getattr(args, "config", None):
         found += _named_by_sim_config(args.config)
     return found

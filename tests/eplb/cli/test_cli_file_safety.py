@@ -184,6 +184,7 @@ INPUT_CONFLICTS = [
      "--plot {dump}/p.png is inside the input folder"),
     ("advise-trace-missing", "advise --trace {dir}/absent.npz", "--trace {dir}/absent.npz not found"),
     ("advise-model-missing", "advise --trace {trace} --model {dir}/absent.yaml", "--model {dir}/absent.yaml not found"),
+    ("advise-model-a-directory", "advise --trace {trace} --model {dump}", "--model {dump} is a directory"),
     ("place-plot-unwritable", "place --trace {trace} --gpus 8 --slots-per-gpu 5 --out {dir}/o.json "
      "--plot /proc/self/x.png", "cannot write --plot /proc/self/x.png"),
     ("advise-plot-unwritable", "advise --trace {trace} --plot /proc/self/x.png", "cannot write --plot"),
