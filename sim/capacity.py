@@ -22,6 +22,7 @@ in the batch cap.
 
 import math
 
+from placement.noise_floor import noise_floor
 from sim.config import SimConfig
 from sim.cost_model import MICRO_BATCHES, decode_step_seconds, max_decode_batch
 from sim.engine.load_imbalance import load_imbalance
@@ -71,10 +72,12 @@ def decode_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     binding = "tpot_slo" if batch < most else ("kv_cache" if fits <= cap else "max_decode_batch_per_card")
     if fixed is not None:
         binding = "fixed_batch"
+    load = max(batch, 1) * verified / cards / MICRO_BATCHES
     return {"tokens_per_s_per_card": batch * tokens_per_step / step / cards if batch else 0.0,
             "batch_per_card": batch / cards, "sequences": batch, "step_ms": 1000 * step, "tpot_ms": 1000 * tpot,
             "tokens_per_step": tokens_per_step, "imbalance": imbalance, "binding": binding if batch else "tpot_slo",
-            "cards": cards, "context_tokens": context}
+            "cards": cards, "context_tokens": context, "micro_batch_tokens_per_card": load,
+            "noise_floor": noise_floor(load * cards * config.model.top_k, cards)}
 
 
 def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
@@ -99,10 +102,12 @@ def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
     seconds = _prefill_seconds(config, max(prompts, 1), cards, imbalance)
     lengths, _ = _prefill_batch(config, max(prompts, 1))
     binding = "ttft_slo" if prompts < most else "max_prefill_batch_tokens"
+    load = max(prompts, 1) * (prompt - cached) / cards / MICRO_BATCHES
     return {"tokens_per_s_per_card": sum(lengths) / seconds / cards if prompts else 0.0,
             "prompts_per_batch": prompts, "new_tokens_per_card": prompts * (prompt - cached) / cards,
             "batch_s": seconds, "imbalance": imbalance, "binding": binding, "cards": cards,
-            "redundant_experts": redundant, "prompt_tokens": prompt, "cached_tokens": cached}
+            "redundant_experts": redundant, "prompt_tokens": prompt, "cached_tokens": cached,
+            "micro_batch_tokens_per_card": load, "noise_floor": noise_floor(load * cards * model.top_k, cards)}
 
 
 def speculation_gain(config: SimConfig, batches_per_card: list[float], imbalance: float | None = None) -> list[dict]:
@@ -187,11 +192,12 @@ def capacity_text(report: dict) -> str:
         f"decode: {decode['tokens_per_s_per_card']:,.0f} tokens/s per {settings['decode_card']} card at "
         f"{decode['batch_per_card']:.1f} sequences per card of {decode['context_tokens']:,} tokens, step "
         f"{decode['step_ms']:.1f} ms, TPOT {decode['tpot_ms']:.1f} ms (target {settings['tpot_slo_ms']:g} ms), "
-        f"imbalance {decode['imbalance']:.3f}; bound by {decode['binding']}",
+        f"imbalance {decode['imbalance']:.3f} (noise floor {decode['noise_floor']:.3f} at "
+        f"{decode['micro_batch_tokens_per_card']:.1f} tokens per card a micro-batch); bound by {decode['binding']}",
         f"prefill: {prefill['tokens_per_s_per_card']:,.0f} prompt tokens/s per {settings['prefill_card']} card on "
         f"{prefill['cards']} cards, {prefill['prompts_per_batch']} prompts of {prefill['prompt_tokens']:,} tokens "
         f"per batch ({prefill['cached_tokens']:,} cached), batch {prefill['batch_s']:.2f} s, imbalance "
-        f"{prefill['imbalance']:.3f}; bound by {prefill['binding']}",
+        f"{prefill['imbalance']:.3f} (noise floor {prefill['noise_floor']:.3f}); bound by {prefill['binding']}",
     ])
 
 

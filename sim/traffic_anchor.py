@@ -20,8 +20,10 @@ from traces.request_traffic import RequestTrafficConfig, request_traffic_TLE
 FITS = ("none", "rerun")
 
 
-def request_imbalance(measure: dict, skew: float) -> float:
-    """The anchor's imbalance at popularity skew `skew` (see the module docstring).
+def request_imbalance(measure: dict, skew: float, burst_rate: float = 2.0, seed_offset: int = 0) -> float:
+    """The anchor's imbalance at popularity skew `skew`, with `burst_rate` bursts per layer per 1,000 steps, the
+    traffic drawn from the measure's seed + `seed_offset` (see the module docstring; `sim.scenarios` names the
+    readings of the skew and the bursts).
 
     `measure` keys: cards, slots, tokens_per_step, first_step, last_step (the steps scored: [first, last)), fit
     ("none" or "rerun"); optional experts (256), top_k (8), layers (8), output_tokens (512), seed (0)."""
@@ -33,7 +35,7 @@ def request_imbalance(measure: dict, skew: float) -> float:
         mode="decode", num_steps=last, num_layers=int(measure.get("layers", 8)),
         num_experts=int(measure.get("experts", 256)), top_k=int(measure.get("top_k", 8)),
         tokens_per_step=int(measure["tokens_per_step"]), output_tokens=float(measure.get("output_tokens", 512)),
-        skew=skew, seed=int(measure.get("seed", 0)))
+        skew=skew, burst_rate=burst_rate, seed=int(measure.get("seed", 0)) + seed_offset)
     cards = int(measure["cards"])
     cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=int(measure["slots"]), gpus_per_node=cards)
     scored_TLE = request_traffic_TLE(run)[first:last]
@@ -41,6 +43,6 @@ def request_imbalance(measure: dict, skew: float) -> float:
         placement = fit_placement("trivial", scored_TLE[:1], cluster)
     else:
         placement = fit_placement("deepseek", scored_TLE, cluster)
-        rerun = run.model_copy(update={"sample_seed": int(measure.get("seed", 0)) + 1})
+        rerun = run.model_copy(update={"sample_seed": run.seed + 1})
         scored_TLE = request_traffic_TLE(rerun)[first:last]
     return float(score_placement(placement, scored_TLE, "static").imbalance_TL.mean())

@@ -24,9 +24,10 @@ from sim.speculative import SpeculativeConfig, expected_step
 
 ANCHORS_DIR = Path(__file__).with_name("anchors")
 ANCHORS_PATH = ANCHORS_DIR / "anchors.yaml"
-ROLES = ("fitted", "predicted", "identity")
+ROLES = ("fitted", "predicted", "identity", "open")
 MEASURES = ("decode", "prefill", "efficiency", "all_to_all_latency", "mtp_speedup", "mtp_tokens_per_step",
             "fleet_nodes", "store_hit_share", "imbalance", "decode_imbalance")
+IMBALANCE_MEASURES = ("imbalance", "decode_imbalance")
 REFIT_TOLERANCE = 0.002  # relative: a refit within this of the file's value leaves the file as it is
 
 
@@ -36,7 +37,10 @@ class Anchor(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1)
-    role: str = Field(pattern="^(fitted|predicted|identity)$")
+    role: str = Field(pattern="^(fitted|predicted|identity|open)$", description="fitted (a constant of the "
+                      "calibration is fitted to it), predicted (never fitted), identity (follows from fitted figures "
+                      "by arithmetic), open (its source names no metric: every definition shown, counted neither "
+                      "way)")
     published: float = Field(gt=0)
     unit: str = Field(min_length=1)
     source: str = Field(min_length=1)
@@ -44,6 +48,9 @@ class Anchor(BaseModel):
     measure: dict = Field(description="kind (one of MEASURES) and its parameters.")
     config: str | None = Field(None, description="Operating-point config, relative to the anchors file (the Feb-2025 "
                                                  "day is the shipped sim/configs/deepseek-feb2025-day.yaml).")
+    metric: str | None = Field(None, description="An imbalance's metric as its source measured it: a name of "
+                               "placement.imbalance_metrics (card_step, ...), or 'unstated' where the source names "
+                               "none (role open).")
 
 
 class AnchorError(ValueError):
@@ -85,6 +92,15 @@ def load_anchors(path: Path = ANCHORS_PATH) -> list[Anchor]:
         if anchor.measure["kind"] in ("decode", "prefill", "fleet_nodes", "store_hit_share", "decode_imbalance") and \
                 (anchor.config is None or not (Path(path).parent / anchor.config).is_file()):
             raise AnchorError(f"anchor {anchor.name!r}: its config {anchor.config!r} is missing beside {path}")
+        if anchor.measure["kind"] in IMBALANCE_MEASURES and anchor.metric is None:
+            raise AnchorError(f"anchor {anchor.name!r}: an imbalance anchor names its source's metric (metric: "
+                              f"card_step, node_step, ..., or unstated with role open)")
+        if (anchor.role == "open") != (anchor.metric == "unstated"):
+            raise AnchorError(f"anchor {anchor.name!r}: role open is for a source that names no metric (metric: "
+                              f"unstated), and only for it")
+        if anchor.role == "open" and anchor.measure["kind"] != "decode_imbalance":
+            raise AnchorError(f"anchor {anchor.name!r}: an open anchor reads a decode unit's imbalance (measure kind "
+                              f"decode_imbalance)")
         band = anchor.measure.get("band")
         if band is not None and not _valid_band(band):
             raise AnchorError(f"anchor {anchor.name!r}: band must be {{field: SECTION.FIELD of the simulator config, "
@@ -191,7 +207,8 @@ def command(anchor: Anchor) -> str:
     if kind == "store_hit_share":
         return f"eplb sim --config {config} --json  # prefix_store.hit_share"
     if kind == "decode_imbalance":
-        return f"eplb sim --config {config} --capacity --json  # decode.imbalance"
+        return f"eplb sim validate --json  # from sim.imbalance_readings at the batch of: eplb sim --config {config} " \
+               f"--capacity --json"
     if kind == "imbalance":
         return "python scripts/bench_request_traffic.py anchors  # sim.traffic_anchor.request_imbalance"
     return "eplb sim validate --json  # from sim/calibration.yaml"
@@ -201,24 +218,6 @@ def _repository_path(config: str) -> str:
     """An anchor's config path as written from the repository root (where the commands run)."""
     root = ANCHORS_DIR.resolve().parents[1]
     return str((ANCHORS_DIR / config).resolve().relative_to(root))
-
-
-def validation_rows(anchors: list[Anchor] | None = None, anchors_path: Path = ANCHORS_PATH) -> list[dict]:
-    """One row per anchor: name, role, source, conditions, unit, published, simulated, error (simulated / published
-    - 1) and the command behind the simulated figure."""
-    anchors = load_anchors(anchors_path) if anchors is None else anchors
-    rows = []
-    for anchor in anchors:
-        value = simulate(anchor, anchors_path)
-        row = {"name": anchor.name, "role": anchor.role, "source": anchor.source,
-               "conditions": anchor.conditions, "unit": anchor.unit, "published": anchor.published,
-               "simulated": value, "error": anchor_error(anchor, value), "command": command(anchor)}
-        if "band" in anchor.measure:
-            band = band_values(anchor, anchors_path)
-            row["band"] = [{**entry, "simulated": figure, "error": anchor_error(anchor, figure)}
-                           for entry, figure in zip(anchor.measure["band"]["values"], band)]
-        rows.append(row)
-    return rows
 
 
 def band_values(anchor: Anchor, anchors_path: Path = ANCHORS_PATH) -> list[float]:
@@ -234,48 +233,12 @@ def band_values(anchor: Anchor, anchors_path: Path = ANCHORS_PATH) -> list[float
     return figures
 
 
-IMBALANCE_MEASURES = ("imbalance", "decode_imbalance")
-
-
 def anchor_error(anchor: Anchor, value: float) -> float:
     """The simulated figure's relative error: on the excess over 1.0 for an imbalance (a max / mean of 1.10 against
     a published 1.05 is twice the published excess, not 5% off), on the figure itself for anything else."""
     if anchor.measure["kind"] in IMBALANCE_MEASURES and anchor.published > 1.0:
         return (value - 1.0) / (anchor.published - 1.0) - 1.0
     return value / anchor.published - 1.0
-
-
-def within_tolerance(row: dict) -> bool:
-    """Whether a row's error is within the project's bar: 15% of a figure, a third of an imbalance's excess; a row
-    with a band (a value its source does not state) only if every value of the band is."""
-    limit = 1.0 / 3.0 if row["unit"].startswith("max / mean") else 0.15
-    errors = [row["error"], *(entry["error"] for entry in row.get("band", ()))]
-    return all(abs(error) <= limit for error in errors)
-
-
-def validation_text(rows: list[dict]) -> str:
-    """The rows as a table, fitted rows first."""
-    width = max([len("anchor"), *(len(row["name"]) for row in rows)])
-    lines = [f"{'anchor':{width}} {'role':9} {'published':>11} {'simulated':>11} {'error':>7}  unit"]
-    for role in ROLES:
-        for row in (r for r in rows if r["role"] == role):
-            lines.append(f"{row['name']:{width}} {row['role']:9} {_figure(row['published']):>11} "
-                         f"{_figure(row['simulated']):>11} {row['error']:+7.1%}  {row['unit']}")
-    for row in rows:
-        if "band" in row:
-            errors = [entry["error"] for entry in row["band"]]
-            lines.append(f"{row['name']}: over its band ({', '.join(entry['trace'] for entry in row['band'])}) "
-                         f"{min(errors):+.1%} to {max(errors):+.1%}")
-    roles = {role: sum(r["role"] == role for r in rows) for role in ROLES}
-    predicted = [r for r in rows if r["role"] == "predicted"]
-    lines.append(f"rows: {roles['fitted']} fitted, {roles['identity']} identity, {roles['predicted']} predicted; "
-                 f"predicted rows within 15% (imbalance rows: a third of the excess over 1.0; a band: all of it): "
-                 f"{sum(map(within_tolerance, predicted))} of {len(predicted)}")
-    return "\n".join(lines)
-
-
-def _figure(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}"
 
 
 # ---- the refit -----------------------------------------------------------------------------------------------------

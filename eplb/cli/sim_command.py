@@ -183,7 +183,8 @@ def _validate(args: argparse.Namespace) -> int:
              if value not in (None, False)]
     if given:
         raise SimConfigError(f"eplb sim validate runs the anchors' own operating points; drop {' '.join(given)}")
-    from sim.validation import ANCHORS_PATH, refit, refitted_constants, validation_rows, validation_text
+    from sim.validation import ANCHORS_PATH, refit, refitted_constants
+    from sim.validation_report import validation_rows, validation_text
 
     anchors = Path(args.anchors) if args.anchors else ANCHORS_PATH
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from placement import ClusterSpec, fit_placement
 from placement.replay import rolling_replay
-from placement.scoring import score_placement
+from placement.scoring import StepScores, score_placement
 from sim.config import SimConfig, SimConfigError
 from traces import TraceFormatError, load_trace
 from traces.request_traffic import MAX_LIVE_VALUES, RequestTrafficConfig, request_traffic_TLE
@@ -130,16 +130,25 @@ def served_imbalance_T(config: SimConfig, cards: int, slots: int, counts_TLE: np
     """[T] imbalance of each served step (mean over layers) of `counts_TLE` [T, L, E] replayed under
     `config.balance`'s policy on a group of `cards` cards with `slots` expert slots each (a decode unit or a prefill
     instance), then of each trace of `also_TLE` (the same traffic with fewer tokens, say) served by the very
-    placements fitted on `counts_TLE`. `node_limited`: every one of the model's expert groups on one node of
-    `cluster.cards_per_node` cards (the greedy hierarchical, cpsat within its nodes)."""
+    placements fitted on `counts_TLE`: `served_scores`, each step's mean over layers."""
+    return [scores.imbalance_TL.mean(axis=1)
+            for scores in served_scores(config, cards, slots, counts_TLE, also_TLE, node_limited)]
+
+
+def served_scores(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndarray,
+                  also_TLE: tuple[np.ndarray, ...] = (), node_limited: bool = False) -> list[StepScores]:
+    """The served steps' scores (`placement.scoring.StepScores`: per step and layer, with each card's load) of
+    `counts_TLE` [T, L, E] replayed under `config.balance`'s policy on a group of `cards` cards with `slots` expert
+    slots each, then of each trace of `also_TLE` served by the very placements fitted on `counts_TLE`.
+    `node_limited`: every one of the model's expert groups on one node of `cluster.cards_per_node` cards (the greedy
+    hierarchical, cpsat within its nodes). Policy "none" serves every step."""
     balance = config.balance
     per_node = config.cluster.cards_per_node
     cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots, gpus_per_node=per_node if cards % per_node == 0
                           else cards)
     if balance.policy == "none":
         placement = fit_placement("trivial", counts_TLE[:1], cluster)
-        return [score_placement(placement, trace, "static").imbalance_TL.mean(axis=1)
-                for trace in [counts_TLE, *also_TLE]]
+        return [score_placement(placement, trace, "static") for trace in [counts_TLE, *also_TLE]]
     live = balance.routing == "live"
     options = {"work_limit": balance.work_limit, "routing": "dynamic" if live else "static"} \
         if balance.policy == "cpsat" else {}
@@ -151,5 +160,4 @@ def served_imbalance_T(config: SimConfig, cards: int, slots: int, counts_TLE: np
     result = rolling_replay(counts_TLE, cluster, balance.policy, every=balance.refit_every, window=window,
                             routing="live" if live else "static", policy_options=options,
                             also_served={str(index): trace for index, trace in enumerate(also_TLE)})
-    return [result.held_out.imbalance_TL.mean(axis=1),
-            *(result.held_out_served[str(index)].imbalance_TL.mean(axis=1) for index in range(len(also_TLE)))]
+    return [result.held_out, *(result.held_out_served[str(index)] for index in range(len(also_TLE)))]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.validation import (ANCHORS_PATH, ROLES, AnchorError, _refit_one, anchor_error, load_anchors, simulate,
-                            validation_rows, within_tolerance)
+from sim.validation import ANCHORS_PATH, ROLES, AnchorError, _refit_one, anchor_error, load_anchors, simulate
+from sim.validation_report import validation_rows, validation_text, within_tolerance
 from sim.calibration import load_calibration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +83,62 @@ def test_the_offline_eplb_prediction_runs_on_the_fitted_skew_and_beats_no_balanc
     assert rows[0]["error"] == pytest.approx((rows[0]["simulated"] - 1) / (rows[0]["published"] - 1) - 1)
 
 
+def test_an_imbalance_row_names_its_source_s_metric_and_carries_its_range_over_the_traffic_cases():
+    anchors = {anchor.name: anchor for anchor in load_anchors()}
+    row = validation_rows([anchors["trtllm-r1-ep36-offline-eplb"]])[0]
+    assert row["metric"] == "card_step"
+    found = row["range"]
+    assert len(found["cases"]) == 6, "the fitted skew, bursts on and off, 3 seeds"
+    values = [found["central"], *(case["simulated"] for case in found["cases"])]
+    assert (found["min"], found["max"]) == (min(values), max(values)) and found["central"] == row["simulated"]
+    assert all(case["error"] == anchor_error(anchors["trtllm-r1-ep36-offline-eplb"], case["simulated"])
+               for case in found["cases"])
+
+
+def test_a_row_with_a_range_counts_only_if_every_case_is_within():
+    row = {"unit": "max / mean rank load", "error": 0.1, "range": {"cases": [{"error": -0.2}, {"error": 0.3}]}}
+    assert within_tolerance(row)
+    row["range"]["cases"][0]["error"] = -0.4
+    assert not within_tolerance(row)
+
+
+def test_the_open_row_shows_every_definition_and_is_counted_neither_way():
+    anchors = {anchor.name: anchor for anchor in load_anchors()}
+    anchor = anchors["deepseek-decode-imbalance"]
+    assert (anchor.role, anchor.metric) == ("open", "unstated")
+    row = {"name": anchor.name, "role": "open", "metric": "unstated", "unit": anchor.unit, "published": 1.09,
+           "simulated": 1.3, "error": 2.3, "tokens_per_card": 91.5, "cases": 12,
+           "definitions": {"card_step": {"central": 1.3, "min": 1.1, "max": 1.4, "noise_floor": 1.098,
+                                         "definition": "per step"}}}
+    predicted = {"name": "p", "role": "predicted", "metric": None, "unit": "tokens/s", "published": 1.0,
+                 "simulated": 1.0, "error": 0.0}
+    text = validation_text([row, predicted])
+    assert "1 predicted, 1 open (no metric named: counted neither way)" in text and "1 of 1" in text
+    assert "card_step         1.300 (1.100 to 1.400), noise floor 1.098" in text
+
+
+def test_an_anchors_file_without_an_imbalance_s_metric_is_refused(tmp_path):
+    import yaml
+
+    data = yaml.safe_load(ANCHORS_PATH.read_text())
+    for entry in data["anchors"]:
+        if entry["name"] == "trtllm-r1-ep36-offline-eplb":
+            del entry["metric"]
+    broken = tmp_path / "anchors.yaml"
+    broken.write_text(yaml.safe_dump(data))
+    _copy_configs(tmp_path)
+    with pytest.raises(AnchorError, match="names its source's metric"):
+        load_anchors(broken)
+
+
+def _copy_configs(folder: Path) -> None:
+    """The anchors' operating-point configs, copied beside an anchors file written to `folder`."""
+    for config in {anchor.config for anchor in load_anchors() if anchor.config}:
+        target = folder / config
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text((ANCHORS_PATH.parent / config).read_text())
+
+
 def test_a_row_with_a_band_counts_only_if_every_value_of_the_band_is_within():
     row = {"unit": "input tokens/s per node", "error": 0.05,
            "band": [{"trace": "a", "value": 1.9, "error": -0.10}, {"trace": "b", "value": 2.7, "error": 0.05}]}
@@ -112,10 +168,7 @@ def test_a_malformed_band_is_refused_naming_the_anchor(tmp_path):
     text = ANCHORS_PATH.read_text().replace("field: capacity.prompt_length_spread", "field: capacity.nothing")
     broken = tmp_path / "anchors.yaml"
     broken.write_text(text)
-    for config in {anchor.config for anchor in load_anchors() if anchor.config}:
-        target = tmp_path / config
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text((ANCHORS_PATH.parent / config).read_text())
+    _copy_configs(tmp_path)
     with pytest.raises(AnchorError, match="deepseek-prefill-node"):
         load_anchors(broken)
 

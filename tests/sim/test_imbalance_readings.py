@@ -1,0 +1,56 @@
+"""Every reading of a decode unit's imbalance at one load, and an open anchor's definitions side by side."""
+
+import numpy as np
+import pytest
+import yaml
+
+import sim.anchor_cases
+import sim.imbalance_readings
+from sim.anchor_cases import open_definitions
+from sim.config import SimConfig, SimConfigError
+from sim.engine.decode_balance import served_scores, synthetic_counts
+from sim.imbalance_readings import decode_readings
+from sim.validation import load_anchors
+
+SMALL = {"model": {"sliding_window_share": 0.0},
+         "cluster": {"decode_cards": 16},
+         "balance": {"policy": "deepseek", "layers": 2, "steps": 40, "refit_every": 20, "window": 20}}
+
+
+def test_the_readings_are_the_named_metrics_of_the_served_steps_at_that_load():
+    config = SimConfig.model_validate(SMALL)
+    readings = decode_readings(config, 32, steps=120)
+    served = config.model_copy(update={"balance": config.balance.model_copy(update={"steps": 140})})
+    counts = synthetic_counts(served, 16, 32)
+    scores = served_scores(served, 16, config.decode_slots_per_card, counts)[0]
+    assert scores.imbalance_TL.shape[0] == 120
+    assert readings["card_step"]["value"] == pytest.approx(scores.imbalance_TL.mean())
+    assert readings["card_step"]["rows"] == 120 * 2
+    assert readings["card_window_100"]["rows"] == 2 and readings["card_window_1000"]["value"] is None
+    assert readings["node_step"]["value"] <= readings["card_step"]["value"], "two nodes of 8 cards"
+    assert readings["group_step"]["definition"].endswith("8 contiguous groups)")
+
+
+def test_the_readings_refuse_a_routing_trace(tmp_path):
+    np.save(tmp_path / "r.npy", np.ones((4, 2, 256), dtype=np.int64))
+    trace = {**SMALL["balance"], "routing_trace": str(tmp_path / "r.npy")}
+    config = SimConfig.model_validate({**SMALL, "balance": trace})
+    with pytest.raises(SimConfigError, match="eplb replay"):
+        decode_readings(config, 32)
+
+
+def test_an_open_anchor_reads_every_definition_with_its_range(tmp_path, monkeypatch):
+    monkeypatch.setattr(sim.imbalance_readings, "READING_STEPS", 100)
+    monkeypatch.setattr(sim.anchor_cases, "ANCHOR_SEEDS", 1)
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    anchor = {"name": "open-row", "role": "open", "metric": "unstated", "published": 1.09, "unit": "max / mean",
+              "source": "a post", "conditions": "none named", "config": "small.yaml",
+              "measure": {"kind": "decode_imbalance", "scenarios": ["production-mix"]}}
+    path = tmp_path / "anchors.yaml"
+    path.write_text(yaml.safe_dump({"anchors": [anchor]}))
+    found = open_definitions(load_anchors(path)[0], path)
+    assert found["cases"] == 2, "production-mix, bursts on and off, one seed"
+    definitions = found["definitions"]
+    assert {"card_step", "node_step", "card_window_10", "card_window_100", "group_step"} <= set(definitions)
+    for reading in definitions.values():
+        assert reading["min"] <= reading["central"] <= reading["max"] and reading["noise_floor"] >= 1.0
