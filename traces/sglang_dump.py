@@ -114,7 +114,8 @@ def read_sglang_dump(path: str | os.PathLike) -> SglangDump:
 
 
 def check_torch_for_pickles(version: str) -> None:
-    """Raise `TraceFormatError` unless torch `version` reads a pickle with weights_only=True safely (>= MIN_SAFE_TORCH)."""
+    """Raise `TraceFormatError` unless torch `version` reads a pickle with weights_only=True safely (at least
+    MIN_SAFE_TORCH)."""
     from torch.torch_version import TorchVersion
 
     if TorchVersion(version) < MIN_SAFE_TORCH:
@@ -275,7 +276,7 @@ def _torch_reason(exc: BaseException) -> str:
     if "Weights only load failed" in text:
         found = [part for part in re.split(r"\n\s*\n", text) if part.strip() and "weights_only" not in part
                  and "Weights only" not in part and not part.strip().startswith("Check the documentation")]
-        detail = " ".join(" ".join(found).split())[:200] or "a Python object"
+        detail = " ".join(" ".join(found).split()).split(". ")[0][:200] or "a Python object"  # what, not torch's advice
         return (f"it holds Python objects beyond tensors, numbers and containers ({detail}); it was not read: an "
                 f"SGLang dump holds none")
     return " ".join(text.split())[:300] or type(exc).__name__

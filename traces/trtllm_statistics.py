@@ -178,10 +178,11 @@ def _rank_files(folder: Path) -> list[Path]:
         try:
             regular = stat.S_ISREG(os.stat(path).st_mode)
         except OSError as exc:
-            raise TrtllmDumpError(f"{folder}: cannot read {path.name} ({exc.strerror}); copy every rank's file") from None
+            raise TrtllmDumpError(f"{folder}: cannot read {path.name} ({exc.strerror}); copy every rank's "
+                                   f"file") from None
         if not regular:
-            raise TrtllmDumpError(f"{folder}: {path.name} is not a regular file (a folder, FIFO or device); each rank's "
-                                   f"counts are a safetensors file: copy it")
+            raise TrtllmDumpError(f"{folder}: {path.name} is not a regular file (a folder, FIFO or device); each "
+                                   f"rank's counts are a safetensors file: copy it")
     absent = next(rank for rank in range(len(by_rank) + 1) if rank not in by_rank)
     if absent < max(by_rank):
         raise TrtllmDumpError(f"{folder}: rank{absent}.safetensors is missing ({len(by_rank)} rank files, up to "

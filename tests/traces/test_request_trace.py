@@ -191,7 +191,8 @@ HOSTILE_TRACES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "body", "expected"), [h[1:] for h in HOSTILE_TRACES], ids=[h[0] for h in HOSTILE_TRACES])
+@pytest.mark.parametrize(("name", "body", "expected"), [h[1:] for h in HOSTILE_TRACES],
+                         ids=[h[0] for h in HOSTILE_TRACES])
 def test_a_hostile_request_trace_is_refused_in_one_short_line(tmp_path, name, body, expected):
     (tmp_path / name).write_text(body)
     with pytest.raises(TraceFormatError) as info:
