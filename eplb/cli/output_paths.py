@@ -73,7 +73,7 @@ def outputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return found
 
 
-KIND_NAMES = {"placement": "placement (or SGLang map)", "json": "JSON", "png": "PNG", "trace": "routing trace",
+KIND_NAMES = {"placement": "placement", "json": "JSON", "png": "PNG", "trace": "routing trace",
               "trtllm": "TensorRT-LLM load-balancer YAML"}
 
 
