@@ -29,7 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.capacity import decode_capacity, prefill_capacity
+from sim.advice_range import MAX_SCREENED
 from sim.config import SimConfig, node_limit_problem
+from sim.scenarios import TrafficCase, spread
 from sim.cost_model import RESERVED_FRACTION
 from sim.hardware import PROFILES
 
@@ -57,6 +59,10 @@ class AdviceSettings:
         prefill_redundant: the redundant expert counts of a prefill instance to try.
         node_limits: whether to try layouts without node limits (False) and with them (True), decode and prefill;
             with them only where the layout is whole nodes whose count divides the model's expert groups.
+        current: the layout serving now, (cards, slots per card, node limits), or None: its row, the pick's gain
+            over it and the break-even (`sim.advice_range`).
+        cases: the traffic cases (`sim.scenarios`) the pick and the layouts close to it are rerun over: their
+            ranges and the ties they leave; none: the central figures alone.
     """
 
     base: SimConfig
@@ -69,6 +75,11 @@ class AdviceSettings:
     prefill_nodes: tuple[int, ...] = ()
     prefill_redundant: tuple[int, ...] = (0, 32)
     node_limits: tuple[bool, ...] = (False, True)
+    current: tuple[int, int, bool] | None = None
+    cases: tuple[TrafficCase, ...] = ()
+
+
+MIN_SCORED_WINDOWS = 2  # a row answers only if its replay scored at least this many fit windows of steps
 
 
 def node_limits_fit(settings: AdviceSettings, cards: int) -> bool:
@@ -133,10 +144,11 @@ def evaluate(settings: AdviceSettings, cards: int, slots: int, node_limits: bool
                 raise
             report = {"tokens_per_s_per_card": 0.0, "batch_per_card": 0.0, "step_ms": None, "tpot_ms": None,
                       "imbalance": None, "binding": "weights"}
-        row[policy] = {key: report[key] for key in ("tokens_per_s_per_card", "batch_per_card", "step_ms", "tpot_ms",
-                                                    "imbalance")}
+        row[policy] = {key: report.get(key) for key in ("tokens_per_s_per_card", "batch_per_card", "step_ms",
+                                                        "tpot_ms", "imbalance", "noise_floor", "basis")}
         row[policy]["bound_by"] = BINDINGS[report["binding"]] if report["tokens_per_s_per_card"] or \
             report["binding"] == "weights" else "TPOT"
+    row.update(answerable(settings, row[POLICIES[0]]["basis"]))
     chosen = row[POLICIES[0]]
     config = candidate_config(settings, cards, slots, POLICIES[0], node_limits)
     row["memory_gb"] = memory_per_card(config, chosen["batch_per_card"])
@@ -151,13 +163,30 @@ def evaluate(settings: AdviceSettings, cards: int, slots: int, node_limits: bool
     return row
 
 
+def answerable(settings: AdviceSettings, basis: dict | None) -> dict:
+    """{"answerable", "why"}: whether a row's replay (`basis`: the decode curve's steps, window, refits and scored
+    steps at its top load) scored at least `MIN_SCORED_WINDOWS` windows of `balance.window` steps; a row whose
+    weights do not fit (no basis) answers (it serves nothing)."""
+    needed = MIN_SCORED_WINDOWS * settings.base.balance.window
+    if basis is None or basis["scored_steps"] >= needed:
+        return {"answerable": True, "why": None}
+    return {"answerable": False,
+            "why": f"its replay scored {basis['scored_steps']} steps ({basis['steps']} pooled steps, a window of "
+                   f"{basis['window']}, {basis['refits']} refits), fewer than {needed} ({MIN_SCORED_WINDOWS} windows "
+                   f"of {settings.base.balance.window})"}
+
+
 def advise(settings: AdviceSettings, progress: Callable[[int, int], None] | None = None) -> dict:
     """Every candidate's row, ranked by the chosen policy's decode tokens/s per card (rows whose weights do not fit
-    last), the recommendation (the first row; None when no candidate fits) and vLLM's (`best_for_vllm`: the first
-    row vLLM can run). `progress(done, total)` is called after each candidate, decode's then prefill's."""
+    last), the recommendation (the first answerable row: `answerable`; None when no candidate serves), vLLM's
+    (`best_for_vllm`), the rows left unanswered, and with `settings.current` and `settings.cases` what
+    `sim.advice_range` adds (the current layout's row, ranges, ties, the gain over the current layout and the
+    break-even). `progress(done, total)` is called after each candidate, decode's then prefill's, then each rerun
+    over a case."""
     shapes = candidates(settings)
     instances = prefill_candidates(settings) if settings.prefill_nodes else []
-    total = len(shapes) + len(instances)
+    screen = (1 + MAX_SCREENED + (settings.current is not None)) * len(settings.cases)
+    total = len(shapes) + len(instances) + screen
     rows = []
     for done, (cards, slots, limited) in enumerate(shapes, 1):
         rows.append(evaluate(settings, cards, slots, limited))
@@ -165,16 +194,71 @@ def advise(settings: AdviceSettings, progress: Callable[[int, int], None] | None
             progress(done, total)
     rows.sort(key=lambda row: (-row[POLICIES[0]]["tokens_per_s_per_card"], row["cards"], row["slots_per_card"],
                                row["node_limits"]))
-    best = rows[0] if rows and rows[0][POLICIES[0]]["tokens_per_s_per_card"] > 0 else None
+    best = next((row for row in rows if row["answerable"]), None)
+    if best is not None and best[POLICIES[0]]["tokens_per_s_per_card"] <= 0:
+        best = None
     result = {"rows": rows, "recommended": best,
               "vllm_recommended": best_for_vllm(rows, settings.base.model.expert_groups,
-                                                settings.base.cluster.cards_per_node)}
+                                                settings.base.cluster.cards_per_node),
+              "unanswered": [{**{key: row[key] for key in ("cards", "slots_per_card", "node_limits", "why")},
+                              "scored_steps": row[POLICIES[0]]["basis"]["scored_steps"]}
+                             for row in rows if not row["answerable"]],
+              "min_scored_steps": MIN_SCORED_WINDOWS * settings.base.balance.window}
+    done = len(shapes)
     if settings.prefill_nodes:
         prefill = advise_prefill(settings, None if progress is None else
-                                 lambda done, _: progress(len(shapes) + done, total))
+                                 lambda step, _: progress(len(shapes) + step, total))
         result["prefill_rows"] = prefill
         result["prefill_recommended"] = prefill[0] if prefill and prefill[0]["tokens_per_s_per_card"] > 0 else None
+        done += len(instances)
+    ticks = [done]
+
+    def tick() -> None:
+        ticks[0] += 1
+        if progress is not None:
+            progress(ticks[0], total)
+
+    result.update(know(settings, rows, best, tick))
     return result
+
+
+def know(settings: AdviceSettings, rows: list[dict], best: dict | None, tick: Callable[[], None]) -> dict:
+    """What `sim.advice_range` adds to the ranked rows: `current` (the current layout's row, evaluated if the search
+    did not hold it), `break_even_imbalance`, and over `settings.cases` each close row's `range`, the `ties` and the
+    pick's `gain_over_current` (a range)."""
+    from sim.advice_range import break_even, case_rates, gain_range, screened, ties
+
+    policy = POLICIES[0]
+    found: dict = {"current": None, "break_even_imbalance": None, "ties": [], "gain_over_current": None}
+    current = None
+    if settings.current is not None:
+        cards, slots, limited = settings.current
+        current = next((row for row in rows if (row["cards"], row["slots_per_card"], row["node_limits"])
+                        == (cards, slots, limited)), None) or evaluate(settings, cards, slots, limited)
+        found["current"] = current
+        if best is not None and current[policy]["tokens_per_s_per_card"] > 0:
+            found["gain_over_current"] = {"central": best[policy]["tokens_per_s_per_card"]
+                                          / current[policy]["tokens_per_s_per_card"] - 1.0}
+            found["break_even_imbalance"] = break_even(candidate_config(settings, cards, slots, policy, limited),
+                                                       current, best[policy]["tokens_per_s_per_card"], policy)
+    if best is None or not settings.cases:
+        return found
+    close = screened(rows, best, policy)
+    reread = close + ([current] if current is not None and current not in close else [])
+
+    def config_of(row: dict) -> SimConfig:
+        return candidate_config(settings, row["cards"], row["slots_per_card"], policy, row["node_limits"])
+
+    rates = case_rates(config_of, reread, list(settings.cases), tick)
+    for row, row_rates in zip(reread, rates):
+        row["range"] = {"tokens_per_s_per_card": spread(row[policy]["tokens_per_s_per_card"], row_rates),
+                        "cases": [{"case": case.label, "tokens_per_s_per_card": rate}
+                                  for case, rate in zip(settings.cases, row_rates)]}
+    found["ties"] = ties(close, rates[:len(close)], policy)
+    if current is not None and current[policy]["tokens_per_s_per_card"] > 0:
+        found["gain_over_current"] = gain_range(best, current, rates[0], rates[-1] if current not in close else
+                                                rates[close.index(current)], policy)
+    return found
 
 
 def vllm_node_limits(cards: int, groups: int, cards_per_node: int) -> bool:
@@ -248,10 +332,11 @@ def advise_prefill(settings: AdviceSettings, progress: Callable[[int, int], None
 
 
 def engine_settings(row: dict, experts: int, groups: int | None = None, cards_per_node: int = 8,
-                    vllm_row: dict | None = None) -> dict:
+                    vllm_row: dict | None = None, model_layers: tuple[int, int] = (61, 3)) -> dict:
     """How each engine deploys `row`'s layout: vLLM's flags (this project's policy through its plugin), SGLang's
     and TensorRT-LLM's, their placement files from `eplb place` on the same trace (`--sglang-out`, `--trtllm-out`;
-    the layer flags a trace that is not the engine's own dump needs: DeepSeek-V3's 61 layers, 3 dense). Node limits
+    the layer flags a trace that is not the engine's own dump needs: `model_layers`, the model's decoder layers and
+    its leading dense ones, DeepSeek-V3's 61 and 3 by default). Node limits
     for a model of `groups` expert groups on nodes of `cards_per_node`: SGLang's `--eplb-algorithm` says which;
     vLLM applies them by itself (`vllm_node_limits`), so where `row` has none and vLLM's rule gives them its line is
     for `vllm_row` (`best_for_vllm`), saying why, or, with none, says what vLLM will run. (A row with node limits
@@ -275,10 +360,11 @@ def engine_settings(row: dict, experts: int, groups: int | None = None, cards_pe
         "vllm": vllm,
         "sglang": f"--ep-size {cards} --enable-eplb --ep-num-redundant-experts {redundant} --eplb-algorithm "
                   f"{'deepseek_hierarchical' if limited else 'deepseek'} --init-expert-location sglang.json, from: "
-                  f"{place} --sglang-out sglang.json [--sglang-num-layers 61 --sglang-first-moe-layer 3]",
+                  f"{place} --sglang-out sglang.json [--sglang-num-layers {model_layers[0]} --sglang-first-moe-layer "
+                  f"{model_layers[1]}]",
         "tensorrt_llm": f"moe_config.load_balancer: moe_load_balancer.yaml (num_slots {cards * slots} = {experts} "
                         f"experts + {redundant}), from: {place} --trtllm-out moe_load_balancer.yaml "
-                        f"[--trtllm-layers 3-60]",
+                        f"[--trtllm-layers {model_layers[1]}-{model_layers[0] - 1}]",
     }
 
 

@@ -77,7 +77,8 @@ def decode_capacity(config: SimConfig, imbalance: float | None = None) -> dict:
             "batch_per_card": batch / cards, "sequences": batch, "step_ms": 1000 * step, "tpot_ms": 1000 * tpot,
             "tokens_per_step": tokens_per_step, "imbalance": imbalance, "binding": binding if batch else "tpot_slo",
             "cards": cards, "context_tokens": context, "micro_batch_tokens_per_card": load,
-            "noise_floor": noise_floor(load * cards * config.model.top_k, cards)}
+            "noise_floor": noise_floor(load * cards * config.model.top_k, cards),
+            "basis": curve.basis if curve is not None else None}
 
 
 def prefill_capacity(config: SimConfig, imbalance: float | None = None) -> dict:

@@ -26,15 +26,19 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from eplb.cli.advice_text import advice_text, no_pick
 from eplb.cli.commands import emit
 from eplb.cli.progress import Progress
+from eplb.cli.traffic_cases import traffic_cases
 
-DEMO_TRACE = dict(num_steps=250, num_layers=61, num_experts=256, top_k=8, tokens_per_step=8192)  # `eplb demo`'s
+# `eplb demo`'s shape, with the steps for EP64 and EP72 to score two windows at their top load (larger EP sizes pool
+# more steps and say so).
+DEMO_TRACE = dict(num_steps=500, num_layers=61, num_experts=256, top_k=8, tokens_per_step=8192)
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
     # Imported here: the other subcommands start without the simulator's modules.
-    from sim.advice import AdviceSettings, advise
+    from sim.advice import advise
     from sim.hardware import PROFILES
 
     if args.card not in PROFILES:
@@ -45,29 +49,29 @@ def cmd_advise(args: argparse.Namespace) -> int:
                                               ("--prefill-redundant", args.prefill_redundant != [0, 32])) if given]
     if prefill_flags and args.ttft_s is None:
         raise ValueError(f"{', '.join(prefill_flags)} apply to prefill advice: add --ttft-s, or drop them")
+    case_list = traffic_cases(args)
+    searched = _advice_settings(args, "", case_list)  # the search's checks need no trace: made before reading it
+    _check_candidates(searched)
+    _check_current(searched)
     with tempfile.TemporaryDirectory() as folder:
-        trace = args.trace or _demo_trace(Path(folder))
-        files = _engine_files(args, trace)  # checked before any work
-        settings = AdviceSettings(base=_base_config(args, trace), ep_sizes=tuple(args.ep_sizes),
-                                  slots_per_card=tuple(args.slots_per_gpu), max_redundant=args.max_redundant,
-                                  redundant=None if args.redundant is None else tuple(args.redundant),
-                                  load_tokens_per_s=args.load, price_per_card_hour=args.price_per_gpu_hour,
-                                  prefill_nodes=tuple(args.prefill_nodes) if args.ttft_s is not None else (),
-                                  prefill_redundant=tuple(args.prefill_redundant),
-                                  node_limits=tuple(sorted({limit == "groups" for limit in args.node_limits})))
-        _check_candidates(settings)
+        trace, mix = _routing_trace(args, Path(folder))
+        files = _engine_files(args, trace, args.trace or trace)  # checked before any work
+        settings = _advice_settings(args, trace, case_list)
         progress = Progress("advise", enabled=not (args.json or args.quiet))
         try:
             result = advise(settings, progress.callback())
         finally:
             progress.close()
-        result["settings"] = _settings_summary(args, settings)
+        result["settings"] = {**_settings_summary(args, settings), "trace_mix": mix}
+        if result["recommended"] is None and files is not None:
+            raise ValueError(f"{no_pick(result)}; so no --sglang-out or --trtllm-out file was written")
         if result["recommended"] is not None:
             from sim.advice import engine_settings
 
             model = settings.base.model
             result["engines"] = engine_settings(result["recommended"], model.num_routed_experts, model.expert_groups,
-                                                settings.base.cluster.cards_per_node, result["vllm_recommended"])
+                                                settings.base.cluster.cards_per_node, result["vllm_recommended"],
+                                                (model.num_layers, model.num_dense_layers))
             result.update(_write_engine_files(args, files, result["recommended"], settings))
     if args.plot:
         from eplb.cli.plots import advice_plot
@@ -78,9 +82,25 @@ def cmd_advise(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_files(args: argparse.Namespace, trace: str):
-    """(the trace, SGLang's model layers, TensorRT-LLM's layer ids) when --sglang-out or --trtllm-out asks for a
-    file (their flags checked as `eplb place` checks them, before any work), else None."""
+def _advice_settings(args: argparse.Namespace, trace: str, case_list: list):
+    """The adviser's settings from the flags, the trace the rows replay and the traffic cases."""
+    from sim.advice import AdviceSettings
+
+    return AdviceSettings(base=_base_config(args, trace), ep_sizes=tuple(args.ep_sizes),
+                          slots_per_card=tuple(args.slots_per_gpu), max_redundant=args.max_redundant,
+                          redundant=None if args.redundant is None else tuple(args.redundant),
+                          load_tokens_per_s=args.load, price_per_card_hour=args.price_per_gpu_hour,
+                          prefill_nodes=tuple(args.prefill_nodes) if args.ttft_s is not None else (),
+                          prefill_redundant=tuple(args.prefill_redundant),
+                          node_limits=tuple(sorted({limit == "groups" for limit in args.node_limits})),
+                          current=None if args.current_layout is None else (*args.current_layout, False),
+                          cases=tuple(case_list))
+
+
+def _engine_files(args: argparse.Namespace, trace: str, original: str):
+    """(the trace the rows replay, SGLang's model layers, TensorRT-LLM's layer ids) when --sglang-out or --trtllm-out
+    asks for a file (their flags checked as `eplb place` checks them, before any work; an engine dump's layout read
+    from the `original` file), else None."""
     if not (args.sglang_out or args.trtllm_out or args.sglang_num_layers is not None
             or args.sglang_first_moe_layer is not None or args.trtllm_layers is not None):
         return None
@@ -88,7 +108,7 @@ def _engine_files(args: argparse.Namespace, trace: str):
     from eplb.cli.trtllm_output import trtllm_layer_ids
     from traces import load_trace
 
-    named = argparse.Namespace(**{**vars(args), "trace": trace})
+    named = argparse.Namespace(**{**vars(args), "trace": original})
     routing = load_trace(trace)
     layers = sglang_model_layers(named)
     check_sglang_layers(named, layers, routing)
@@ -120,6 +140,68 @@ def _write_engine_files(args: argparse.Namespace, files, best: dict, settings) -
     if layer_ids is not None:
         written.update(write_trtllm(args, placement, counts_TLE, layer_ids)[0])
     return written
+
+
+def _routing_trace(args: argparse.Namespace, folder: Path) -> tuple[str, str]:
+    """(the trace the rows replay, how its steps are ordered): --trace read once (a dump's warnings said once) into a
+    scratch file in `folder`, a top-k id log's tasks interleaved (`traces.task_mix`: every window holds the same
+    mix); the demo's trace without --trace."""
+    topk_flags = [flag for flag, value in (("--tokens-per-step", args.tokens_per_step), ("--task", args.task),
+                                           ("--num-experts", args.num_experts)) if value is not None]
+    if args.trace is None:
+        if topk_flags:
+            raise ValueError(f"{', '.join(topk_flags)} read top-k id logs; give --trace LOG, or drop them")
+        return _demo_trace(folder), "the demo's synthetic trace"
+    import numpy as np
+
+    from traces import load_trace
+    from traces.task_mix import interleave_tasks
+
+    tasks = _topk_tasks(args.trace)
+    path = folder / "routing_trace.npz"  # a scratch file, read back and removed within the command (not an output)
+    if not tasks:
+        if topk_flags:
+            raise ValueError(f"{', '.join(topk_flags)} read top-k id logs; {args.trace} holds counts: drop them")
+        np.savez(path, counts=load_trace(args.trace).counts_TLE)
+        return str(path), "steps as recorded"
+    if args.tokens_per_step is None:
+        raise ValueError(f"{args.trace} is a top-k id log: give --tokens-per-step, the tokens of one decode step (for "
+                         f"example 256 for the ESFT logs)")
+    chosen = args.task.split(",") if args.task else tasks
+    per_task = [load_trace(args.trace, tokens_per_step=args.tokens_per_step, tasks=[task],
+                           num_experts=args.num_experts).counts_TLE for task in chosen]
+    np.savez(path, counts=interleave_tasks(per_task))
+    if len(chosen) == 1:
+        return str(path), f"top-k id log, task {chosen[0]}, {args.tokens_per_step} tokens a step"
+    return str(path), (f"top-k id log, tasks {', '.join(chosen)} interleaved by progress (every window holds the same "
+                       f"mix), {args.tokens_per_step} tokens a step")
+
+
+def _topk_tasks(path: str) -> list[str]:
+    """The tasks of a top-k id log at `path` (an .npz of `<task>_topk_ids` arrays); [] for any other file."""
+    if not path.lower().endswith(".npz") or not Path(path).is_file():
+        return []
+    import zipfile
+
+    from traces.topk_log import topk_tasks
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [name[:-4] if name.endswith(".npy") else name for name in archive.namelist()]
+    except (OSError, zipfile.BadZipFile):
+        return []  # the trace reader says what is wrong with it
+    return [] if "counts" in names else topk_tasks(names)
+
+
+def _check_current(settings) -> None:
+    """Refuse a --current layout that cannot hold the model's experts."""
+    if settings.current is None:
+        return
+    cards, slots, _ = settings.current
+    experts = settings.base.model.num_routed_experts
+    if cards * slots < experts:
+        raise ValueError(f"--current {cards}x{slots} holds {cards * slots} expert slots, fewer than the model's "
+                         f"{experts} experts; give the layout serving now, for example 144x2 for DeepSeek-V3")
 
 
 def _demo_trace(folder: Path) -> str:
@@ -159,11 +241,18 @@ def _base_config(args: argparse.Namespace, trace: str):
         "speculative": speculative, "balance": balance})
 
 
+MAX_LAYOUTS = 400  # decode layouts one search replays at most (the default search has 23)
+
+
 def _check_candidates(settings) -> None:
-    """Refuse a search with no candidate, saying which flags to widen."""
+    """Refuse a search with no candidate, saying which flags to widen, or with more than `MAX_LAYOUTS`."""
     from sim.advice import candidates
 
-    if not candidates(settings):
+    found = len(candidates(settings))
+    if found > MAX_LAYOUTS:
+        raise ValueError(f"--ep-sizes x --slots-per-gpu (with --max-redundant {settings.max_redundant}) give {found:,} "
+                         f"layouts to replay, more than {MAX_LAYOUTS}; narrow them to the sizes you would deploy")
+    if not found:
         experts = settings.base.model.num_routed_experts
         counts = "" if settings.redundant is None else f" (of --redundant {list(settings.redundant)})"
         limits = "" if False in settings.node_limits else \
@@ -174,11 +263,18 @@ def _check_candidates(settings) -> None:
                          f"--max-redundant {settings.max_redundant} redundant ones{counts}{limits}; widen them")
 
 
+def _replayed_layers(base) -> int:
+    """The layers each row replays: --layers, or the trace's own where it has fewer."""
+    from traces import load_trace
+
+    return min(base.balance.trace_layers, load_trace(base.balance.routing_trace).num_layers)
+
+
 def _settings_summary(args: argparse.Namespace, settings) -> dict:
     base = settings.base
     return {"trace": args.trace or "the demo's synthetic trace", "card": base.hardware.decode,
             "tpot_slo_ms": base.capacity.tpot_slo_ms, "context_tokens": base.capacity.decode_context_tokens,
-            "mtp": base.speculative.enabled, "trace_layers": base.balance.trace_layers,
+            "mtp": base.speculative.enabled, "trace_layers": _replayed_layers(base),
             "refit_every": base.balance.refit_every, "window": base.balance.window,
             "work_limit": base.balance.work_limit, "max_batch_per_gpu": base.cluster.max_decode_batch_per_card,
             "ep_sizes": list(settings.ep_sizes), "slots_per_gpu": list(settings.slots_per_card),
@@ -188,51 +284,3 @@ def _settings_summary(args: argparse.Namespace, settings) -> dict:
             "max_redundant": settings.max_redundant, "redundant": args.redundant,
             "load_tokens_per_s": settings.load_tokens_per_s,
             "price_per_gpu_hour": settings.price_per_card_hour}
-
-
-def advice_text(result: dict) -> str:
-    """The ranked table, the recommendation and each engine's settings, readable."""
-    settings = result["settings"]
-    lines = [f"{settings['card']}, TPOT {settings['tpot_slo_ms']:g} ms, {settings['context_tokens']:,}-token contexts, "
-             f"MTP {'on' if settings['mtp'] else 'off'}; trace: {settings['trace']} ({settings['trace_layers']} "
-             f"layers replayed, refit every {settings['refit_every']} steps)",
-             "  rank | GPUs x slots | limits | redundant | tok/s per GPU | batch per GPU | imbalance | bound by | "
-             "greedy tok/s (imbalance) | memory GB: weights + experts + KV (free) | $ per M tokens"]
-    for rank, row in enumerate(result["rows"], 1):
-        chosen, greedy, memory = row["cpsat"], row["deepseek"], row["memory_gb"]
-        imbalance = f"{chosen['imbalance']:.3f}" if chosen["imbalance"] is not None else "-"
-        greedy_imbalance = f"{greedy['imbalance']:.3f}" if greedy["imbalance"] is not None else "-"
-        cost = f"{row['usd_per_million_tokens']:.3f}" if row["usd_per_million_tokens"] is not None else "-"
-        lines.append(f"  {rank:4d} | {row['cards']:4d} x {row['slots_per_card']:<5d} | "
-                     f"{'groups' if row['node_limits'] else '-':6} | {row['redundant_experts']:9d} | "
-                     f"{chosen['tokens_per_s_per_card']:13,.0f} | {chosen['batch_per_card']:13.1f} | {imbalance:>9} | "
-                     f"{chosen['bound_by']:8} | {greedy['tokens_per_s_per_card']:8,.0f} ({greedy_imbalance}) | "
-                     f"{memory['replicated']:.1f} + {memory['experts']:.1f} + {memory['kv']:.1f} "
-                     f"({memory['free']:.1f}) | {cost}")
-    best = result["recommended"]
-    if best is None:
-        lines.append("no layout serves a sequence: every candidate's weights overflow the card (add GPUs, or lower "
-                     "--context)")
-        return "\n".join(lines)
-    needed = f", {best['cards_needed']:,} GPUs for the stated load" if best["cards_needed"] is not None else ""
-    limits = ", each expert group on one node" if best["node_limits"] else ""
-    lines += [f"recommended: {best['cards']} GPUs x {best['slots_per_card']} slots ({best['redundant_experts']} "
-              f"redundant experts{limits}): {best['cpsat']['tokens_per_s_per_card']:,.0f} tokens/s per GPU at "
-              f"{best['cpsat']['batch_per_card']:.1f} sequences per GPU{needed}"]
-    lines += [f"  {engine}: {flags}" for engine, flags in result["engines"].items()]
-    lines += [f"wrote {result[key]}: {what}, the recommended layout fitted on the trace's last steps"
-              for key, what in (("sglang_out", "SGLang's --init-expert-location file"),
-                                ("trtllm_out", "TensorRT-LLM's moe_load_balancer.yaml")) if key in result]
-    if "prefill_rows" in result:
-        lines += [f"prefill instances at TTFT {settings['ttft_s']:g} s ({settings['prompt_tokens']:,}-token prompts, "
-                  f"{settings['cached_share']:.0%} cached):",
-                  "  rank | GPUs (nodes) | limits | redundant | prompt tok/s per GPU | prompts per batch | batch s | "
-                  "imbalance | bound by"]
-        for rank, row in enumerate(result["prefill_rows"], 1):
-            batch = f"{row['batch_s']:.2f}" if row["batch_s"] is not None else "-"
-            imbalance = f"{row['imbalance']:.3f}" if row["imbalance"] is not None else "-"
-            lines.append(f"  {rank:4d} | {row['cards']:4d} ({row['nodes']}) | "
-                         f"{'groups' if row['node_limits'] else '-':6} | {row['redundant_experts']:9d} | "
-                         f"{row['tokens_per_s_per_card']:20,.0f} | {row['prompts_per_batch']:17d} | {batch:>7} | "
-                         f"{imbalance:>9} | {row['bound_by']}")
-    return "\n".join(lines)

@@ -382,17 +382,17 @@ def _add_sim_command(sub: argparse._SubParsersAction) -> None:
                                       "each of these TPOT targets (default 10 15 20 30 40 50 70 100 150 ms)")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="with --capacity: also plot the decode curve (TPOT against tokens/s per card) to this file")
-    _add_scenarios(p, "with --capacity: ")
+    _add_scenarios(p, "also run each figure over", "with --capacity: ")
     _add_common(p)
 
 
-def _add_scenarios(parser: argparse.ArgumentParser, scope: str) -> None:
+def _add_scenarios(parser: argparse.ArgumentParser, what: str, scope: str = "") -> None:
     """--scenarios, --bursts and --seeds: the traffic cases a figure is run over (`sim.scenarios`)."""
     parser.add_argument("--scenarios", default="single-dataset,production-mix", metavar="NAMES",
-                        help=f"{scope}also run these traffic scenarios (comma-separated: single-dataset, the fitted "
+                        help=f"{scope}{what} these traffic scenarios (comma-separated: single-dataset, the fitted "
                              "skew; production-mix, the skew of ESFT's tasks pooled; production-mix-olmoe, OLMoE's "
-                             "domains pooled) and print each figure's range over them beside the central one "
-                             "(default %(default)s; none: the central figure alone)")
+                             "domains pooled) and print the range beside the central figure (default %(default)s; "
+                             "none: the central figure alone)")
     parser.add_argument("--bursts", default="on,off", metavar="ON,OFF",
                         help=f"{scope}the scenarios with bursts on, off or both (default %(default)s)")
     parser.add_argument("--seeds", type=_number(int, 1, high=20), default=3,
@@ -406,7 +406,17 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", default=None,
                    help="decode routing trace, any file `eplb replay` reads (default: the demo's synthetic "
-                        "61 x 256 trace)")
+                        "61 x 256 trace); a top-k id log with --tokens-per-step, its tasks interleaved so that every "
+                        "window holds the same mix")
+    p.add_argument("--tokens-per-step", type=POSITIVE_INT, default=None,
+                   help="top-k id logs only: tokens per step (e.g. 256 for the ESFT logs)")
+    p.add_argument("--task", default=None,
+                   help="top-k id logs only: comma-separated tasks to read (default: all, interleaved)")
+    p.add_argument("--num-experts", type=POSITIVE_INT, default=None,
+                   help="top-k id logs only: E, experts per layer (default: the largest id in any task + 1)")
+    p.add_argument("--current", type=_layout, default=None, metavar="GxS", dest="current_layout",
+                   help="the layout serving now, GPUs x slots per GPU (for example 144x2): its row, the pick's gain "
+                        "over it (a range over the traffic scenarios) and the break-even imbalance")
     p.add_argument("--model", default=None, metavar="CONFIG",
                    help="a simulator config (YAML or JSON) whose model section is the served model (default: "
                         "DeepSeek-V3's shape, FP8)")
@@ -453,7 +463,20 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
     _add_advise_engine_files(p)
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="also draw tokens/s per GPU and the imbalance against redundant experts to this file")
+    _add_scenarios(p, "rerun the pick, the layouts within 5%% of it and --current over")
     _add_common(p)
+
+
+def _layout(text: str) -> tuple[int, int]:
+    """'GxS' -> (G, S): GPUs and slots per GPU of a layout."""
+    try:
+        gpus, slots = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPUsxSLOTS such as 144x2; got {text!r}") from None
+    if not (1 <= gpus <= MAX_GPUS and 1 <= slots <= MAX_SLOTS_PER_GPU):
+        raise argparse.ArgumentTypeError(f"{text}: GPUs must be in [1, {MAX_GPUS}] and slots per GPU in [1, "
+                                         f"{MAX_SLOTS_PER_GPU}]")
+    return gpus, slots
 
 
 def _add_advise_prefill(p: argparse.ArgumentParser) -> None:

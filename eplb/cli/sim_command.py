@@ -44,6 +44,7 @@ import sys
 from pathlib import Path
 
 from eplb.cli.commands import emit
+from eplb.cli.traffic_cases import traffic_cases
 from traces.atomic_file import write_text_atomically
 
 
@@ -157,20 +158,6 @@ def _capacity(args: argparse.Namespace, config) -> int:
                                               f"{config.capacity.decode_context_tokens:,}-token context")
     emit(args, _finite(report), text)
     return 0
-
-
-def traffic_cases(args: argparse.Namespace) -> list:
-    """The traffic cases of --scenarios, --bursts and --seeds (`sim.scenarios.cases`); none with --scenarios none."""
-    from sim.scenarios import cases
-
-    if args.scenarios.strip() == "none":
-        return []
-    names = tuple(name.strip() for name in args.scenarios.split(",") if name.strip())
-    bursts = tuple(name.strip() for name in args.bursts.split(",") if name.strip())
-    try:
-        return cases(names, bursts, args.seeds)
-    except ValueError as exc:
-        raise ValueError(f"--scenarios/--bursts: {exc}") from None
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -125,6 +125,22 @@ def traffic_config(config: SimConfig, stage: str, tokens: int) -> RequestTraffic
                                 output_tokens=balance.output_tokens, output_spread=1.0, **common)
 
 
+def replay_window(config: SimConfig, steps: int) -> int:
+    """The fit window of a replay of `steps` steps: `balance.window`, or half the steps where they are fewer than two
+    windows (so that some steps are scored)."""
+    return min(config.balance.window, steps // 2)
+
+
+def replay_basis(config: SimConfig, steps: int) -> dict:
+    """What a replay of `steps` steps rests on: {"steps", "window", "refits", "scored_steps"} (`served_scores`'s
+    schedule; policy none fits nothing and scores every step)."""
+    if config.balance.policy == "none":
+        return {"steps": steps, "window": 0, "refits": 0, "scored_steps": steps}
+    window = replay_window(config, steps)
+    return {"steps": steps, "window": window, "refits": -(-(steps - window) // config.balance.refit_every),
+            "scored_steps": steps - window}
+
+
 def served_imbalance_T(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndarray,
                        also_TLE: tuple[np.ndarray, ...] = (), node_limited: bool = False) -> list[np.ndarray]:
     """[T] imbalance of each served step (mean over layers) of `counts_TLE` [T, L, E] replayed under
@@ -156,7 +172,7 @@ def served_scores(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndar
         groups = config.model.expert_groups
         options.update({"groups": groups, "nodes_per_group": 1} if balance.policy == "cpsat" else
                        {"num_groups": groups})
-    window = min(balance.window, counts_TLE.shape[0] // 2)
+    window = replay_window(config, counts_TLE.shape[0])
     result = rolling_replay(counts_TLE, cluster, balance.policy, every=balance.refit_every, window=window,
                             routing="live" if live else "static", policy_options=options,
                             also_served={str(index): trace for index, trace in enumerate(also_TLE)})

@@ -24,12 +24,12 @@ noise in the imbalance.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from sim.config import SimConfig, SimConfigError
-from sim.engine.decode_balance import read_routing_trace, served_imbalance_T, synthetic_counts
+from sim.engine.decode_balance import read_routing_trace, replay_basis, served_imbalance_T, synthetic_counts
 
 CURVE_LOADS = (4, 64, 1024)  # tokens per card per step the imbalance is measured at: decode's few to prefill's many
 # Under request-level traffic each stage has its own traffic and loads: a decode card's batch, a prefill card's
@@ -45,12 +45,15 @@ class LoadImbalance:
         floor: imbalance at an unbounded load, >= 1.
         noise: the sampling-noise coefficient, >= 0.
         loads, measured: the loads (tokens per card per step) replayed and the mean served imbalance at each.
+        basis: what each load's replay rests on (`decode_balance.replay_basis`: steps, window, refits, scored
+            steps); empty for a curve fitted by hand.
     """
 
     floor: float
     noise: float
     loads: tuple[int, ...]
     measured: tuple[float, ...]
+    basis: dict = field(default_factory=dict)
 
     def at(self, tokens_per_card: float) -> float:
         """Imbalance at `tokens_per_card` tokens per card per step (at least one token)."""
@@ -125,7 +128,8 @@ def _measure(config: SimConfig, cards: int, slots: int, stage: str) -> LoadImbal
     if trace_TLE is not None:  # the user's own decode traffic, pooled and thinned to each load
         top, *lower = trace_at_loads(trace_TLE, cards, loads, config.model.top_k, config.seed)
         served_T = served_imbalance_T(config, cards, slots, top, tuple(lower), node_limited)
-        return fit_load_imbalance(loads, tuple(float(steps.mean()) for steps in reversed(served_T)))
+        curve = fit_load_imbalance(loads, tuple(float(steps.mean()) for steps in reversed(served_T)))
+        return replace(curve, basis=replay_basis(config, top.shape[0]))
     counts_TLE = synthetic_counts(config, cards, loads[-1], stage)
     if config.balance.traffic == "requests":
         # Fewer tokens are fewer requests, not the same requests thinned: a trace of its own per load.
@@ -138,7 +142,8 @@ def _measure(config: SimConfig, cards: int, slots: int, stage: str) -> LoadImbal
             lower.append(above)
         lower = tuple(lower)
     served_T = served_imbalance_T(config, cards, slots, counts_TLE, lower, node_limited)  # top load, then falling
-    return fit_load_imbalance(loads, tuple(float(steps.mean()) for steps in reversed(served_T)))
+    curve = fit_load_imbalance(loads, tuple(float(steps.mean()) for steps in reversed(served_T)))
+    return replace(curve, basis=replay_basis(config, counts_TLE.shape[0]))
 
 
 _CURVES: dict[tuple, LoadImbalance] = {}  # (settings, E, K, groups, cards a node, seed, cards, slots, stage) -> curve

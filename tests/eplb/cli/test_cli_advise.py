@@ -8,6 +8,7 @@ exit 2."""
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,12 +16,17 @@ import yaml
 
 from sim.advice import (AdviceSettings, POLICIES, advise, advise_prefill, best_for_vllm, candidate_config, candidates,
                         engine_settings, evaluate, prefill_config)
+from sim.advice_range import ties
+from sim.capacity import decode_capacity
+from sim.scenarios import cases
 from sim.config import SimConfig
 from sim.engine.decode_balance import read_routing_trace
 from sim.engine.load_imbalance import curve_loads, load_imbalance, trace_at_loads
 from traces.synthetic import SyntheticConfig, generate_trace
 
 EXPERTS, TOP_K, LAYERS = 32, 4, 4
+V2_LITE = Path(__file__).resolve().parents[3] / "sim" / "configs" / "deepseek-v2-lite.yaml"
+ESFT = Path(__file__).resolve().parents[4] / "shared" / "data" / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +45,8 @@ def _settings(trace_path, **changes) -> AdviceSettings:
     balance = base.balance.model_copy(update={"routing_trace": str(trace_path), "trace_layers": LAYERS,
                                               "refit_every": 20, "window": 20, "work_limit": 0.5})
     base = base.model_copy(update={"model": model, "balance": balance})
-    return AdviceSettings(base=base, ep_sizes=(8, 16), slots_per_card=(2, 4, 5), max_redundant=16, **changes)
+    search = {"ep_sizes": (8, 16), "slots_per_card": (2, 4, 5), "max_redundant": 16, **changes}
+    return AdviceSettings(base=base, **search)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +202,7 @@ def test_the_recommendation_is_written_for_sglang_and_tensorrt_llm(trace_path, t
                            "--slots-per-gpu", "4,5", "--layers", str(LAYERS), "--refit-every", "20", "--window", "20",
                            "--sglang-out", str(sglang), "--sglang-num-layers", str(LAYERS + 1),
                            "--sglang-first-moe-layer", "1", "--trtllm-out", str(trtllm), "--trtllm-layers",
-                           f"1-{LAYERS}", "--json")
+                           f"1-{LAYERS}", "--scenarios", "none", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     slots = report["recommended"]["cards"] * report["recommended"]["slots_per_card"]
@@ -210,6 +217,92 @@ def test_the_recommendation_is_written_for_sglang_and_tensorrt_llm(trace_path, t
     assert refused.returncode == 2 and "--sglang-first-moe-layer" in refused.stderr
 
 
+def test_a_row_says_what_its_replay_rests_on_and_one_that_scored_too_few_steps_is_left_out(tmp_path):
+    path = tmp_path / "short.npz"
+    np.savez(path, counts=generate_trace(SyntheticConfig(num_steps=100, num_layers=LAYERS, num_experts=EXPERTS,
+                                                         top_k=TOP_K, tokens_per_step=2048, seed=5)).counts_TLE)
+    settings = _settings(path, ep_sizes=(8, 16), slots_per_card=(2, 4), node_limits=(False,))
+    result = advise(settings)
+    by_cards = {row["cards"]: row for row in result["rows"]}
+    # EP8 reads the trace's steps as they are (2,048 tokens: 256 a GPU); EP16 pools two into one
+    assert by_cards[8]["cpsat"]["basis"] == {"steps": 100, "window": 20, "refits": 4, "scored_steps": 80}
+    assert by_cards[16]["cpsat"]["basis"] == {"steps": 50, "window": 20, "refits": 2, "scored_steps": 30}
+    assert by_cards[8]["answerable"] and not by_cards[16]["answerable"], "30 scored steps are under 2 windows of 20"
+    assert "fewer than 40" in by_cards[16]["why"]
+    assert result["recommended"] is by_cards[8] and result["min_scored_steps"] == 40
+    assert result["unanswered"] == [{"cards": 16, "slots_per_card": 2, "node_limits": False,
+                                     "why": by_cards[16]["why"], "scored_steps": 30}]
+
+
+def test_a_layout_ties_the_pick_when_it_matches_it_in_any_case():
+    def row(cards: int, rate: float) -> dict:
+        return {"cards": cards, "slots_per_card": 4, "node_limits": False, "cpsat": {"tokens_per_s_per_card": rate}}
+
+    pick, close, behind = row(8, 100.0), row(16, 99.0), row(32, 97.0)
+    # central: the pick leads both; case 2: the close layout beats it; the one behind never comes within 0.2%
+    found = ties([pick, close, behind], [[100.0, 90.0], [99.0, 91.0], [97.0, 89.0]], "cpsat")
+    assert found == [{"cards": 16, "slots_per_card": 4, "node_limits": False, "wins_in": 1, "cases": 3}]
+    assert ties([pick, row(16, 99.9)], [[100.0], [98.0]], "cpsat")[0]["wins_in"] == 1, "within 0.2%: a match"
+
+
+def test_the_current_layout_gets_its_row_the_pick_s_gain_as_a_range_and_the_break_even(trace_path):
+    cases_run = cases(("production-mix",), ("off",), 1)
+    settings = _settings(trace_path, ep_sizes=(8,), slots_per_card=(4, 5), node_limits=(False,), current=(16, 2, False),
+                         cases=tuple(cases_run))
+    result = advise(settings)
+    best, current = result["recommended"], result["current"]
+    assert (current["cards"], current["slots_per_card"]) == (16, 2) and current not in result["rows"]
+    pick_rate, current_rate = best["cpsat"]["tokens_per_s_per_card"], current["cpsat"]["tokens_per_s_per_card"]
+    gain = result["gain_over_current"]
+    assert gain["central"] == pytest.approx(pick_rate / current_rate - 1)
+    pick_case = best["range"]["cases"][0]["tokens_per_s_per_card"]
+    current_case = current["range"]["cases"][0]["tokens_per_s_per_card"]
+    assert (gain["min"], gain["max"]) == tuple(sorted((gain["central"], pick_case / current_case - 1)))
+    assert best["range"]["cases"][0]["case"] == "production-mix, bursts off, seed 0"
+    even = result["break_even_imbalance"]
+    if even is not None:  # the current layout at that imbalance serves what the pick does
+        config = candidate_config(settings, 16, 2, POLICIES[0], False)
+        assert 1.0 <= even <= current["cpsat"]["imbalance"]
+        assert decode_capacity(config, even)["tokens_per_s_per_card"] == pytest.approx(pick_rate, rel=0.02)
+    else:
+        config = candidate_config(settings, 16, 2, POLICIES[0], False)
+        assert decode_capacity(config, 1.0)["tokens_per_s_per_card"] < pick_rate, "not even balanced"
+
+
+@pytest.mark.skipif(not ESFT.is_file(), reason="../shared/data/esft-dsv2lite is absent")
+def test_esft_s_top_k_log_with_deepseek_v2_lite_is_answered_or_says_which_rows_it_cannot(run_eplb_here):
+    result = run_eplb_here("advise", "--trace", str(ESFT), "--tokens-per-step", "256", "--model",
+                           str(V2_LITE), "--ep-sizes", "8,16", "--slots-per-gpu", "8,9,5",
+                           "--layers", "2", "--window", "8", "--refit-every", "8", "--scenarios", "none", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert "tasks intent, law, summary, translation interleaved" in report["settings"]["trace_mix"]
+    assert report["settings"]["trace_layers"] == 2
+    for row in report["rows"]:
+        assert row["answerable"] == (row["cpsat"]["basis"]["scored_steps"] >= 16)
+    answered = [row for row in report["rows"] if row["answerable"]]
+    assert report["recommended"] == (answered[0] if answered else None)
+    assert len(report["unanswered"]) == len(report["rows"]) - len(answered)
+    text = run_eplb_here("advise", "--trace", str(ESFT), "--tokens-per-step", "256", "--model",
+                         str(V2_LITE), "--ep-sizes", "8,16", "--slots-per-gpu", "8,9,5",
+                         "--layers", "2", "--window", "8", "--refit-every", "8", "--scenarios", "none").stdout
+    if report["unanswered"]:
+        assert text.count("not answered, left out of the pick") == 1
+
+
+def test_a_search_that_serves_nothing_writes_no_engine_file_and_says_why(trace_path, tmp_path, run_eplb_here):
+    model = tmp_path / "model.yaml"
+    model.write_text(f"model: {{num_routed_experts: {EXPERTS}, top_k: {TOP_K}, sliding_window_share: 0.0}}\n")
+    sglang = tmp_path / "sglang.json"
+    result = run_eplb_here("advise", "--trace", str(trace_path), "--model", str(model), "--ep-sizes", "8",
+                           "--slots-per-gpu", "4", "--layers", "2", "--window", "20", "--refit-every", "20",
+                           "--tpot-ms", "0.001", "--scenarios", "none", "--sglang-out", str(sglang),
+                           "--sglang-num-layers", str(LAYERS), "--sglang-first-moe-layer", "0")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and not sglang.exists()
+    assert "within the TPOT target" in result.stderr and "no --sglang-out or --trtllm-out file was written" in \
+        result.stderr
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--ep-sizes", "0"], "argument --ep-sizes"),
     (["--slots-per-gpu", "2,x"], "argument --slots-per-gpu"),
@@ -219,8 +312,15 @@ def test_the_recommendation_is_written_for_sglang_and_tensorrt_llm(trace_path, t
     (["--trace", "missing.npz"], "missing.npz"),
     (["--node-limits", "none,nodes"], "argument --node-limits: expected one of none, groups, got nodes"),
     (["--ep-sizes", "8", "--slots-per-gpu", "32", "--node-limits", "groups"], "and takes node limits"),
+    (["--current", "4x2"], "--current 4x2 holds 8 expert slots, fewer than the model's 256"),
+    (["--current", "144"], "argument --current: expected GPUsxSLOTS"),
+    (["--ep-sizes", ",".join(map(str, range(1, 257))), "--slots-per-gpu", ",".join(map(str, range(1, 101))),
+      "--max-redundant", "100000"], "layouts to replay, more than 400"),
+    (["--scenarios", "busy-day"], "unknown traffic scenario 'busy-day'"),
+    (["--tokens-per-step", "256"], "read top-k id logs"),
 ], ids=["ep-size-0", "slots-not-a-number", "unknown-card", "two-targets", "no-candidate", "missing-trace",
-        "node-limits-unknown", "node-limits-on-one-node"])
+        "node-limits-unknown", "node-limits-on-one-node", "current-too-small", "current-not-a-layout",
+        "too-many-layouts", "unknown-scenario", "top-k-flag-on-counts"])
 def test_bad_input_is_one_line_and_exit_2(run_eplb_here, argv, message):
     result = run_eplb_here("advise", *argv)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
