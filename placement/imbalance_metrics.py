@@ -104,3 +104,19 @@ def _metric(values: np.ndarray, floor: float, definition: str) -> dict:
 
 def _missing(definition: str, why: str) -> dict:
     return {"value": None, "noise_floor": None, "rows": 0, "definition": definition, "why": why}
+
+
+LABELS = {"card_step": "card/step", "node_step": "node/step", "card_window_10": "card/10 steps",
+          "card_window_100": "card/100 steps", "card_window_1000": "card/1000 steps", "group_step": "group/step"}
+
+
+def metrics_line(metrics: dict[str, dict]) -> str:
+    """The metrics of `named_metrics` on one line: each value with its noise floor, or why it has none."""
+    cells = []
+    for name, metric in metrics.items():
+        label = LABELS.get(name, name)
+        if metric["value"] is None:
+            cells.append(f"{label} - ({metric['why']})")
+        else:
+            cells.append(f"{label} {metric['value']:.3f} (floor {metric['noise_floor']:.3f})")
+    return "; ".join(cells)

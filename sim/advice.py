@@ -145,7 +145,8 @@ def evaluate(settings: AdviceSettings, cards: int, slots: int, node_limits: bool
             report = {"tokens_per_s_per_card": 0.0, "batch_per_card": 0.0, "step_ms": None, "tpot_ms": None,
                       "imbalance": None, "binding": "weights"}
         row[policy] = {key: report.get(key) for key in ("tokens_per_s_per_card", "batch_per_card", "step_ms",
-                                                        "tpot_ms", "imbalance", "noise_floor", "basis")}
+                                                        "tpot_ms", "imbalance", "noise_floor", "basis",
+                                                        "micro_batch_tokens_per_card")}
         row[policy]["bound_by"] = BINDINGS[report["binding"]] if report["tokens_per_s_per_card"] or \
             report["binding"] == "weights" else "TPOT"
     row.update(answerable(settings, row[POLICIES[0]]["basis"]))
@@ -197,6 +198,8 @@ def advise(settings: AdviceSettings, progress: Callable[[int, int], None] | None
     best = next((row for row in rows if row["answerable"]), None)
     if best is not None and best[POLICIES[0]]["tokens_per_s_per_card"] <= 0:
         best = None
+    if best is not None:
+        best["metrics"] = readings(settings, best)
     result = {"rows": rows, "recommended": best,
               "vllm_recommended": best_for_vllm(rows, settings.base.model.expert_groups,
                                                 settings.base.cluster.cards_per_node),
@@ -222,6 +225,15 @@ def advise(settings: AdviceSettings, progress: Callable[[int, int], None] | None
     return result
 
 
+def readings(settings: AdviceSettings, row: dict) -> dict:
+    """The row's decode imbalance read every way (`sim.imbalance_readings`: per card, per node, over windows of
+    steps, per routing group) at its micro-batch load, under the chosen policy."""
+    from sim.imbalance_readings import decode_readings
+
+    config = candidate_config(settings, row["cards"], row["slots_per_card"], POLICIES[0], row["node_limits"])
+    return decode_readings(config, row[POLICIES[0]]["micro_batch_tokens_per_card"])
+
+
 def know(settings: AdviceSettings, rows: list[dict], best: dict | None, tick: Callable[[], None]) -> dict:
     """What `sim.advice_range` adds to the ranked rows: `current` (the current layout's row, evaluated if the search
     did not hold it), `break_even_imbalance`, and over `settings.cases` each close row's `range`, the `ties` and the
@@ -236,6 +248,8 @@ def know(settings: AdviceSettings, rows: list[dict], best: dict | None, tick: Ca
         current = next((row for row in rows if (row["cards"], row["slots_per_card"], row["node_limits"])
                         == (cards, slots, limited)), None) or evaluate(settings, cards, slots, limited)
         found["current"] = current
+        if current[policy]["tokens_per_s_per_card"] > 0 and "metrics" not in current:
+            current["metrics"] = readings(settings, current)
         if best is not None and current[policy]["tokens_per_s_per_card"] > 0:
             found["gain_over_current"] = {"central": best[policy]["tokens_per_s_per_card"]
                                           / current[policy]["tokens_per_s_per_card"] - 1.0}

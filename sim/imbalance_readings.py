@@ -10,30 +10,33 @@ floor, so the readings sit side by side with no pick between them.
 import numpy as np
 
 from placement.imbalance_metrics import group_metric, named_metrics
-from sim.config import SimConfig, SimConfigError
-from sim.engine.decode_balance import served_scores, synthetic_counts
+from sim.config import SimConfig
+from sim.engine.decode_balance import read_routing_trace, served_scores, synthetic_counts
 
 READING_STEPS = 1000  # scored steps behind each reading (the 1,000-step window needs them all)
 
 
 def decode_readings(config: SimConfig, tokens_per_card: float, steps: int | None = None) -> dict:
     """{metric: {"value", "noise_floor", "rows", "definition"}} of the decode unit (`cluster.decode_cards` cards,
-    `decode_slots_per_card` slots) serving `steps` (default `READING_STEPS`) steps of its synthetic traffic at
-    `tokens_per_card` tokens per card a step (a micro-batch's), after a first fit window; `group_step` where the model
-    has expert groups.
-
-    Raises:
-        SimConfigError: the config's decode traffic is a routing trace (its steps are what they are: `eplb replay
-            --metric-groups` reads them).
-    """
-    if config.balance.routing_trace is not None:
-        raise SimConfigError("the readings replay synthetic traffic; with balance.routing_trace, run eplb replay on "
-                             "the trace (its --json carries every metric)")
+    `decode_slots_per_card` slots) serving its decode traffic at `tokens_per_card` tokens per card a step (a
+    micro-batch's) after a first fit window: `steps` (default `READING_STEPS`) steps of its synthetic traffic, or
+    the steps of `balance.routing_trace` brought to that load (pooled or thinned as the capacity curve brings it,
+    `sim.engine.load_imbalance.trace_at_loads`: as many as the trace gives); `group_step` where the model has expert
+    groups."""
     balance = config.balance
-    total = balance.window + (READING_STEPS if steps is None else steps)
-    reading = config.model_copy(update={"balance": balance.model_copy(update={"steps": max(balance.steps, total)})})
     cards = config.cluster.decode_cards
-    counts_TLE = synthetic_counts(reading, cards, tokens_per_card)
+    trace_TLE = read_routing_trace(config)
+    if trace_TLE is not None:
+        from sim.engine.load_imbalance import trace_at_loads
+
+        reading = config
+        counts_TLE = trace_at_loads(trace_TLE, cards, (max(1, round(tokens_per_card)),), config.model.top_k,
+                                    config.seed)[0]
+    else:
+        total = balance.window + (READING_STEPS if steps is None else steps)
+        reading = config.model_copy(update={"balance": balance.model_copy(update={"steps": max(balance.steps,
+                                                                                               total)})})
+        counts_TLE = synthetic_counts(reading, cards, tokens_per_card)
     scores = served_scores(reading, cards, config.decode_slots_per_card, counts_TLE,
                            node_limited=balance.node_limits)[0]
     metrics = named_metrics(scores.loads_TLG, config.cluster.cards_per_node)

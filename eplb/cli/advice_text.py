@@ -1,6 +1,8 @@
 """`eplb advise`'s readable output: the ranked table with what each row rests on, what the advice holds across, the
 user's current layout against the pick, each engine's settings, and the prefill table."""
 
+from placement.imbalance_metrics import metrics_line
+
 
 def advice_text(result: dict) -> str:
     """The ranked table, the rows left unanswered, the recommendation (with its ties and its gain over --current),
@@ -35,6 +37,9 @@ def advice_text(result: dict) -> str:
     lines += [f"recommended: {best['cards']} GPUs x {best['slots_per_card']} slots ({best['redundant_experts']} "
               f"redundant experts{limits}): {best['cpsat']['tokens_per_s_per_card']:,.0f} tokens/s per GPU at "
               f"{best['cpsat']['batch_per_card']:.1f} sequences per GPU{needed}"]
+    if "metrics" in best:
+        lines.append(f"  its imbalance read every way at {best['cpsat']['micro_batch_tokens_per_card']:.1f} tokens a "
+                     f"GPU a micro-batch: {metrics_line(best['metrics'])}")
     lines += _knowledge_lines(result, best)
     lines += [f"  {engine}: {flags}" for engine, flags in result["engines"].items()]
     lines += [f"wrote {result[key]}: {what}, the recommended layout fitted on the trace's last steps"
@@ -99,6 +104,10 @@ def _knowledge_lines(result: dict, best: dict) -> list[str]:
     elif gain is not None and gain["central"] > 0:
         text += "; break-even: none, even perfectly balanced it serves less than the pick"
     lines.append(text)
+    if "metrics" in current:
+        lines.append(f"  the current layout's imbalance read every way at "
+                     f"{current['cpsat']['micro_batch_tokens_per_card']:.1f} tokens a GPU a micro-batch: "
+                     f"{metrics_line(current['metrics'])}")
     return lines
 
 

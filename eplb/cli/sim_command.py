@@ -137,6 +137,11 @@ def _capacity(args: argparse.Namespace, config) -> int:
     check_replay_work(config, routing_shape(config, None))
     report = capacity_report(config)
     text = capacity_text(report)
+    from placement.imbalance_metrics import metrics_line
+    from sim.imbalance_readings import decode_readings
+
+    report["decode"]["metrics"] = decode_readings(config, report["decode"]["micro_batch_tokens_per_card"])
+    text += f"\ndecode imbalance read every way at that load: {metrics_line(report['decode']['metrics'])}"
     case_list = traffic_cases(args)
     if case_list:
         from eplb.cli.progress import Progress

@@ -7,10 +7,11 @@ import yaml
 import sim.anchor_cases
 import sim.imbalance_readings
 from sim.anchor_cases import open_definitions
-from sim.config import SimConfig, SimConfigError
+from sim.config import SimConfig
 from sim.engine.decode_balance import served_scores, synthetic_counts
 from sim.imbalance_readings import decode_readings
 from sim.validation import load_anchors
+from traces.synthetic import SyntheticConfig, generate_trace
 
 SMALL = {"model": {"sliding_window_share": 0.0},
          "cluster": {"decode_cards": 16},
@@ -31,12 +32,15 @@ def test_the_readings_are_the_named_metrics_of_the_served_steps_at_that_load():
     assert readings["group_step"]["definition"].endswith("8 contiguous groups)")
 
 
-def test_the_readings_refuse_a_routing_trace(tmp_path):
-    np.save(tmp_path / "r.npy", np.ones((4, 2, 256), dtype=np.int64))
-    trace = {**SMALL["balance"], "routing_trace": str(tmp_path / "r.npy")}
-    config = SimConfig.model_validate({**SMALL, "balance": trace})
-    with pytest.raises(SimConfigError, match="eplb replay"):
-        decode_readings(config, 32)
+def test_with_a_routing_trace_the_readings_are_its_own_steps_at_that_load(tmp_path):
+    trace = generate_trace(SyntheticConfig(num_steps=60, num_layers=2, num_experts=256, top_k=8,
+                                           tokens_per_step=16 * 32, seed=1)).counts_TLE
+    np.save(tmp_path / "r.npy", trace)
+    balance = {**SMALL["balance"], "routing_trace": str(tmp_path / "r.npy")}
+    config = SimConfig.model_validate({**SMALL, "balance": balance})
+    readings = decode_readings(config, 32)
+    assert readings["card_step"]["rows"] == (60 - 20) * 2, "the trace's own 60 steps, a first window of 20 fitted"
+    assert readings["card_window_100"]["value"] is None and "40 steps scored" in readings["card_window_100"]["why"]
 
 
 def test_an_open_anchor_reads_every_definition_with_its_range(tmp_path, monkeypatch):

@@ -68,6 +68,9 @@ def test_the_recommended_row_is_the_best_it_evaluated_and_every_row_adds_up(advi
     settings, result, calls = advice
     rows = result["rows"]
     assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)] and len(rows) == 4
+    readings = result["recommended"]["metrics"]  # the pick's imbalance read every way at its load, from the trace
+    assert {"card_step", "node_step", "card_window_10", "group_step"} <= set(readings)
+    assert readings["card_step"]["noise_floor"] == pytest.approx(result["recommended"]["cpsat"]["noise_floor"], rel=0.05)
     rates = [row["cpsat"]["tokens_per_s_per_card"] for row in rows]
     assert result["recommended"] is rows[0] and rates == sorted(rates, reverse=True) and rates[0] > 0
     # vLLM's pick: the best row whose node limits are vLLM's at its size (EP16 is two nodes: limited; EP8 one: none)
