@@ -62,8 +62,9 @@ def validation_text(rows: list[dict]) -> str:
     lines = [f"{'anchor':{width}} {'role':9} {'published':>11} {'simulated':>11} {'error':>7}  unit"]
     for role in ROLES:
         for row in (r for r in rows if r["role"] == role):
+            error = f"{'-':>7}" if row["role"] == "open" else f"{row['error']:+7.1%}"  # an open row is not judged
             lines.append(f"{row['name']:{width}} {row['role']:9} {_figure(row['published']):>11} "
-                         f"{_figure(row['simulated']):>11} {row['error']:+7.1%}  {row['unit']}"
+                         f"{_figure(row['simulated']):>11} {error}  {row['unit']}"
                          + (f" ({row['metric']})" if row.get("metric") else ""))
     for row in rows:
         if "band" in row:

@@ -110,6 +110,7 @@ def test_the_open_row_shows_every_definition_and_is_counted_neither_way():
     text = validation_text([row, predicted])
     assert "1 predicted, 1 open (no metric named: counted neither way)" in text and "1 of 1" in text
     assert "card_step         1.300 (1.100 to 1.400), noise floor 1.098" in text
+    assert "+230.0%" not in text, "an open row shows no error: it is not judged"
 
 
 def test_an_anchors_file_without_an_imbalance_s_metric_is_refused(tmp_path):
