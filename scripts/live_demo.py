@@ -216,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
+    # A rank that dies makes the others' c10d log warnings on stderr (store sockets timing out), one per socket; what
+    # happened is the one JSON object's and the one line's to say. The ranks inherit this from their fork server, which
+    # reads it as it imports torch (set TORCH_CPP_LOG_LEVEL=INFO to see them).
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     start_local_group_server()  # the ranks' fork server imports torch while this process fits the placement
     if args.rebalance_every is not None or args.fail_rank is not None:
         return rebalancing_demo(args)
