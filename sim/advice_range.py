@@ -37,6 +37,15 @@ def case_config(config: SimConfig, case: TrafficCase) -> SimConfig:
     return apply_case(synthetic, case)
 
 
+def case_work(config: SimConfig, case_list: list[TrafficCase], rows: int) -> float:
+    """The cpsat work units (`balance.work_limit` a fit) rerunning `rows` layouts over `case_list` takes: each a
+    replay of `balance.steps` steps refitted every `balance.refit_every` after its first window (`case_config`)."""
+    balance = case_config(config, case_list[0]).balance if case_list else config.balance
+    window = min(balance.window, balance.steps // 2)
+    fits = -(-(balance.steps - window) // balance.refit_every)
+    return rows * len(case_list) * fits * balance.work_limit
+
+
 def screened(rows: list[dict], best: dict, policy: str) -> list[dict]:
     """The pick and the answerable rows within `SCREEN` of its rate under `policy` (closest first, at most
     `MAX_SCREENED` more)."""

@@ -27,12 +27,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from traces.routing_trace import RoutingTrace
+from traces.routing_trace import MAX_READ_VALUES, RoutingTrace
 
 # Float64 values of one [steps, L, E] chunk while sampling: 2**21 values = 16 MiB per temporary array.
 _CHUNK_VALUES = 1 << 21
-# Largest trace generated at once: 2**29 int64 counts are 4 GiB (the default shape is 31 M counts).
-MAX_TRACE_VALUES = 1 << 29
+# Largest trace generated at once: what a reader takes back (2**28 int64 counts, 2 GiB; the default shape is 31 M).
+MAX_TRACE_VALUES = MAX_READ_VALUES
 
 
 class SyntheticConfig(BaseModel):

@@ -53,6 +53,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     searched = _advice_settings(args, "", case_list)  # the search's checks need no trace: made before reading it
     _check_candidates(searched)
     _check_current(searched)
+    _check_case_work(searched)
     with tempfile.TemporaryDirectory() as folder:
         trace, mix = _routing_trace(args, Path(folder))
         files = _engine_files(args, trace, args.trace or trace)  # checked before any work
@@ -191,6 +192,26 @@ def _topk_tasks(path: str) -> list[str]:
     except (OSError, zipfile.BadZipFile):
         return []  # the trace reader says what is wrong with it
     return [] if "counts" in names else topk_tasks(names)
+
+
+MAX_CASE_WORK = 2400.0  # cpsat work units the reruns over the traffic cases may take (about 20 minutes on 2 cores)
+
+
+def _check_case_work(settings) -> None:
+    """Refuse reruns over the traffic cases that would take more than `MAX_CASE_WORK` work units, saying which flags
+    lower it."""
+    from sim.advice import MAX_SCREENED
+    from sim.advice_range import case_work
+
+    if not settings.cases:
+        return
+    rows = 1 + MAX_SCREENED + (settings.current is not None)
+    work = case_work(settings.base, list(settings.cases), rows)
+    if work > MAX_CASE_WORK:
+        raise ValueError(f"rerunning up to {rows} layouts over {len(settings.cases)} traffic cases, a refit every "
+                         f"{settings.base.balance.refit_every} steps, takes about {work:,.0f} cpsat work units (about "
+                         f"{work / 120:,.0f} minutes on 2 cores), more than {MAX_CASE_WORK:,.0f}; lower --seeds, "
+                         f"refit less often (--refit-every), or add --scenarios none")
 
 
 def _check_current(settings) -> None:

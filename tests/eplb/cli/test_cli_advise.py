@@ -177,7 +177,8 @@ def test_a_node_limited_recommendation_is_written_with_every_group_on_one_node(t
     result = run_eplb_here("advise", "--trace", str(trace_path), "--model", str(model), "--ep-sizes", "16",
                            "--slots-per-gpu", "3", "--node-limits", "groups", "--layers", str(LAYERS),
                            "--refit-every", "20", "--window", "20", "--sglang-out", str(sglang),
-                           "--sglang-num-layers", str(LAYERS + 1), "--sglang-first-moe-layer", "1", "--json")
+                           "--sglang-num-layers", str(LAYERS + 1), "--sglang-first-moe-layer", "1", "--scenarios",
+                           "none", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert [row["node_limits"] for row in report["rows"]] == [True] and report["recommended"]["node_limits"]
@@ -321,9 +322,10 @@ def test_a_search_that_serves_nothing_writes_no_engine_file_and_says_why(trace_p
       "--max-redundant", "100000"], "layouts to replay, more than 400"),
     (["--scenarios", "busy-day"], "unknown traffic scenario 'busy-day'"),
     (["--tokens-per-step", "256"], "read top-k id logs"),
+    (["--refit-every", "1", "--window", "1"], "traffic cases, a refit every 1 steps, takes about"),
 ], ids=["ep-size-0", "slots-not-a-number", "unknown-card", "two-targets", "no-candidate", "missing-trace",
         "node-limits-unknown", "node-limits-on-one-node", "current-too-small", "current-not-a-layout",
-        "too-many-layouts", "unknown-scenario", "top-k-flag-on-counts"])
+        "too-many-layouts", "unknown-scenario", "top-k-flag-on-counts", "case-reruns-over-budget"])
 def test_bad_input_is_one_line_and_exit_2(run_eplb_here, argv, message):
     result = run_eplb_here("advise", *argv)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
