@@ -24,16 +24,19 @@ SCREEN = 0.05  # layouts within this share of the pick's central rate are rerun 
 MAX_SCREENED = 4  # at most this many besides the pick (the closest first)
 TIE = 0.002  # a layout within this share of the pick in a case matches it there
 CASE_LAYERS = 4  # layers of the cases' synthetic traffic (the cpsat budget scales with them)
+MIN_CASE_STEPS = 100  # steps of a case's traffic: at least this many, and three fit windows (two scored)
 
 
 def case_config(config: SimConfig, case: TrafficCase) -> SimConfig:
     """A candidate's config read under `case`: the simulator's own decode traffic (request-level, the case's skew,
-    bursts and seed) in place of the trace, `CASE_LAYERS` layers, the cpsat budget per layer kept."""
+    bursts and seed) in place of the trace, `CASE_LAYERS` layers, the cpsat budget per layer kept, three fit windows
+    of steps (at least `MIN_CASE_STEPS`, at most the config's): two scored, as a row needs to answer."""
     balance = config.balance
     per_layer = balance.work_limit / max(1, balance.trace_layers or balance.layers)
+    steps = min(balance.steps, max(MIN_CASE_STEPS, 3 * balance.window))
     synthetic = config.model_copy(update={"balance": balance.model_copy(update={
         "routing_trace": None, "trace_layers": None, "traffic": "requests", "layers": CASE_LAYERS,
-        "work_limit": per_layer * CASE_LAYERS})})
+        "work_limit": per_layer * CASE_LAYERS, "steps": steps})})
     return apply_case(synthetic, case)
 
 
