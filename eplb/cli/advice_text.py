@@ -93,7 +93,8 @@ def _knowledge_lines(result: dict, best: dict) -> list[str]:
     rate = current["cpsat"]["tokens_per_s_per_card"]
     gain = result["gain_over_current"]
     text = f"  current {_shape(current)}: {rate:,.0f} tokens/s per GPU (imbalance " \
-           f"{_imbalance(current['cpsat']['imbalance'])})"
+           f"{_imbalance(current['cpsat']['imbalance'])}" + \
+           ("" if current.get("answerable", True) else "; its replay scored too few steps, so read this with care") + ")"
     if gain is not None:
         text += f"; the pick serves {gain['central']:+.1%}"
         if "min" in gain:
