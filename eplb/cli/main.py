@@ -125,13 +125,18 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 def _add_trace(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, help="routing trace file (.npz, .npy, SGLang .pt, top-k id log) or "
                                                          "TensorRT-LLM expert-statistic directory")
+    _add_topk_log(parser, "concatenated")
+    parser.add_argument("--steps", default=None, metavar="START:STOP", help="use only these steps of the trace")
+
+
+def _add_topk_log(parser: argparse.ArgumentParser, tasks: str) -> None:
+    """The flags a top-k id log is read with; `tasks` says how several tasks are put in one stream."""
     parser.add_argument("--tokens-per-step", type=POSITIVE_INT, default=None,
                         help="top-k id logs only: tokens per step (e.g. 256 for the ESFT logs)")
     parser.add_argument("--task", default=None,
-                        help="top-k id logs only: comma-separated tasks to read (default: all, concatenated)")
+                        help=f"top-k id logs only: comma-separated tasks to read (default: all, {tasks})")
     parser.add_argument("--num-experts", type=POSITIVE_INT, default=None,
                         help="top-k id logs only: E, experts per layer (default: the largest id in any task + 1)")
-    parser.add_argument("--steps", default=None, metavar="START:STOP", help="use only these steps of the trace")
 
 
 def _add_cluster(parser: argparse.ArgumentParser) -> None:
@@ -408,12 +413,7 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
                    help="decode routing trace, any file `eplb replay` reads (default: the demo's synthetic "
                         "61 x 256 trace); a top-k id log with --tokens-per-step, its tasks interleaved so that every "
                         "window holds the same mix")
-    p.add_argument("--tokens-per-step", type=POSITIVE_INT, default=None,
-                   help="top-k id logs only: tokens per step (e.g. 256 for the ESFT logs)")
-    p.add_argument("--task", default=None,
-                   help="top-k id logs only: comma-separated tasks to read (default: all, interleaved)")
-    p.add_argument("--num-experts", type=POSITIVE_INT, default=None,
-                   help="top-k id logs only: E, experts per layer (default: the largest id in any task + 1)")
+    _add_topk_log(p, "interleaved")
     p.add_argument("--current", type=_layout, default=None, metavar="GxS", dest="current_layout",
                    help="the layout serving now, GPUs x slots per GPU (for example 144x2): its row, the pick's gain "
                         "over it (a range over the traffic scenarios) and the break-even imbalance")
