@@ -120,6 +120,67 @@ def write_trtllm_dump():
     return _write_trtllm_dump
 
 
+# How each writer version of TensorRT-LLM's `tensorrt_llm/_torch/expert_statistic.py` treats
+# EXPERT_STATISTIC_ITER_RANGE=START-STOP (docs/adapters.md names the trees each was read in):
+# "exclusive" records START <= i < STOP and writes rank<r>.safetensors when iteration STOP begins;
+# "inclusive" records START <= i <= STOP, writes when the iteration after STOP begins, and adds
+# rank<r>_raw.safetensors (each record's last raw top-k ids [N, K]) beside the counts.
+TRTLLM_WRITERS = ("exclusive", "inclusive")
+
+
+def _record_trtllm_dump(folder, topk_ids_RILNK, layer_ids, iter_range: str, num_experts: int,
+                        writer: str = "exclusive"):
+    """Run TensorRT-LLM's expert-statistic writer of version `writer` over a run of I iterations (0 .. I - 1) on R
+    ranks and return `folder`, as it leaves it. `topk_ids_RILNK` [R, I, L, N, K]: the expert ids each rank's N
+    tokens picked in each iteration and MoE layer (layer l is the model's layer layer_ids[l]). The writer's steps,
+    per rank: each iteration it is told the iteration (which may write the files), then per layer the layer and the
+    ids (which it counts when the iteration is in its range)."""
+    from pathlib import Path
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    assert writer in TRTLLM_WRITERS, writer
+    folder = Path(folder)
+    start, stop = (int(part) for part in iter_range.split("-"))
+    ids = np.asarray(topk_ids_RILNK)
+    for rank in range(ids.shape[0]):
+        counts, raw, meta, current = {}, {}, None, None
+
+        def save() -> None:
+            folder.mkdir(parents=True, exist_ok=True)
+            if rank == 0:
+                (folder / "meta_info.json").write_text(json.dumps(meta))
+            save_file(counts, str(folder / f"rank{rank}.safetensors"))
+            if writer == "inclusive":
+                save_file(raw, str(folder / f"rank{rank}_raw.safetensors"))
+
+        for iteration in range(ids.shape[1]):
+            if writer == "inclusive" and current == stop:  # told the next iteration: the stop one is recorded
+                save()
+            current = iteration
+            if writer == "exclusive" and current == stop:
+                save()
+            recording = start <= current < stop if writer == "exclusive" else start <= current <= stop
+            for index, layer in enumerate(layer_ids):
+                if not recording:
+                    continue
+                picks = ids[rank, iteration, index]
+                meta = meta or {"num_experts": num_experts, "num_experts_per_token": int(picks.shape[-1])}
+                key = f"{current}_{layer}"
+                counts[key] = counts.get(key, 0) + np.bincount(picks.ravel(), minlength=num_experts).astype(np.int64)
+                raw[key] = np.ascontiguousarray(picks.astype(np.int32))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def record_trtllm_dump():
+    """`record_trtllm_dump(folder, topk_ids_RILNK, layer_ids, iter_range, num_experts, writer="exclusive") ->
+    folder`: the dump TensorRT-LLM's writer of that version leaves after a run (see `TRTLLM_WRITERS`)."""
+    pytest.importorskip("safetensors")
+    return _record_trtllm_dump
+
+
 def _tensorrt_llm_accepts(data, ep_size: int, num_experts: int, layer_ids) -> dict[int, list[list[int]]]:
     """Mirror of what TensorRT-LLM checks when it loads a `moe_load_balancer.yaml` (`yaml.safe_load`, then
     `MoeLoadBalancerConfig(**data)` in tensorrt_llm/llmapi/llm_args.py, its `setup(ep_rank, ep_size)`, and each MoE

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from eplb.cli.node_layout import gpus_per_node
 from eplb.cli.progress import Progress
 from eplb.cli.report import format_table, yardstick_lines
 from eplb.cli.sglang_out import check_sglang_layers, sglang_model_layers
@@ -67,7 +68,8 @@ def parse_step_range(text: str, num_steps: int) -> tuple[int, int]:
 
 
 def cluster_from(args: argparse.Namespace) -> ClusterSpec:
-    return ClusterSpec(num_gpus=args.gpus, slots_per_gpu=args.slots_per_gpu, gpus_per_node=args.gpus_per_node)
+    """The cluster of --gpus, --slots-per-gpu and --gpus-per-node (left out: `node_layout.gpus_per_node`)."""
+    return ClusterSpec(num_gpus=args.gpus, slots_per_gpu=args.slots_per_gpu, gpus_per_node=gpus_per_node(args))
 
 
 CPSAT_WORK_LIMIT, CPSAT_WORKERS, CPSAT_SEED = 20.0, 2, 0  # cpsat's defaults on the command line

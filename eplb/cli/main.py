@@ -144,7 +144,10 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
                         help=f"G: GPUs (or NPUs) in the EP group (at most {MAX_GPUS})")
     parser.add_argument("--slots-per-gpu", type=SLOTS_PER_GPU, required=True,
                         help=f"S: expert slots per GPU (at most {MAX_SLOTS_PER_GPU})")
-    parser.add_argument("--gpus-per-node", type=POSITIVE_INT, default=8, help="GPUs per server (default 8)")
+    parser.add_argument("--gpus-per-node", type=POSITIVE_INT, default=None,
+                        help="GPUs per server, for node limits and per-node figures (default 8 where --gpus fills "
+                             "whole 8-GPU servers; else 4 with --trtllm-out, GB200 NVL72 trays; else, without "
+                             "--groups, the group as one node)")
     parser.add_argument("--policy", default="deepseek", choices=sorted(POLICIES),
                         help="placement policy (default deepseek: DeepSeek's EPLB greedy, equal split; cpsat: "
                              "OR-Tools CP-SAT fitted to the trace's steps; trivial: no balancing)")
@@ -274,6 +277,10 @@ def _add_place_command(sub: argparse._SubParsersAction) -> None:
                    help="with --trtllm-out: the model's decoder-layer index of each MoE layer of the trace, which "
                         "TensorRT-LLM keys the file by (e.g. 3-60 for DeepSeek-V3; 1,3,5 lists them; default: the "
                         "layers a TensorRT-LLM dump recorded, needed for any other trace)")
+    p.add_argument("--trtllm-mtp-layers", type=layer_ids_arg, default=None, metavar="IDS",
+                   help="with --trtllm-out, to serve with MTP: the MTP layers' ids, which TensorRT-LLM also looks up "
+                        "(61 for DeepSeek-V3); one the trace recorded keeps its own placement, any other holds the "
+                        "trace's last layer's placement as a stand-in, as the file's comment says")
     p.add_argument("--plot", default=None, help="also write per-GPU loads before/after as a PNG here")
     p.add_argument("--current", default=None,
                    help="placement file now serving: relabel the new placement's GPUs and slots to move the fewest "

@@ -3,6 +3,8 @@ the model's layer ids) and `report_load_statistics.py`'s imbalance-ratio beside 
 
 Layer ids: TensorRT-LLM keys `initial_global_assignments` by decoder-layer index (3 to 60 for DeepSeek-V3's 58 MoE
 layers). A TensorRT-LLM dump names them (`traces.trtllm_statistics`); any other trace needs `--trtllm-layers`.
+Served with MTP, TensorRT-LLM also looks up the MTP layers (61 for DeepSeek-V3): `--trtllm-mtp-layers` adds their keys
+(`placement.trtllm_config.mtp_stand_ins` says which placement each holds).
 """
 
 import argparse
@@ -10,7 +12,8 @@ import argparse
 import numpy as np
 
 from placement import Placement
-from placement.trtllm_config import parse_layer_ids, save_trtllm_config
+from placement.errors import PlacementFormatError
+from placement.trtllm_config import mtp_stand_ins, parse_layer_ids, save_trtllm_config
 from placement.trtllm_report import projected_imbalance_ratio, recorded_imbalance_ratio
 from traces import EplbError, RoutingTrace
 from traces.trtllm_statistics import is_trtllm_dump, layer_span, read_dump_layout
@@ -31,15 +34,28 @@ def trtllm_layer_ids(args: argparse.Namespace, trace: RoutingTrace) -> tuple[int
     TensorRT-LLM dump, else `--trtllm-layers`, one per layer of the trace. Checked before any fit.
 
     Raises:
-        EplbError: one line naming the flags: --trtllm-layers without --trtllm-out, missing, of another count than
-            the trace's layers, or other than the layers the dump recorded.
+        EplbError: one line naming the flags: --trtllm-layers or --trtllm-mtp-layers without --trtllm-out,
+            --trtllm-layers missing, of another count than the trace's layers, or other than the layers the dump
+            recorded; an MTP layer id neither among those layers nor above them.
     """
     given = args.trtllm_layers
+    mtp = getattr(args, "trtllm_mtp_layers", None)
     if not args.trtllm_out:
-        if given is not None:
-            raise EplbError("--trtllm-layers applies only with --trtllm-out; add --trtllm-out moe_load_balancer.yaml "
-                            "or drop --trtllm-layers")
+        for flag, value in (("--trtllm-layers", given), ("--trtllm-mtp-layers", mtp)):
+            if value is not None:
+                raise EplbError(f"{flag} applies only with --trtllm-out; add --trtllm-out moe_load_balancer.yaml or "
+                                f"drop {flag}")
         return None
+    layer_ids = _trace_layer_ids(args, trace, given)
+    try:
+        mtp_stand_ins(layer_ids, mtp or ())
+    except PlacementFormatError as exc:  # it names the library's parameter; the user typed the flag
+        raise EplbError(str(exc).replace("mtp_layer_ids", "--trtllm-mtp-layers")) from None
+    return layer_ids
+
+
+def _trace_layer_ids(args: argparse.Namespace, trace: RoutingTrace, given: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The layer id of each layer of the trace: the dump's, or `--trtllm-layers` (checked against the trace)."""
     if is_trtllm_dump(args.trace):
         recorded = read_dump_layout(args.trace).layer_ids
         if given is not None and given != recorded:
@@ -57,13 +73,23 @@ def trtllm_layer_ids(args: argparse.Namespace, trace: RoutingTrace) -> tuple[int
 
 def write_trtllm(args: argparse.Namespace, placement: Placement, counts_TLE: np.ndarray,
                  layer_ids: tuple[int, ...]) -> tuple[dict, str]:
-    """Write `--trtllm-out`; return its JSON keys and its line of the table: the file, its ep_size, and the
-    TensorRT-LLM figure of `placement` on the fitted steps (its equal split over replicas, as TensorRT-LLM routes)."""
-    save_trtllm_config(placement, args.trtllm_out, layer_ids)
+    """Write `--trtllm-out`; return its JSON keys and its line of the table: the file, its ep_size, the MTP layers'
+    keys (`trtllm_mtp_layers`; `trtllm_mtp_stand_ins`: {MTP layer: the layer whose placement it holds}, for those the
+    trace has no statistics of), and the TensorRT-LLM figure of `placement` on the fitted steps (its equal split over
+    replicas, as TensorRT-LLM routes)."""
+    mtp = tuple(getattr(args, "trtllm_mtp_layers", None) or ())
+    save_trtllm_config(placement, args.trtllm_out, layer_ids, mtp)
+    stand_ins = mtp_stand_ins(layer_ids, mtp)
     ratio = projected_imbalance_ratio(placement, counts_TLE)
     result = {"trtllm_out": str(args.trtllm_out), "trtllm_layers": list(layer_ids), "trtllm_imbalance_ratio": ratio}
+    mtp_text = ""
+    if mtp:
+        result.update({"trtllm_mtp_layers": list(mtp),
+                       "trtllm_mtp_stand_ins": {str(layer): source for layer, source in stand_ins.items()}})
+        mtp_text = "; MTP " + ", ".join(f"{layer} (layer {stand_ins[layer]}'s placement, a stand-in)"
+                                        if layer in stand_ins else f"{layer} (its own statistics)" for layer in mtp)
     line = (f"wrote {args.trtllm_out}: serve with ep_size {placement.cluster.num_gpus}, layers "
-            f"{layer_span(layer_ids)}; {FIGURE} on the fitted steps: {_figure(ratio)}\n")
+            f"{layer_span(layer_ids)}{mtp_text}; {FIGURE} on the fitted steps: {_figure(ratio)}\n")
     return result, line
 
 

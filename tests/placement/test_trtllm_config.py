@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement import ClusterSpec, Placement, PlacementFormatError, fit_placement
-from placement.trtllm_config import parse_layer_ids, save_trtllm_config, trtllm_yaml
+from placement.trtllm_config import mtp_stand_ins, parse_layer_ids, save_trtllm_config, trtllm_config, trtllm_yaml
 from traces.model_layers import MAX_MODEL_LAYERS
 
 CLUSTER = ClusterSpec(num_gpus=4, slots_per_gpu=5)  # P = 20 slots for E = 16 experts
@@ -45,6 +45,37 @@ def test_an_ep_size_that_does_not_divide_the_slots_fails_tensorrt_llm_s_check(pl
     """The mirror itself catches what TensorRT-LLM refuses (num_slots % ep_size)."""
     with pytest.raises(AssertionError, match="not divisible by ep_size 3"):
         tensorrt_llm_accepts(yaml.safe_load(trtllm_yaml(placement, LAYER_IDS)), 3, 16, LAYER_IDS)
+
+
+def test_an_mtp_layer_without_statistics_holds_the_last_layers_placement_and_the_file_says_so(
+        placement, tensorrt_llm_accepts):
+    """TensorRT-LLM serving with MTP also looks up the MTP layer (61 for DeepSeek-V3) and raises KeyError without it."""
+    text = trtllm_yaml(placement, LAYER_IDS, mtp_layer_ids=(61,))
+    data = yaml.safe_load(text)
+    tensorrt_llm_accepts(data, ep_size=4, num_experts=16, layer_ids=(*LAYER_IDS, 61))
+    assert list(data["initial_global_assignments"]) == [*LAYER_IDS, 61]
+    assert data["initial_global_assignments"][61] == placement.phy2log_LP[-1].tolist()
+    assert "# MTP layer 61: a stand-in, layer 5's placement (the trace holds no statistics of layer 61" in text
+    with pytest.raises(AssertionError, match="layer_idx 61 not found"):  # what the file lacks without it
+        tensorrt_llm_accepts(yaml.safe_load(trtllm_yaml(placement, LAYER_IDS)), 4, 16, (*LAYER_IDS, 61))
+
+
+def test_an_mtp_layer_the_placement_was_fitted_on_keeps_its_own_row(placement):
+    config = trtllm_config(placement, (3, 4, 61), mtp_layer_ids=(61, 62))
+    assert config["initial_global_assignments"][61] == placement.phy2log_LP[2].tolist()
+    assert config["initial_global_assignments"][62] == placement.phy2log_LP[1].tolist()  # the last decoder layer's
+    assert mtp_stand_ins((3, 4, 61), (61, 62)) == {62: 4}
+    assert "# MTP layer 61: fitted on its own statistics in the trace" in trtllm_yaml(placement, (3, 4, 61), (61,))
+
+
+@pytest.mark.parametrize(("mtp", "expected"), [
+    ((2,), "names layer 2, which is neither a layer of the placement (3..5) nor above its last"),
+    ((61, 61), "repeats a layer"),
+    ((3, 4, 5, 61), "names every layer of the placement"),
+], ids=["below-the-decoder-layers", "repeated", "no-decoder-layer"])
+def test_mtp_layer_ids_that_cannot_be_mtp_layers_are_refused(placement, mtp, expected):
+    with pytest.raises(PlacementFormatError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        trtllm_config(placement, LAYER_IDS, mtp_layer_ids=mtp)
 
 
 @pytest.mark.parametrize(("layer_ids", "expected"), [

@@ -64,6 +64,23 @@ def test_files_other_versions_write_beside_the_counts_are_ignored(dump):
     np.testing.assert_array_equal(load_trace(dump).counts_TLE, identity_counts().sum(axis=0))
 
 
+@pytest.mark.parametrize(("writer", "recorded", "raw_files"), [
+    ("exclusive", range(100, 103), False),  # START <= i < STOP
+    ("inclusive", range(100, 104), True),  # START..STOP, and rank<r>_raw.safetensors beside the counts
+], ids=["start-to-before-stop", "start-to-stop-with-raw-ids"])
+def test_either_writer_versions_dump_reads_as_the_iterations_it_recorded(tmp_path, record_trtllm_dump, writer,
+                                                                         recorded, raw_files):
+    """EXPERT_STATISTIC_ITER_RANGE=100-103 on 2 ranks: each version's dump reads as the bincounts of the iterations
+    that version records, summed over ranks, whatever else it writes beside them."""
+    ids_RILNK = np.random.default_rng(5).integers(0, EXPERTS, size=(RANKS, 106, len(LAYERS), 6, 2))
+    folder = record_trtllm_dump(tmp_path / "expert_statistic", ids_RILNK, LAYERS, "100-103", EXPERTS, writer)
+    assert (folder / "rank0_raw.safetensors").is_file() == raw_files
+    assert read_dump_layout(folder).iterations == recorded
+    expected = [[np.bincount(ids_RILNK[:, i, l].ravel(), minlength=EXPERTS) for l in range(len(LAYERS))]
+                for i in recorded]
+    np.testing.assert_array_equal(load_trace(folder).counts_TLE, expected)
+
+
 def test_safetensors_reader_matches_the_safetensors_package(tmp_path):
     from safetensors.numpy import load_file, save_file
 

@@ -194,7 +194,7 @@ def test_malformed_placement_values_and_misused_flags_exit_2(run_eplb_here, one_
     [
         ("--trace", "{dir}/absent.npz", *CLUSTER),
         ("--trace", "{trace}", "--gpus", "2", "--slots-per-gpu", "3"),
-        ("--trace", "{trace}", "--gpus", "12", "--slots-per-gpu", "5"),
+        ("--trace", "{trace}", "--gpus", "12", "--gpus-per-node", "8", "--slots-per-gpu", "5"),
         ("--trace", "{trace}", *CLUSTER, "--steps", "5:2"),
     ],
     ids=["missing-trace", "fewer-slots-than-experts", "not-whole-nodes", "steps-reversed"],

@@ -12,6 +12,7 @@ import yaml
 
 LAYER_IDS = (3, 4, 5)
 CLUSTER = ("--gpus", "4", "--slots-per-gpu", "5")
+WRITERS = ("exclusive", "inclusive")  # TensorRT-LLM's writer versions (tests/conftest.py, TRTLLM_WRITERS)
 
 
 @pytest.fixture()
@@ -106,3 +107,85 @@ def test_trtllm_out_replaces_a_yaml_of_its_own_kind(run_eplb_here, dump, tmp_pat
     result = run_eplb_here("place", "--trace", dump, *CLUSTER, "--out", tmp_path / "p.json", "--trtllm-out", yaml_out)
     assert result.returncode == 0, result.stderr
     assert set(yaml.safe_load(yaml_out.read_text())["initial_global_assignments"]) == set(LAYER_IDS)
+
+
+@pytest.fixture(scope="module")
+def ep32_dump(tmp_path_factory, record_trtllm_dump):
+    """What each writer version leaves after a DeepSeek-R1-shaped run recorded at EP32 (32 rank files, 256 experts,
+    top-8) with EXPERT_STATISTIC_ITER_RANGE=2-5, three MoE layers (3-5) for speed: {writer: folder}."""
+    ids = np.random.default_rng(7).zipf(1.6, size=(32, 7, len(LAYER_IDS), 4, 8)) % 256
+    return {writer: record_trtllm_dump(tmp_path_factory.mktemp(writer) / "expert_statistic", ids, LAYER_IDS, "2-5",
+                                       256, writer) for writer in WRITERS}
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+@pytest.mark.parametrize("gpus, slots", [(36, 8), (32, 9)], ids=["ep36x8", "ep32x9"])
+def test_the_docs_command_on_either_writers_dump_gives_a_yaml_tensorrt_llm_accepts(run_eplb, ep32_dump, tmp_path,
+                                                                                  tensorrt_llm_accepts, writer, gpus,
+                                                                                  slots):
+    """docs/adapters.md's step 2, run literally in the dump's folder: EP36 needs no whole 8-GPU nodes (its nodes are
+    GB200 trays of 4); the file passes TensorRT-LLM's checks at the ep_size it names."""
+    shutil.copytree(ep32_dump[writer], tmp_path / "expert_statistic")
+    result = run_eplb("place", "--trace", "./expert_statistic", "--gpus", gpus, "--slots-per-gpu", slots, "--out",
+                      "placement.json", "--trtllm-out", "moe_load_balancer.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "moe_load_balancer.yaml").read_text()
+    assert text.startswith(f"# TensorRT-LLM MoeLoadBalancerConfig written by eplb: serve with ep_size {gpus} ")
+    tensorrt_llm_accepts(yaml.safe_load(text), ep_size=gpus, num_experts=256, layer_ids=LAYER_IDS)
+    assert json.loads((tmp_path / "placement.json").read_text())["gpus_per_node"] == (4 if gpus == 36 else 8)
+
+
+def test_a_group_that_fills_no_whole_node_places_without_node_limits_and_refuses_them(run_eplb_here, one_line_error,
+                                                                                      small_trace, tmp_path):
+    out = tmp_path / "p.json"
+    result = run_eplb_here("place", "--trace", small_trace, "--gpus", "12", "--slots-per-gpu", "3", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["gpus_per_node"] == 12  # one node: no node structure known or used
+    one_line_error(run_eplb_here("place", "--trace", small_trace, "--gpus", "12", "--slots-per-gpu", "3", "--groups",
+                                 "4", "--out", tmp_path / "q.json"),
+                   "--groups places expert groups on nodes, and --gpus=12 does not fill whole 8-GPU nodes; give "
+                   "--gpus-per-node")
+    assert not (tmp_path / "q.json").exists()
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_mtp_layers_get_their_key_from_a_stand_in_stated_in_the_file(run_eplb_here, ep32_dump, tmp_path,
+                                                                     tensorrt_llm_accepts, writer):
+    """TensorRT-LLM serving with MTP looks up layer_idx 61 (DeepSeek-V3); a dump recorded without MTP holds no
+    statistics of it, so it holds the last layer's placement, and the file says so."""
+    yaml_out = tmp_path / "moe_load_balancer.yaml"
+    result = run_eplb_here("place", "--trace", ep32_dump[writer], "--gpus", "36", "--slots-per-gpu", "8", "--out",
+                           tmp_path / "p.json", "--trtllm-out", yaml_out, "--trtllm-mtp-layers", "61", "--json")
+    assert result.returncode == 0, result.stderr
+    reply = json.loads(result.stdout)
+    assert reply["trtllm_mtp_layers"] == [61] and reply["trtllm_mtp_stand_ins"] == {"61": 5}
+    text = yaml_out.read_text()
+    assert "# MTP layer 61: a stand-in, layer 5's placement (the trace holds no statistics of layer 61" in text
+    data = yaml.safe_load(text)
+    tensorrt_llm_accepts(data, ep_size=36, num_experts=256, layer_ids=(*LAYER_IDS, 61))
+    assert data["initial_global_assignments"][61] == data["initial_global_assignments"][5]
+
+
+def test_an_mtp_layer_the_dump_recorded_keeps_its_own_placement(run_eplb_here, record_trtllm_dump, tmp_path,
+                                                                tensorrt_llm_accepts):
+    ids = np.random.default_rng(8).integers(0, 16, size=(2, 4, 3, 6, 2))
+    dump = record_trtllm_dump(tmp_path / "d", ids, (3, 4, 61), "1-3", 16)
+    yaml_out = tmp_path / "m.yaml"
+    result = run_eplb_here("place", "--trace", dump, *CLUSTER, "--out", tmp_path / "p.json", "--trtllm-out", yaml_out,
+                           "--trtllm-mtp-layers", "61", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["trtllm_mtp_stand_ins"] == {}
+    assert "# MTP layer 61: fitted on its own statistics in the trace" in yaml_out.read_text()
+    tensorrt_llm_accepts(yaml.safe_load(yaml_out.read_text()), ep_size=4, num_experts=16, layer_ids=(3, 4, 61))
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ("--trtllm-mtp-layers 61", "--trtllm-mtp-layers applies only with --trtllm-out"),
+    ("--trtllm-out {dir}/m.yaml --trtllm-mtp-layers 2", "--trtllm-mtp-layers names layer 2, which is neither a layer"),
+], ids=["without-trtllm-out", "inside-the-decoder-layers"])
+def test_mtp_layer_ids_that_cannot_be_served_are_refused_in_one_line(run_eplb_here, one_line_error, ep32_dump,
+                                                                     tmp_path, flags, expected):
+    args = flags.format(dir=tmp_path).split()
+    one_line_error(run_eplb_here("place", "--trace", ep32_dump["exclusive"], "--gpus", "36", "--slots-per-gpu", "8",
+                                 "--out", tmp_path / "p.json", *args), expected)
+    assert not (tmp_path / "p.json").exists()
