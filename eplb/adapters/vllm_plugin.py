@@ -16,6 +16,17 @@ name can only be "default"; so the switch is an environment variable every vLLM 
 A value it cannot use stops vLLM's start-up with one line naming the variable, rather than serving with a policy
 the operator did not ask for; so does any other `EPLB_VLLM_*` variable, a typo of these or `EPLB_VLLM_TIME_LIMIT`
 (vLLM computes the map on every rank and broadcasts nothing: a wall-clock budget would give ranks different maps).
+
+Every rank must serve the same policy, and vLLM on Ray does not carry these variables by itself: its engine actors
+(`--data-parallel-backend ray`) get only the driver's variables with vLLM's own prefixes and those named in
+`VLLM_RAY_EXTRA_ENV_VARS_TO_COPY` (`vllm/ray/ray_env.py`), and its Ray workers take the driver's variables only where
+the node has none of its own (`vllm/v1/executor/ray_env_utils.py`). So in each process it runs in, the plugin
+
+  - adds the `EPLB_VLLM_*` variables set there to `VLLM_RAY_EXTRA_ENV_VARS_TO_COPY` (a `VLLM_` variable, copied on
+    too), so the setting reaches every Ray process that process starts;
+  - records what it resolved in `EPLB_VLLM_RESOLVED` ("vllm" for vLLM's own policy), which those processes inherit,
+    and stops with one line when the launcher's record differs from what it resolves itself (a node whose own
+    `EPLB_VLLM_*` values differ from the driver's, or that sets them where the driver does not).
 """
 
 import math
@@ -24,7 +35,10 @@ import os
 POLICY_VARIABLE = "EPLB_VLLM_POLICY"
 WORK_LIMIT_VARIABLE = "EPLB_VLLM_WORK_LIMIT"
 SEED_VARIABLE = "EPLB_VLLM_SEED"
+RESOLVED_VARIABLE = "EPLB_VLLM_RESOLVED"  # written by the plugin, never by hand: what the launching process resolved
+RAY_COPY_VARIABLE = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"  # vLLM's own list of extra variables its Ray processes get
 PREFIX = "EPLB_VLLM_"
+VLLMS_OWN = "vllm"  # the setting recorded when no policy is asked for
 CHOICES = ("cpsat", "deepseek")
 # Why a variable the plugin does not take is refused, where there is more to say than that it is unknown.
 REFUSED = {"EPLB_VLLM_TIME_LIMIT": "vLLM computes the map on every rank and broadcasts nothing, and a wall-clock "
@@ -84,7 +98,7 @@ def _refuse_unknown(environ) -> None:
     serve with a setting the operator did not ask for)."""
     known = (POLICY_VARIABLE, WORK_LIMIT_VARIABLE, SEED_VARIABLE)
     for variable in sorted(environ):
-        if variable.startswith(PREFIX) and variable not in known:
+        if variable.startswith(PREFIX) and variable not in known and variable != RESOLVED_VARIABLE:
             why = REFUSED.get(variable, f"the plugin takes {', '.join(known)} only")
             raise PluginSettingError(f"{variable} is set, but {why}; unset it")
 
@@ -99,10 +113,48 @@ def _number(text: str, variable: str, expected: str) -> float:
     return value
 
 
-def register_if_asked() -> None:
+def setting_of(policy) -> str:
+    """What `policy` (a class from `policy_from_environment`, or None) serves, as `EPLB_VLLM_RESOLVED` records it:
+    "vllm", "deepseek", or "cpsat work_limit=W seed=S"."""
+    if policy is None:
+        return VLLMS_OWN
+    if policy.policy != "cpsat":
+        return policy.policy
+    return f"cpsat work_limit={policy.work_limit!r} seed={policy.seed}"
+
+
+def agree_with_launcher(policy, environ) -> None:
+    """Check `policy` against what the process that started this one resolved, then record it and pass the setting
+    on to the Ray processes this one starts (the module docstring says why). Changes `environ` in place.
+
+    Raises:
+        PluginSettingError: `EPLB_VLLM_RESOLVED` holds another setting than this process's own.
+    """
+    mine = setting_of(policy)
+    launcher = environ.get(RESOLVED_VARIABLE)
+    if launcher is not None and launcher != mine:
+        raise PluginSettingError(
+            f"{RESOLVED_VARIABLE}: this vLLM process resolves {mine!r} but the vLLM process that started it resolved "
+            f"{launcher!r}, and ranks on different policies load different experts into the same slots (vLLM "
+            f"broadcasts no map); set the same EPLB_VLLM_* variables on every node (a Ray node's own values win "
+            f"over the driver's) or unset them on every node")
+    environ[RESOLVED_VARIABLE] = mine
+    listed = [name.strip() for name in environ.get(RAY_COPY_VARIABLE, "").split(",") if name.strip()]
+    ours = sorted(name for name in environ if name.startswith(PREFIX))
+    environ[RAY_COPY_VARIABLE] = ",".join(listed + [name for name in ours if name not in listed])
+
+
+def register_if_asked(environ=None) -> None:
     """The entry point: put the policy the environment asks for in vLLM's `EPLB_POLICIES["default"]` (in place: the
-    dict vLLM's `EplbState` reads), or leave vLLM's own there when it asks for none. vLLM is imported only then."""
-    policy = policy_from_environment()
+    dict vLLM's `EplbState` reads), or leave vLLM's own there when it asks for none; either way check it against the
+    launching process's and pass it on to Ray processes (`agree_with_launcher`). vLLM is imported only to register.
+
+    Args:
+        environ: the variables to read and extend (default `os.environ`, as vLLM calls it).
+    """
+    environ = os.environ if environ is None else environ
+    policy = policy_from_environment(environ)
+    agree_with_launcher(policy, environ)
     if policy is None:
         return
     from vllm.distributed.eplb.policy import EPLB_POLICIES

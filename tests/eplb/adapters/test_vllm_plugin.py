@@ -27,14 +27,23 @@ def _entry_point() -> importlib.metadata.EntryPoint:
     return points[0]
 
 
+def new_process(monkeypatch) -> None:
+    """The environment of a vLLM process nothing started: no `EPLB_VLLM_*` variable and no Ray copy list (what the
+    plugin writes there is undone when the test ends)."""
+    for variable in [name for name in os.environ if name.startswith("EPLB_VLLM_")]:
+        monkeypatch.delenv(variable)
+    for variable in (vllm_plugin.RESOLVED_VARIABLE, vllm_plugin.RAY_COPY_VARIABLE):
+        monkeypatch.setenv(variable, "")  # recorded, so that the end of the test removes what the plugin writes
+        monkeypatch.delenv(variable)
+
+
 @pytest.fixture
 def registry(monkeypatch):
     """A stand-in for vLLM's `vllm.distributed.eplb.policy` module: `EPLB_POLICIES` with vLLM's own default."""
     module = types.ModuleType("vllm.distributed.eplb.policy")
     module.EPLB_POLICIES = {"default": "vLLM's DefaultEplbPolicy"}
     monkeypatch.setitem(sys.modules, "vllm.distributed.eplb.policy", module)
-    for variable in [name for name in os.environ if name.startswith("EPLB_VLLM_")]:
-        monkeypatch.delenv(variable)
+    new_process(monkeypatch)
     return module.EPLB_POLICIES
 
 
@@ -47,6 +56,7 @@ def test_installing_changes_nothing_until_the_variable_asks(registry, monkeypatc
     plugin = _entry_point().load()
     plugin()
     assert registry == {"default": "vLLM's DefaultEplbPolicy"}
+    new_process(monkeypatch)
     monkeypatch.setenv("EPLB_VLLM_POLICY", "cpsat")
     plugin()
     assert registry["default"] is CpsatEplbPolicy and set(registry) == {"default"}
@@ -128,9 +138,10 @@ def test_vllms_own_lookup_returns_this_policy_only_with_the_switch(monkeypatch):
                 if point.name == "eplb":
                     point.load()()
 
-    monkeypatch.delenv("EPLB_VLLM_POLICY", raising=False)
+    new_process(monkeypatch)
     load()
     assert package.EPLB_POLICIES["default"] is vllms_own and vllms_own.__name__ == "DefaultEplbPolicy"
+    new_process(monkeypatch)
     monkeypatch.setenv("EPLB_VLLM_POLICY", "cpsat")
     load()
     assert package.EPLB_POLICIES["default"] is CpsatEplbPolicy
