@@ -1,5 +1,5 @@
 """The `vllm.general_plugins` entry point this project declares: it makes `CpsatEplbPolicy` vLLM's EPLB policy only
-when the environment asks for it, so installing the project beside vLLM changes nothing by itself.
+when the environment asks for it, so installing the project beside vLLM changes no policy by itself.
 
 vLLM 0.33 runs every `vllm.general_plugins` entry point in each of its processes before a model is built
 (`vllm.plugins.load_general_plugins`) and picks its policy as `EPLB_POLICIES[eplb_config.policy]`, where the policy

@@ -17,7 +17,8 @@ import types
 import pytest
 
 from eplb import CpsatEplbPolicy
-from eplb.adapters.vllm_plugin import PluginSettingError, agree_with_launcher, policy_from_environment, register_if_asked
+from eplb.adapters.vllm_plugin import (PluginSettingError, agree_with_launcher, policy_from_environment,
+                                       register_if_asked)
 
 # vllm/ray/ray_env.py in vLLM 0.33.0: the prefixes and single names it copies to Ray engine actors.
 PREFIXES_0_33 = {"VLLM_", "FLASH_ATTENTION_", "LMCACHE_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_"}
