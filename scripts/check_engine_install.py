@@ -17,7 +17,8 @@ from pathlib import Path
 from eplb.cli.main import OneLineParser
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINES = {"vllm": ("vllm", "0.33.0", "vllm"), "sglang": ("sglang", "0.5.23", None)}  # name, version, extra
+# name, version, the project's extras installed beside it (as scripts/engine_env.sh installs them, less test tools)
+ENGINES = {"vllm": ("vllm", "0.33.0", "vllm,hf"), "sglang": ("sglang", "0.5.23", "sglang,hf")}
 SHARED = ("protobuf", "ortools", "transformers", "torch", "numpy", "pydantic")
 TIMEOUT_S = 1800
 

@@ -17,7 +17,7 @@ def script(load_script):
 def _fake_pip(report: dict | None, returncode: int = 0, stderr: str = ""):
     def run(command, **kwargs):
         assert command[3:6] == ["install", "--dry-run", "--ignore-installed"] and "vllm==0.33.0" in command
-        assert any(part.endswith("[vllm]") for part in command)  # the project with its vllm extra
+        assert any(part.endswith("[vllm,hf]") for part in command)  # the project with its vllm and hf extras
         if report is not None:
             Path(command[command.index("--report") + 1]).write_text(json.dumps(report))
         return subprocess.CompletedProcess(command, returncode, "", stderr)
