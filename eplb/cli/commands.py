@@ -67,9 +67,11 @@ def parse_step_range(text: str, num_steps: int) -> tuple[int, int]:
     return start, stop
 
 
-def cluster_from(args: argparse.Namespace) -> ClusterSpec:
-    """The cluster of --gpus, --slots-per-gpu and --gpus-per-node (left out: `node_layout.gpus_per_node`)."""
-    return ClusterSpec(num_gpus=args.gpus, slots_per_gpu=args.slots_per_gpu, gpus_per_node=gpus_per_node(args))
+def cluster_from(args: argparse.Namespace, current: Placement | None = None) -> ClusterSpec:
+    """The cluster of --gpus, --slots-per-gpu and --gpus-per-node (left out: `node_layout.gpus_per_node`, which
+    takes the node size of `current`, the placement now serving, where it has as many GPUs)."""
+    return ClusterSpec(num_gpus=args.gpus, slots_per_gpu=args.slots_per_gpu,
+                       gpus_per_node=gpus_per_node(args, current.cluster if current is not None else None))
 
 
 CPSAT_WORK_LIMIT, CPSAT_WORKERS, CPSAT_SEED = 20.0, 2, 0  # cpsat's defaults on the command line
@@ -206,10 +208,10 @@ def cmd_place(args: argparse.Namespace) -> int:
     sglang_layers = sglang_model_layers(args)
     trace = read_trace(args)
     check_sglang_layers(args, sglang_layers, trace)
-    cluster = cluster_from(args)
+    current = load_placement(args.current) if args.current else None
+    cluster = cluster_from(args, current)
     options = policy_options(args)
     layer_ids = trtllm_layer_ids(args, trace)
-    current = load_placement(args.current) if args.current else None
     if current is not None and args.policy == "cpsat":
         options["current"] = current
     elif args.migration_cost:

@@ -189,3 +189,14 @@ def test_mtp_layer_ids_that_cannot_be_served_are_refused_in_one_line(run_eplb_he
     one_line_error(run_eplb_here("place", "--trace", ep32_dump["exclusive"], "--gpus", "36", "--slots-per-gpu", "8",
                                  "--out", tmp_path / "p.json", *args), expected)
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_refit_for_the_cluster_now_serving_takes_its_node_size(run_eplb_here, ep32_dump, tmp_path):
+    """--current names the placement serving at EP36 on GB200 trays: a refit without --trtllm-out keeps its nodes."""
+    served, refit = tmp_path / "served.json", tmp_path / "refit.json"
+    assert run_eplb_here("place", "--trace", ep32_dump["exclusive"], "--gpus", "36", "--slots-per-gpu", "8", "--out",
+                         served, "--trtllm-out", tmp_path / "m.yaml", "--quiet").returncode == 0
+    result = run_eplb_here("place", "--trace", ep32_dump["inclusive"], "--gpus", "36", "--slots-per-gpu", "8",
+                           "--out", refit, "--current", served, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(refit.read_text())["gpus_per_node"] == 4 and "experts_moved" in json.loads(result.stdout)
