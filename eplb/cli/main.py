@@ -145,9 +145,9 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots-per-gpu", type=SLOTS_PER_GPU, required=True,
                         help=f"S: expert slots per GPU (at most {MAX_SLOTS_PER_GPU})")
     parser.add_argument("--gpus-per-node", type=POSITIVE_INT, default=None,
-                        help="GPUs per server, for node limits and per-node figures (default: with --current, its own "
-                             "on as many GPUs; else 8 where --gpus fills whole 8-GPU servers; else 4 with --trtllm-out, "
-                             "GB200 NVL72 trays; else, without --groups, the group as one node)")
+                        help="GPUs per server, for node limits and per-node figures (default: with --current, its "
+                             "own on as many GPUs; else 8 where --gpus fills whole 8-GPU servers; else 4 with "
+                             "--trtllm-out, GB200 NVL72 trays; else, without --groups, the group as one node)")
     parser.add_argument("--policy", default="deepseek", choices=sorted(POLICIES),
                         help="placement policy (default deepseek: DeepSeek's EPLB greedy, equal split; cpsat: "
                              "OR-Tools CP-SAT fitted to the trace's steps; trivial: no balancing)")
