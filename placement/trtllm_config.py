@@ -57,7 +57,7 @@ def trtllm_config(placement: Placement, layer_ids: Sequence[int], mtp_layer_ids:
                                    f"placement's layers follow the model's)")
     assignments = {layer: row.tolist() for layer, row in zip(ids, placement.phy2log_LP)}
     for mtp, source in mtp_stand_ins(ids, mtp_layer_ids).items():
-        assignments[mtp] = assignments[source]
+        assignments[mtp] = list(assignments[source])
     return {
         "num_slots": placement.cluster.num_slots,
         "initial_global_assignments": assignments,
