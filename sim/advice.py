@@ -346,11 +346,12 @@ def advise_prefill(settings: AdviceSettings, progress: Callable[[int, int], None
 
 
 def engine_settings(row: dict, experts: int, groups: int | None = None, cards_per_node: int = 8,
-                    vllm_row: dict | None = None, model_layers: tuple[int, int] = (61, 3)) -> dict:
+                    vllm_row: dict | None = None, model_layers: tuple[int, int] = (61, 3), mtp: bool = False) -> dict:
     """How each engine deploys `row`'s layout: vLLM's flags (this project's policy through its plugin), SGLang's
     and TensorRT-LLM's, their placement files from `eplb place` on the same trace (`--sglang-out`, `--trtllm-out`;
     the layer flags a trace that is not the engine's own dump needs: `model_layers`, the model's decoder layers and
-    its leading dense ones, DeepSeek-V3's 61 and 3 by default). Node limits
+    its leading dense ones, DeepSeek-V3's 61 and 3 by default; with `mtp` TensorRT-LLM's file also keys the MTP
+    layer, which it looks up). Node limits
     for a model of `groups` expert groups on nodes of `cards_per_node`: SGLang's `--eplb-algorithm` says which;
     vLLM applies them by itself (`vllm_node_limits`), so where `row` has none and vLLM's rule gives them its line is
     for `vllm_row` (`best_for_vllm`), saying why, or, with none, says what vLLM will run. (A row with node limits
@@ -378,7 +379,8 @@ def engine_settings(row: dict, experts: int, groups: int | None = None, cards_pe
                   f"{model_layers[1]}]",
         "tensorrt_llm": f"moe_config.load_balancer: moe_load_balancer.yaml (num_slots {cards * slots} = {experts} "
                         f"experts + {redundant}), from: {place} --trtllm-out moe_load_balancer.yaml "
-                        f"[--trtllm-layers {model_layers[1]}-{model_layers[0] - 1}]",
+                        f"[--trtllm-layers {model_layers[1]}-{model_layers[0] - 1}]"
+                        + (f" --trtllm-mtp-layers {model_layers[0]}" if mtp else ""),
     }
 
 

@@ -72,7 +72,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
             model = settings.base.model
             result["engines"] = engine_settings(result["recommended"], model.num_routed_experts, model.expert_groups,
                                                 settings.base.cluster.cards_per_node, result["vllm_recommended"],
-                                                (model.num_layers, model.num_dense_layers))
+                                                (model.num_layers, model.num_dense_layers),
+                                                settings.base.speculative.enabled)
             result.update(_write_engine_files(args, files, result["recommended"], settings))
     if args.plot:
         from eplb.cli.plots import advice_plot
@@ -103,7 +104,8 @@ def _engine_files(args: argparse.Namespace, trace: str, original: str):
     asks for a file (their flags checked as `eplb place` checks them, before any work; an engine dump's layout read
     from the `original` file), else None."""
     if not (args.sglang_out or args.trtllm_out or args.sglang_num_layers is not None
-            or args.sglang_first_moe_layer is not None or args.trtllm_layers is not None):
+            or args.sglang_first_moe_layer is not None or args.trtllm_layers is not None
+            or args.trtllm_mtp_layers is not None):
         return None
     from eplb.cli.sglang_out import check_sglang_layers, sglang_model_layers
     from eplb.cli.trtllm_output import trtllm_layer_ids

@@ -524,6 +524,9 @@ def _add_advise_engine_files(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trtllm-layers", type=layer_ids_arg, default=None, metavar="IDS",
                    help="with --trtllm-out: the decoder-layer index of each MoE layer of the trace (3-60 for "
                         "DeepSeek-V3; default: a TensorRT-LLM dump's)")
+    p.add_argument("--trtllm-mtp-layers", type=layer_ids_arg, default=None, metavar="IDS",
+                   help="with --trtllm-out, to serve with MTP: the MTP layers' ids TensorRT-LLM also looks up (61 for "
+                        "DeepSeek-V3), each holding the trace's last layer's placement unless the trace recorded it")
 
 
 def _add_plot_command(sub: argparse._SubParsersAction) -> None:

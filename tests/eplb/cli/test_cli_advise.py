@@ -206,7 +206,7 @@ def test_the_recommendation_is_written_for_sglang_and_tensorrt_llm(trace_path, t
                            "--slots-per-gpu", "4,5", "--layers", str(LAYERS), "--refit-every", "20", "--window", "20",
                            "--sglang-out", str(sglang), "--sglang-num-layers", str(LAYERS + 1),
                            "--sglang-first-moe-layer", "1", "--trtllm-out", str(trtllm), "--trtllm-layers",
-                           f"1-{LAYERS}", "--scenarios", "none", "--json")
+                           f"1-{LAYERS}", "--trtllm-mtp-layers", str(LAYERS + 1), "--scenarios", "none", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     slots = report["recommended"]["cards"] * report["recommended"]["slots_per_card"]
@@ -214,8 +214,9 @@ def test_the_recommendation_is_written_for_sglang_and_tensorrt_llm(trace_path, t
     assert report["sglang_rows"] == len(rows) == LAYERS + 1 and all(len(row) == slots for row in rows)
     assert all(sorted(set(row)) == list(range(EXPERTS)) for row in rows)  # every expert placed in every layer
     ranks = tensorrt_llm_accepts(yaml.safe_load(trtllm.read_text()), report["recommended"]["cards"], EXPERTS,
-                                 range(1, LAYERS + 1))
-    assert sorted(ranks) == list(range(1, LAYERS + 1)) and report["trtllm_out"] == str(trtllm)
+                                 range(1, LAYERS + 2))
+    assert sorted(ranks) == list(range(1, LAYERS + 2)) and report["trtllm_out"] == str(trtllm)
+    assert report["trtllm_mtp_stand_ins"] == {str(LAYERS + 1): LAYERS}, "the MTP layer holds the last layer's rows"
     refused = run_eplb_here("advise", "--trace", str(trace_path), "--model", str(model), "--ep-sizes", "8",
                             "--sglang-out", str(sglang), "--sglang-num-layers", "61", "--sglang-first-moe-layer", "3")
     assert refused.returncode == 2 and "--sglang-first-moe-layer" in refused.stderr
