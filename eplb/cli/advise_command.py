@@ -154,7 +154,8 @@ def _routing_trace(args: argparse.Namespace, folder: Path) -> tuple[str, str]:
     if args.trace is None:
         if topk_flags:
             raise ValueError(f"{', '.join(topk_flags)} read top-k id logs; give --trace LOG, or drop them")
-        return _demo_trace(folder), "the demo's synthetic trace"
+        return _demo_trace(folder), (f"independent tokens, {DEMO_TRACE['num_steps']} steps of "
+                                     f"{DEMO_TRACE['tokens_per_step']:,} tokens")
     import numpy as np
 
     from traces import load_trace
