@@ -95,3 +95,13 @@ def expectation_oracle(counts_TLE: np.ndarray, expected_TLE: np.ndarray, cluster
         placement = fit_placement(policy, fit_1LE, cluster, **options)
         parts.append(score_placement(placement, counts[block], routing))
     return StepScores.concatenate(parts)
+
+
+def yardsticks_line(found: dict) -> str:
+    """Yardsticks on one line: {"noise_floor", "granularity_bound", "granularity_from", "in_batch_bound",
+    "expectation_oracle" (None with an "oracle_why")}, as `sim.imbalance_readings` reports a decode unit's."""
+    oracle = f"{found['expectation_oracle']:.3f}" if found["expectation_oracle"] is not None else \
+        f"- ({found['oracle_why']})"
+    return (f"noise floor {found['noise_floor']:.3f}, granularity bound {found['granularity_bound']:.3f} (on the "
+            f"{found['granularity_from']}), expectation oracle {oracle}, in-batch bound {found['in_batch_bound']:.3f} "
+            f"(knows each step's noise)")

@@ -199,7 +199,7 @@ def advise(settings: AdviceSettings, progress: Callable[[int, int], None] | None
     if best is not None and best[POLICIES[0]]["tokens_per_s_per_card"] <= 0:
         best = None
     if best is not None:
-        best["metrics"] = readings(settings, best)
+        best.update(readings(settings, best))
     result = {"rows": rows, "recommended": best,
               "vllm_recommended": best_for_vllm(rows, settings.base.model.expert_groups,
                                                 settings.base.cluster.cards_per_node),
@@ -226,12 +226,14 @@ def advise(settings: AdviceSettings, progress: Callable[[int, int], None] | None
 
 
 def readings(settings: AdviceSettings, row: dict) -> dict:
-    """The row's decode imbalance read every way (`sim.imbalance_readings`: per card, per node, over windows of
-    steps, per routing group) at its micro-batch load, under the chosen policy."""
-    from sim.imbalance_readings import decode_readings
+    """{"metrics", "yardsticks"}: the row's decode imbalance read every way (`sim.imbalance_readings`: per card, per
+    node, over windows of steps, per routing group) at its micro-batch load under the chosen policy, and its
+    yardsticks (noise floor, granularity bound, in-batch bound; the trace carries no expected load, so no oracle)."""
+    from sim.imbalance_readings import read_decode_unit
 
     config = candidate_config(settings, row["cards"], row["slots_per_card"], POLICIES[0], row["node_limits"])
-    return decode_readings(config, row[POLICIES[0]]["micro_batch_tokens_per_card"])
+    found = read_decode_unit(config, row[POLICIES[0]]["micro_batch_tokens_per_card"])
+    return {"metrics": found.metrics, "yardsticks": found.yardsticks}
 
 
 def know(settings: AdviceSettings, rows: list[dict], best: dict | None, tick: Callable[[], None]) -> dict:
@@ -249,7 +251,7 @@ def know(settings: AdviceSettings, rows: list[dict], best: dict | None, tick: Ca
                         == (cards, slots, limited)), None) or evaluate(settings, cards, slots, limited)
         found["current"] = current
         if current[policy]["tokens_per_s_per_card"] > 0 and "metrics" not in current:
-            current["metrics"] = readings(settings, current)
+            current.update(readings(settings, current))
         if best is not None and current[policy]["tokens_per_s_per_card"] > 0:
             found["gain_over_current"] = {"central": best[policy]["tokens_per_s_per_card"]
                                           / current[policy]["tokens_per_s_per_card"] - 1.0}

@@ -38,16 +38,18 @@ def case_range(anchor, central: float) -> dict:
 
 
 def open_definitions(anchor, anchors_path: Path) -> dict:
-    """An `open` anchor's readings: {"tokens_per_card", "definitions": {metric: {"central", "min", "max",
-    "noise_floor", "definition"}}} at its operating point's micro-batch load (`decode_capacity` on the anchor's
-    config), central at the config's own traffic, the range over `anchor_cases`."""
+    """An `open` anchor's readings: {"tokens_per_card", "cases", "definitions": {metric: {"central", "min", "max",
+    "noise_floor", "definition"}}, "yardsticks"} at its operating point's micro-batch load (`decode_capacity` on the
+    anchor's config), central at the config's own traffic (with its yardsticks, the expectation oracle included),
+    the range over `anchor_cases`."""
     from sim.capacity import decode_capacity
-    from sim.imbalance_readings import decode_readings
+    from sim.imbalance_readings import decode_readings, read_decode_unit
     from sim.validation import anchor_config
 
     config = anchor_config(anchor, anchors_path)
     load = decode_capacity(config)["micro_batch_tokens_per_card"]
-    central = decode_readings(config, load)
+    reading = read_decode_unit(config, load)
+    central = reading.metrics
     readings = [decode_readings(apply_case(config, case), load) for case in anchor_cases(anchor)]
     definitions = {}
     for name in OPEN_METRICS:
@@ -56,4 +58,5 @@ def open_definitions(anchor, anchors_path: Path) -> dict:
         values = [reading[name]["value"] for reading in readings]
         definitions[name] = {**spread(central[name]["value"], values), "noise_floor": central[name]["noise_floor"],
                              "definition": central[name]["definition"]}
-    return {"tokens_per_card": load, "cases": len(readings), "definitions": definitions}
+    return {"tokens_per_card": load, "cases": len(readings), "definitions": definitions,
+            "yardsticks": reading.yardsticks}

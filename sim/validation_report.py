@@ -9,6 +9,7 @@ shows its definitions side by side and counts neither way.
 
 from pathlib import Path
 
+from placement.yardsticks import yardsticks_line
 from sim.validation import ANCHORS_PATH, ROLES, Anchor, anchor_error, band_values, command, load_anchors, simulate
 
 
@@ -83,6 +84,8 @@ def validation_text(rows: list[dict]) -> str:
             for name, found in row["definitions"].items():
                 lines.append(f"  {name:17} {found['central']:.3f} ({found['min']:.3f} to {found['max']:.3f}), noise "
                              f"floor {found['noise_floor']:.3f}: {found['definition']}")
+            if "yardsticks" in row:
+                lines.append(f"  yardsticks at that load: {yardsticks_line(row['yardsticks'])}")
     roles = {role: sum(r["role"] == role for r in rows) for role in ROLES}
     predicted = [r for r in rows if r["role"] == "predicted"]
     lines.append(f"rows: {roles['fitted']} fitted, {roles['identity']} identity, {roles['predicted']} predicted, "

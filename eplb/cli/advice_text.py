@@ -2,6 +2,7 @@
 user's current layout against the pick, each engine's settings, and the prefill table."""
 
 from placement.imbalance_metrics import metrics_line
+from placement.yardsticks import yardsticks_line
 
 
 def advice_text(result: dict) -> str:
@@ -40,6 +41,7 @@ def advice_text(result: dict) -> str:
     if "metrics" in best:
         lines.append(f"  its imbalance read every way at {best['cpsat']['micro_batch_tokens_per_card']:.1f} tokens a "
                      f"GPU a micro-batch: {metrics_line(best['metrics'])}")
+        lines.append(f"  its yardsticks there: {yardsticks_line(best['yardsticks'])}")
     lines += _knowledge_lines(result, best)
     lines += [f"  {engine}: {flags}" for engine, flags in result["engines"].items()]
     lines += [f"wrote {result[key]}: {what}, the recommended layout fitted on the trace's last steps"

@@ -30,3 +30,4 @@ def yardstick_lines(result: dict) -> str:
         f"split); granularity bound {result['granularity_bound']:.3f} (best replica counts for the "
         f"{result['granularity_from']}); in-batch bound {result['lower_bound']:.3f} (knows each step's noise)",
         "metrics: " + metrics_line(result["metrics"])])
+

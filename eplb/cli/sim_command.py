@@ -44,6 +44,7 @@ import sys
 from pathlib import Path
 
 from eplb.cli.commands import emit
+from placement.yardsticks import yardsticks_line
 from eplb.cli.traffic_cases import traffic_cases
 from traces.atomic_file import write_text_atomically
 
@@ -138,10 +139,12 @@ def _capacity(args: argparse.Namespace, config) -> int:
     report = capacity_report(config)
     text = capacity_text(report)
     from placement.imbalance_metrics import metrics_line
-    from sim.imbalance_readings import decode_readings
+    from sim.imbalance_readings import read_decode_unit
 
-    report["decode"]["metrics"] = decode_readings(config, report["decode"]["micro_batch_tokens_per_card"])
-    text += f"\ndecode imbalance read every way at that load: {metrics_line(report['decode']['metrics'])}"
+    reading = read_decode_unit(config, report["decode"]["micro_batch_tokens_per_card"])
+    report["decode"].update({"metrics": reading.metrics, "yardsticks": reading.yardsticks})
+    text += f"\ndecode imbalance read every way at that load: {metrics_line(reading.metrics)}\n" \
+            f"decode yardsticks at that load: {yardsticks_line(reading.yardsticks)}"
     case_list = traffic_cases(args)
     if case_list:
         from eplb.cli.progress import Progress

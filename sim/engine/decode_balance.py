@@ -23,8 +23,9 @@ from placement.replay import rolling_replay
 from placement.scoring import StepScores, score_placement
 from sim.config import SimConfig, SimConfigError
 from traces import TraceFormatError, load_trace
-from traces.request_traffic import MAX_LIVE_VALUES, RequestTrafficConfig, request_traffic_TLE
-from traces.synthetic import SyntheticConfig, generate_trace
+from traces.request_traffic import (MAX_LIVE_VALUES, RequestTrafficConfig, request_traffic_TLE,
+                                    request_traffic_with_expectation)
+from traces.synthetic import SyntheticConfig, expected_counts_TLE, generate_trace
 
 TOKENS_PER_CARD_PER_STEP = 64  # the synthetic routing trace's step: a decode card's typical batch
 
@@ -82,14 +83,31 @@ def synthetic_counts(config: SimConfig, cards: int, tokens_per_card: float, stag
     """[T, L, E] the synthetic routing trace at the model's shape (`balance.steps` x `balance.layers`) for a group of
     `cards` cards at `tokens_per_card` tokens per card per step, drawn from `config.seed`: under `balance.traffic`
     "requests", `stage`'s request-level traffic (`traffic_config`), else independent tokens (`traces.synthetic`)."""
-    balance, model = config.balance, config.model
+    balance = config.balance
     tokens = max(1, round(tokens_per_card * cards))
     if balance.traffic == "requests":
         return request_traffic_TLE(traffic_config(config, stage, tokens))
+    return generate_trace(_token_traffic(config, tokens)).counts_TLE
+
+
+def synthetic_counts_with_expectation(config: SimConfig, cards: int, tokens_per_card: float,
+                                      stage: str = "decode") -> tuple[np.ndarray, np.ndarray]:
+    """(`synthetic_counts`' trace [T, L, E], its expected counts [T, L, E]: the generator's mean of each step before
+    the token sampling, what the expectation oracle fits on)."""
+    tokens = max(1, round(tokens_per_card * cards))
+    if config.balance.traffic == "requests":
+        return request_traffic_with_expectation(traffic_config(config, stage, tokens))
+    traffic = _token_traffic(config, tokens)
+    return generate_trace(traffic).counts_TLE, expected_counts_TLE(traffic)
+
+
+def _token_traffic(config: SimConfig, tokens: int) -> SyntheticConfig:
+    """The independent-token traffic (`traces.synthetic`) of `balance.traffic: tokens` at `tokens` tokens a step."""
+    balance, model = config.balance, config.model
     skew = {} if balance.skew is None else {"skew": balance.skew}
-    return generate_trace(SyntheticConfig(
-        num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts, top_k=model.top_k,
-        tokens_per_step=tokens, seed=config.seed, burst_rate=balance.burst_rate, **skew)).counts_TLE
+    return SyntheticConfig(num_steps=balance.steps, num_layers=balance.layers, num_experts=model.num_routed_experts,
+                           top_k=model.top_k, tokens_per_step=tokens, seed=config.seed, burst_rate=balance.burst_rate,
+                           **skew)
 
 
 def traffic_config(config: SimConfig, stage: str, tokens: int) -> RequestTrafficConfig:
@@ -123,6 +141,31 @@ def traffic_config(config: SimConfig, stage: str, tokens: int) -> RequestTraffic
                              f"tokens")
     return RequestTrafficConfig(mode="decode", tokens_per_step=live * per_request, tokens_per_request=per_request,
                                 output_tokens=balance.output_tokens, output_spread=1.0, **common)
+
+
+def group_cluster(config: SimConfig, cards: int, slots: int) -> ClusterSpec:
+    """The group of `cards` cards with `slots` slots each, on nodes of `cluster.cards_per_node` (one node where the
+    cards are not whole nodes)."""
+    per_node = config.cluster.cards_per_node
+    return ClusterSpec(num_gpus=cards, slots_per_gpu=slots, gpus_per_node=per_node if cards % per_node == 0 else cards)
+
+
+def served_routing(config: SimConfig) -> str:
+    """How a served step splits a replicated expert's tokens: the live router, or the static split."""
+    return "live" if config.balance.routing == "live" else "static"
+
+
+def policy_options(config: SimConfig, node_limited: bool = False) -> dict:
+    """`balance.policy`'s options: cpsat's budget and the split it fits for, and node limits (every one of the
+    model's expert groups on one node) where asked."""
+    balance = config.balance
+    options = {"work_limit": balance.work_limit, "routing": "dynamic" if balance.routing == "live" else "static"} \
+        if balance.policy == "cpsat" else {}
+    if node_limited:
+        groups = config.model.expert_groups
+        options.update({"groups": groups, "nodes_per_group": 1} if balance.policy == "cpsat" else
+                       {"num_groups": groups})
+    return options
 
 
 def replay_window(config: SimConfig, steps: int) -> int:
@@ -159,21 +202,12 @@ def served_scores(config: SimConfig, cards: int, slots: int, counts_TLE: np.ndar
     `node_limited`: every one of the model's expert groups on one node of `cluster.cards_per_node` cards (the greedy
     hierarchical, cpsat within its nodes). Policy "none" serves every step."""
     balance = config.balance
-    per_node = config.cluster.cards_per_node
-    cluster = ClusterSpec(num_gpus=cards, slots_per_gpu=slots, gpus_per_node=per_node if cards % per_node == 0
-                          else cards)
+    cluster = group_cluster(config, cards, slots)
     if balance.policy == "none":
         placement = fit_placement("trivial", counts_TLE[:1], cluster)
         return [score_placement(placement, trace, "static") for trace in [counts_TLE, *also_TLE]]
-    live = balance.routing == "live"
-    options = {"work_limit": balance.work_limit, "routing": "dynamic" if live else "static"} \
-        if balance.policy == "cpsat" else {}
-    if node_limited:
-        groups = config.model.expert_groups
-        options.update({"groups": groups, "nodes_per_group": 1} if balance.policy == "cpsat" else
-                       {"num_groups": groups})
     window = replay_window(config, counts_TLE.shape[0])
     result = rolling_replay(counts_TLE, cluster, balance.policy, every=balance.refit_every, window=window,
-                            routing="live" if live else "static", policy_options=options,
+                            routing=served_routing(config), policy_options=policy_options(config, node_limited),
                             also_served={str(index): trace for index, trace in enumerate(also_TLE)})
     return [result.held_out, *(result.held_out_served[str(index)] for index in range(len(also_TLE)))]
