@@ -494,8 +494,9 @@ def _add_advise_prefill(p: argparse.ArgumentParser) -> None:
                    help="with --ttft-s: mean prompt length (default 4096)")
     p.add_argument("--cached-share", type=number(0, high=0.99), default=0.0,
                    help="with --ttft-s: share of each prompt read from the KV cache, not computed (default 0)")
-    p.add_argument("--prefill-nodes", type=comma_separated(integer(1, 128)), default=[1, 2, 4, 8],
-                   metavar="N,N,...", help="with --ttft-s: prefill instance sizes in 8-GPU nodes (default 1,2,4,8)")
+    p.add_argument("--prefill-nodes", type=comma_separated(integer(1, 16)), default=[1, 2, 4, 8],
+                   metavar="N,N,...", help="with --ttft-s: prefill instance sizes in 8-GPU nodes, at most 16 (each a "
+                                           "replay of batches of up to 16,384 tokens a GPU; default 1,2,4,8)")
     p.add_argument("--prefill-redundant", type=comma_separated(integer(0, 4096)), default=[0, 32],
                    metavar="R,R,...", help="with --ttft-s: redundant experts of a prefill instance (default 0,32)")
 

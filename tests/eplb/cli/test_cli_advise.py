@@ -324,9 +324,11 @@ def test_a_search_that_serves_nothing_writes_no_engine_file_and_says_why(trace_p
     (["--scenarios", "busy-day"], "unknown traffic scenario 'busy-day'"),
     (["--tokens-per-step", "256"], "read top-k id logs"),
     (["--refit-every", "1", "--window", "1"], "traffic cases, a refit every 1 steps, takes about"),
+    (["--ttft-s", "2", "--prefill-nodes", "128"], "argument --prefill-nodes"),
 ], ids=["ep-size-0", "slots-not-a-number", "unknown-card", "two-targets", "no-candidate", "missing-trace",
         "node-limits-unknown", "node-limits-on-one-node", "current-too-small", "current-not-a-layout",
-        "too-many-layouts", "unknown-scenario", "top-k-flag-on-counts", "case-reruns-over-budget"])
+        "too-many-layouts", "unknown-scenario", "top-k-flag-on-counts", "case-reruns-over-budget",
+        "prefill-instance-too-large"])
 def test_bad_input_is_one_line_and_exit_2(run_eplb_here, argv, message):
     result = run_eplb_here("advise", *argv)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
