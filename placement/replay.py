@@ -71,6 +71,8 @@ class ReplayResult:
         patch_moves: with burst patches, the slots whose expert changed between consecutive served placements
             within each fit's service (None without patches).
         held_out_served: the held-out steps of each trace of `also_served`, served by the same placements.
+        placements: each fit's placement, in fit order (what a switch moves: `placement.migration.plan_migration`
+            between consecutive ones).
     """
 
     held_out: StepScores
@@ -84,6 +86,7 @@ class ReplayResult:
     lag: int = 0
     patch_moves: int | None = None
     held_out_served: dict[str, StepScores] = field(default_factory=dict)
+    placements: list[Placement] = field(default_factory=list)
 
     def summary(self) -> dict:
         """Held-out summary (the contract keys) plus the fitted summary, fit timing and the lag."""
@@ -336,6 +339,7 @@ class _ReplayParts:
     serve_starts: list[int] = field(default_factory=list)
     drifts: list[int] = field(default_factory=list)
     moved: int = 0
+    placements: list[Placement] = field(default_factory=list)
 
     def fit(self, policy: str, counts_TLE: np.ndarray, first: int, stop: int, cluster: ClusterSpec, options: dict,
             routing: Routing, hedge: tuple[int, int] | None = None) -> Placement:
@@ -348,6 +352,7 @@ class _ReplayParts:
         placement = fit_placement(policy, fit_TLE, cluster, **options)
         self.seconds.append(time.perf_counter() - began)
         self.windows.append((first, stop))
+        self.placements.append(placement)
         self.fitted.append(score_placement(placement, history_TLE, routing))
         return placement
 
@@ -367,4 +372,5 @@ class _ReplayParts:
         return ReplayResult(StepScores.concatenate(self.held), StepScores.concatenate(self.fitted), self.serve_starts,
                             self.seconds, {name: StepScores.concatenate(parts) for name, parts in self.also.items()},
                             last, self.windows, self.drifts, lag, self.moved if patched else None,
-                            {name: StepScores.concatenate(parts) for name, (_, parts) in self.also_served.items()})
+                            {name: StepScores.concatenate(parts) for name, (_, parts) in self.also_served.items()},
+                            self.placements)

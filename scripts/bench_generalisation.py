@@ -28,8 +28,10 @@ Usage: python scripts/bench_generalisation.py [--traffic synthetic|tuning|regime
        [--rows 144x2] [--work-limit 20] [--json out.json]
 """
 
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -39,6 +41,7 @@ from placement import ClusterSpec, rolling_replay
 from traces.atomic_file import write_text_atomically
 from traces.request_traffic import RequestTrafficConfig, request_traffic_TLE
 from traces.synthetic import SyntheticConfig, generate_trace
+from traces.trace_io import load_trace
 
 NUM_EXPERTS, TOP_K, LAYERS, STEPS, EVERY, WINDOW = 256, 8, 4, 300, 100, 100
 SEEDS = (301, 302, 303)
@@ -49,7 +52,18 @@ HELD_OUT_SETTINGS = {"drift_period_steps": 800.0, "drift_strength": 1.0, "burst_
                      "burst_length_steps": 40.0, "burst_factor": 4.0, "num_domains": 5, "domain_overlap": 0.75}
 TUNING_SETTINGS = {"drift_period_steps": 1500.0, "drift_strength": 0.8, "burst_rate": 5.0, "burst_length_steps": 20.0,
                    "burst_factor": 6.0, "num_domains": 6, "domain_overlap": 0.8}
-WORST_ALLOWED = 0.01  # a single trace may be worse than the greedy by at most this
+# Request-level traffic is also judged at the simulator's two skew scenarios (`sim.scenarios`): the fitted
+# single-dataset skew and a pooled production mix's.
+REQUEST_SKEWS = (0.5, 1.251)
+# Real routing (64 experts): two slots a GPU with one redundant slot in eight, four with and without.
+REAL_ROWS = (("36x2", (None,), (0,)), ("18x4", (None,), (0,)), ("16x4", (None,), (0,)))
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ESFT = DATA / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
+OLMOE = DATA / "olmoe-counts" / "olmoe_mixtral_routing_counts.npz"
+ESFT_TOKENS, ESFT_EVERY = 256, 16  # ESFT's ~33k tokens give 130 steps of 256: a refit every 16 on the last 16
+OLMOE_DOMAINS, OLMOE_TOP_K, OLMOE_SPELL = ("arxiv", "book", "c4", "github", "wikipedia"), 8, 60
+TRAFFICS = ("synthetic", "tuning", "regime", "requests", "esft", "olmoe", "aside")
+WORST_ALLOWED = 0.005  # a single trace may be worse than the greedy by at most this
 
 
 def regime_trace(steps: int, layers: int, tokens: int, sigma: float, seed: int, domains: int = 5,
@@ -107,7 +121,42 @@ def _capped(weight_E: np.ndarray) -> np.ndarray:
     return p / p.sum()
 
 
+def esft_trace(seed: int) -> np.ndarray:
+    """ESFT's four tasks in file order as one stream of ESFT_TOKENS tokens a step (a task switch every ~32 steps), on 4
+    of its 26 layers drawn by `seed`: [130, 4, 64]."""
+    counts_TLE = load_trace(ESFT, tokens_per_step=ESFT_TOKENS).counts_TLE
+    layers = np.sort(np.random.default_rng(seed).choice(counts_TLE.shape[1], LAYERS, replace=False))
+    return counts_TLE[:, layers]
+
+
+def olmoe_trace(gpus: int, tokens_per_gpu: int, seed: int) -> np.ndarray:
+    """STEPS decode steps of OLMoE's real per-domain popularity (3 layers x 64 experts, top-8): the domain switches
+    every OLMOE_SPELL steps in an order drawn by `seed`, each step's picks a multinomial of that domain's shares."""
+    data = np.load(OLMOE)
+    rng = np.random.default_rng([seed, 31])
+    shares = {domain: data[f"olmoe__expert_counts__{domain}"] / data[f"olmoe__expert_counts__{domain}"].sum(
+        axis=1, keepdims=True) for domain in OLMOE_DOMAINS}
+    order = [OLMOE_DOMAINS[i] for i in rng.permutation(len(OLMOE_DOMAINS))]
+    return np.stack([rng.multinomial(gpus * tokens_per_gpu * OLMOE_TOP_K, shares[order[(t // OLMOE_SPELL)
+                                                                                        % len(order)]])
+                     for t in range(STEPS)])
+
+
+def _aside_generator():
+    """`scripts/aside_traffic.py` loaded by its path (scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location("aside_traffic", Path(__file__).with_name("aside_traffic.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def trace(traffic: str, gpus: int, tokens_per_gpu: int, sigma: float, seed: int, stage: str = "decode") -> np.ndarray:
+    if traffic == "esft":
+        return esft_trace(seed)
+    if traffic == "olmoe":
+        return olmoe_trace(gpus, tokens_per_gpu, seed)
+    if traffic == "aside":
+        return _aside_generator().aside_trace(STEPS, LAYERS, NUM_EXPERTS, gpus * tokens_per_gpu, sigma, seed)
     if traffic == "regime":
         return regime_trace(STEPS, LAYERS, gpus * tokens_per_gpu, sigma, seed)
     if traffic == "requests":
@@ -121,36 +170,46 @@ def trace(traffic: str, gpus: int, tokens_per_gpu: int, sigma: float, seed: int,
     return generate_trace(config).counts_TLE
 
 
-def held_out(counts_TLE: np.ndarray, cluster: ClusterSpec, lag: int, options: dict) -> tuple[float, float]:
-    """(greedy under the best split, cpsat under the live router): held-out imbalance, mean over (step, layer)."""
-    greedy = rolling_replay(counts_TLE, cluster, "deepseek", every=EVERY, window=WINDOW, routing="dynamic", lag=lag)
-    cpsat = rolling_replay(counts_TLE, cluster, "cpsat", every=EVERY, window=WINDOW, routing="live", lag=lag,
+def held_out(counts_TLE: np.ndarray, cluster: ClusterSpec, lag: int, options: dict,
+             every: int = EVERY) -> tuple[float, float]:
+    """(greedy under the best split, cpsat under the live router): held-out imbalance, mean over (step, layer), a
+    refit every `every` steps on the last `every`."""
+    greedy = rolling_replay(counts_TLE, cluster, "deepseek", every=every, window=every, routing="dynamic", lag=lag)
+    cpsat = rolling_replay(counts_TLE, cluster, "cpsat", every=every, window=every, routing="live", lag=lag,
                            policy_options={"routing": "dynamic", **options})
     return greedy.held_out.summary()["imbalance_mean"], cpsat.held_out.summary()["imbalance_mean"]
 
 
 def measure(traffic: str, seeds: list[int], shapes: list[str], options: dict) -> list[dict]:
     rows = []
-    for shape, sigmas, lags in ROWS:
+    real = traffic in ("esft", "olmoe")
+    for shape, sigmas, lags in REAL_ROWS if real else ROWS:
         if shape not in shapes:
             continue
+        if traffic == "requests" and shape == "144x2":
+            sigmas = tuple(sorted(set(sigmas) | set(REQUEST_SKEWS)))
         gpus, slots = (int(n) for n in shape.split("x"))
         tokens_per_gpu = 2048 if shape == "32x9" else 128
-        cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8)
+        cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=8 if gpus % 8 == 0 else gpus // 2)
+        every = ESFT_EVERY if traffic == "esft" else EVERY
         for sigma in sigmas:
             stage = "prefill" if shape == "32x9" else "decode"
             traces = [trace(traffic, gpus, tokens_per_gpu, sigma, seed, stage) for seed in seeds]
             for lag in lags:
-                pairs = [held_out(counts_TLE, cluster, lag, options) for counts_TLE in traces]
+                pairs = [held_out(counts_TLE, cluster, lag, options, every) for counts_TLE in traces]
                 differences = [cpsat - greedy for greedy, cpsat in pairs]
                 rows.append({"traffic": traffic, "shape": f"{gpus} x {slots}", "sigma": sigma, "lag": lag,
                              "seeds": seeds, "greedy": float(np.mean([p[0] for p in pairs])),
                              "cpsat": float(np.mean([p[1] for p in pairs])), "differences": differences,
                              "difference_mean": float(np.mean(differences)), "difference_worst": max(differences)})
-                print(f"{shape} lognormal {sigma:g} lag {lag}: greedy {rows[-1]['greedy']:.4f} cpsat "
+                print(f"{shape} {_popularity(sigma)} lag {lag}: greedy {rows[-1]['greedy']:.4f} cpsat "
                       f"{rows[-1]['cpsat']:.4f}, per seed {' '.join(f'{d:+.4f}' for d in differences)}",
                       file=sys.stderr, flush=True)
     return rows
+
+
+def _popularity(sigma: float | None) -> str:
+    return "real" if sigma is None else f"lognormal {sigma:g}"
 
 
 def table(rows: list[dict]) -> str:
@@ -158,7 +217,7 @@ def table(rows: list[dict]) -> str:
              "seed | mean | worst | holds |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         holds = row["difference_mean"] <= 0 and row["difference_worst"] <= WORST_ALLOWED
-        lines.append(f"| {row['traffic']} | {row['shape']} | lognormal {row['sigma']:g} | {row['lag']} | "
+        lines.append(f"| {row['traffic']} | {row['shape']} | {_popularity(row['sigma'])} | {row['lag']} | "
                      f"{row['greedy']:.4f} | {row['cpsat']:.4f} | "
                      f"{' '.join(f'{d:+.4f}' for d in row['differences'])} | {row['difference_mean']:+.4f} | "
                      f"{row['difference_worst']:+.4f} | {'yes' if holds else 'no'} |")
@@ -167,19 +226,22 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--traffic", choices=("synthetic", "tuning", "regime", "requests"), default="synthetic",
+    parser.add_argument("--traffic", choices=TRAFFICS, default="synthetic",
                         help="held-out settings of traces.synthetic, the settings the two-slot rule was chosen on, "
                         "the independent regime generator, or request-level traffic at the held-out settings")
     parser.add_argument("--seeds", type=integer(0, SEED_MAX), nargs="+", default=list(SEEDS),
                         help="trace seeds (default: %(default)s)")
-    parser.add_argument("--rows", nargs="+", default=[row[0] for row in ROWS], choices=[row[0] for row in ROWS],
-                        help="shapes to run (default: all)")
+    parser.add_argument("--rows", nargs="+", default=None, choices=[row[0] for row in ROWS + REAL_ROWS],
+                        help="shapes to run (default: all of the traffic's: 36x2 18x4 16x4 on real routing)")
     parser.add_argument("--work-limit", type=number(0, low_open=True, high=1e6), default=None,
                         help="cpsat: work budget per fit (default: CpSatConfig's)")
     parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
     args = parser.parse_args(argv)
     options = {} if args.work_limit is None else {"work_limit": args.work_limit}
-    rows = measure(args.traffic, args.seeds, args.rows, options)
+    if args.traffic in ("esft", "olmoe") and not (ESFT.exists() and OLMOE.exists()):
+        parser.error(f"--traffic {args.traffic} needs the ESFT and OLMoE data under {DATA}")
+    shapes = args.rows or [row[0] for row in (REAL_ROWS if args.traffic in ("esft", "olmoe") else ROWS)]
+    rows = measure(args.traffic, args.seeds, shapes, options)
     print(table(rows))
     if args.json:
         write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")

@@ -39,9 +39,12 @@ MARGIN = 1e-3
 BOUND_TOLERANCE = 1e-4
 # At this many slots per GPU or fewer a GPU's load is a pair of experts, and only the greedy and the swap search from
 # it are candidates (`swaps_only`): chain layouts and CP-SAT's fit choose pairs on the window's noise and bursts.
-# There a swap is kept only if its gain exceeds PAIRING_SWAP_Z standard errors of its per-step gains.
+# There the swaps are chosen on the window's older steps, each kept only if its gain there exceeds PAIRING_SWAP_Z
+# standard errors of its per-step gains and if it also gains on the newest PAIRING_HOLDOUT_SHARE of the window's
+# steps, which took no part in choosing it.
 PAIRING_SLOTS = 2
 PAIRING_SWAP_Z = 2.0
+PAIRING_HOLDOUT_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -225,8 +228,9 @@ def swaps_only(cluster: ClusterSpec, config: CpSatConfig) -> bool:
     fewer, where a GPU serves a pair of experts: a chain layout fills its chain GPUs with the halves of two
     replicated (hot) experts and leaves the others to be paired by the window's steps, CP-SAT pairs them on a few
     sampled steps, and both win windows on their noise and bursts to lose the steps after them; the swap search from
-    the greedy's heaviest-with-lightest pairs, each swap clearing the window's noise (PAIRING_SWAP_Z), keeps what it
-    gains (figures: docs/placement.md, 'Two slots a GPU')."""
+    the greedy's heaviest-with-lightest pairs keeps a swap only if it clears the noise of the steps it was chosen on
+    (PAIRING_SWAP_Z) and gains on the window's newest steps, held out of the choice (PAIRING_HOLDOUT_SHARE), so it
+    leaves the greedy's layout where the window cannot tell (figures: docs/placement.md, 'Two slots a GPU')."""
     return config.routing == "equal" or cluster.slots_per_gpu <= PAIRING_SLOTS
 
 
@@ -273,12 +277,13 @@ def _swap_phase(search: _LayerSearch) -> None:
     amount = share * budget.spare(search.layer, after, *search.work)
     evaluations = budget.swap_evaluations(amount)
     began = budget.clock()
+    pairing = cluster.slots_per_gpu <= PAIRING_SLOTS
     phy2log, _, spent = swap_search(search.counts_TE, search.starts["deepseek"][0], cluster.num_gpus,
                                     cluster.slots_per_gpu, search.speed_G, evaluations,
                                     recount=config.routing == "equal",
                                     node_of_G=None if search.limits is None else search.limits.node_of_G,
-                                    min_z=PAIRING_SWAP_Z if cluster.slots_per_gpu <= PAIRING_SLOTS else 0.0,
-                                    stop=search.stop.check)
+                                    min_z=PAIRING_SWAP_Z if pairing else 0.0, stop=search.stop.check,
+                                    holdout_share=PAIRING_HOLDOUT_SHARE if pairing else 0.0)
     budget.charge(search.layer, amount * min(1.0, spent / max(evaluations, 1.0)))
     search.search_seconds += budget.clock() - began
     start = np.sort(search.starts["deepseek"][0].reshape(cluster.num_gpus, -1), axis=1).reshape(-1)

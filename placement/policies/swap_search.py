@@ -22,7 +22,11 @@ Moves, each kept only if it lowers the objective:
 
 With `min_z` > 0 (and two or more steps) a swap is kept only if its gain is also larger than `min_z` standard errors
 of its per-step gains: a pairing that wins on the window by a few of its noisy or bursty steps is the window's luck,
-not a gain the steps after it keep (where this matters: `cpsat_layer.swaps_only`, two slots a GPU).
+not a gain the steps after it keep (where this matters: `cpsat_layer.swaps_only`, two slots a GPU). With
+`holdout_share` > 0 as well, the search chooses its swaps on the window's older steps only and keeps a swap only if
+it also gains on the newest ones, which took no part in choosing it: the best of thousands of candidate swaps gains
+more on the steps it was chosen on than it will anywhere else (the best of many noisy draws), on held-out steps it
+does not, and the newest steps are the closest to those the placement will serve.
 
 The search is deterministic: the same input gives the same moves, and it stops after `max_evaluations` candidate
 evaluations (element-steps), when no move improves, or at the first GPU that no move relieves.
@@ -69,6 +73,7 @@ def swap_search(
     node_of_G: np.ndarray | None = None,
     min_z: float = 0.0,
     stop: Callable[[], None] | None = None,
+    holdout_share: float = 0.0,
 ) -> tuple[np.ndarray, float, float]:
     """Improve one layer's slot map by swaps (and with `recount`, replica moves) under equal split.
 
@@ -84,17 +89,27 @@ def swap_search(
             (0: any improvement; not applied to one-step windows).
         stop: called before each move; it raises to end the search at once (a fit being stopped), else changes
             nothing.
+        holdout_share: in [0, 1); > 0 (with `min_z` > 0): swaps are chosen on the window's older steps and must
+            also gain on its newest H = max(2, round(holdout_share * T)) steps (where T >= 2 H + 2; else unused).
 
     Returns:
-        (phy2log_P [P] int64, each GPU's experts in ascending order; its objective; the evaluations spent). Never
-        worse than the start.
+        (phy2log_P [P] int64, each GPU's experts in ascending order; its objective on the steps the swaps were
+        chosen on; the evaluations spent). Never worse than the start on those steps.
     """
     counts = np.asarray(counts_TE, dtype=np.float64)
     num_steps, num_experts = counts.shape
     speed = np.ones(num_gpus) if speed_G is None else np.asarray(speed_G, dtype=np.float64)
     slots = np.array(phy2log_P, dtype=np.int64).reshape(num_gpus, slots_per_gpu)
-    state = _State(counts, slots, np.bincount(slots.ravel(), minlength=num_experts).astype(np.int64), speed,
-                   np.maximum(counts.sum(axis=1) / speed.sum(), 1e-12))
+    replicas = np.bincount(slots.ravel(), minlength=num_experts).astype(np.int64)
+    held = max(2, round(holdout_share * num_steps))
+    check = None
+    if holdout_share > 0 and min_z > 0 and num_steps >= 2 * held + 2:
+        check = _State(counts[-held:], slots, replicas, speed, np.maximum(counts[-held:].sum(axis=1) / speed.sum(),
+                                                                           1e-12))
+        check.refresh()
+        counts = counts[:-held]
+        num_steps = len(counts)
+    state = _State(counts, slots, replicas, speed, np.maximum(counts.sum(axis=1) / speed.sum(), 1e-12))
     state.refresh()
     best = state.objective()
     spent = 0.0
@@ -105,26 +120,29 @@ def swap_search(
         if stop is not None:
             stop()
         moved, spent = _one_move(state, slots, best, spent, max_evaluations, (swap_cost, recount_cost),
-                                 use_recount, node_of_G, min_z if num_steps > 1 else 0.0)
+                                 use_recount, node_of_G, min_z if num_steps > 1 else 0.0, check)
         if not moved:
             break
         state.refresh()
+        if check is not None:
+            check.refresh()
         best = state.objective()
     return np.sort(slots, axis=1).reshape(-1), best, spent
 
 
 def _one_move(state: "_State", slots: np.ndarray, best: float, spent: float, max_evaluations: float,
               costs: tuple[float, float], use_recount: bool, node_of_G: np.ndarray | None,
-              min_z: float) -> tuple[bool, float]:
+              min_z: float, check: "_State | None" = None) -> tuple[bool, float]:
     """Apply to `slots` [G, S] the first improving move found from the busiest GPUs on (a swap, with `min_z` one
-    whose gain clears the steps' noise, else with `use_recount` a replica moved between experts); return (whether
-    one was applied, evaluations spent so far)."""
+    whose gain clears the steps' noise and with `check` one that also gains on its held-out steps, else with
+    `use_recount` a replica moved between experts); return (whether one was applied, evaluations spent so far)."""
     swap_cost, recount_cost = costs
     for gpu in _busiest(state.loads_TG, GPUS_TRIED):
         spent += swap_cost
         found = _best_swap(state, int(gpu), node_of_G)
-        if found is not None and found[0] < best * (1 - IMPROVEMENT) and _clears_noise(state, int(gpu), found,
-                                                                                       min_z):
+        if (found is not None and found[0] < best * (1 - IMPROVEMENT)
+                and _clears_noise(state, int(gpu), found, min_z)
+                and (check is None or _swap_gain_T(check, int(gpu), found).mean() > 0)):
             _, slot, other, other_slot = found
             slots[gpu, slot], slots[other, other_slot] = slots[other, other_slot], slots[gpu, slot]
             return True, spent
@@ -148,6 +166,13 @@ def _clears_noise(state: _State, gpu: int, found: tuple, min_z: float) -> bool:
     per-step gains in the objective (always with `min_z` 0)."""
     if min_z <= 0:
         return True
+    gain_T = _swap_gain_T(state, gpu, found)
+    return bool(gain_T.mean() > min_z * gain_T.std(ddof=1) / np.sqrt(len(gain_T)))
+
+
+def _swap_gain_T(state: _State, gpu: int, found: tuple) -> np.ndarray:
+    """[T] each step's fall of the busiest load over the mean under the swap `found` (from `_best_swap`) of a slot of
+    `gpu`, on the steps of `state`."""
     _, slot, other, other_slot = found
     mine_T = state.counts_TE[:, state.slots_GS[gpu, slot]] / state.replicas_E[state.slots_GS[gpu, slot]]
     theirs_T = (state.counts_TE[:, state.slots_GS[other, other_slot]]
@@ -155,8 +180,7 @@ def _clears_noise(state: _State, gpu: int, found: tuple, min_z: float) -> bool:
     loads_TG = state.loads_TG.copy()
     loads_TG[:, gpu] += (theirs_T - mine_T) / state.speed_G[gpu]
     loads_TG[:, other] += (mine_T - theirs_T) / state.speed_G[other]
-    gain_T = (state.loads_TG.max(axis=1) - loads_TG.max(axis=1)) / state.mean_T
-    return bool(gain_T.mean() > min_z * gain_T.std(ddof=1) / np.sqrt(len(gain_T)))
+    return (state.loads_TG.max(axis=1) - loads_TG.max(axis=1)) / state.mean_T
 
 
 def _busiest(loads_TG: np.ndarray, count: int) -> np.ndarray:

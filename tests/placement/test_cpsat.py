@@ -195,3 +195,20 @@ def test_at_two_slots_a_gpu_the_candidates_are_the_greedy_and_its_swaps_alone(ro
                             routing=routing)
     assert any(name.startswith("chain-") for name in triples.info["fitted_mean"])
     assert "cpsat" in triples.info["fitted_mean"]
+
+
+@pytest.mark.parametrize("slots, gpus", [(2, 16), (3, 12), (4, 8)])
+def test_the_held_out_swap_check_applies_at_two_slots_a_gpu_alone(monkeypatch, slots, gpus):
+    import placement.policies.cpsat_layer as cpsat_layer
+
+    counts = skewed_counts(30, 2, 28, 7)
+    cluster = ClusterSpec(num_gpus=gpus, slots_per_gpu=slots, gpus_per_node=4)
+    held_out = fit_placement("cpsat", counts, cluster, work_limit=2.0)
+    monkeypatch.setattr(cpsat_layer, "PAIRING_HOLDOUT_SHARE", 0.0)
+    chosen_on_all = fit_placement("cpsat", counts, cluster, work_limit=2.0)
+    # At three slots and more nothing changes (the wins there are kept); at two the candidates stay the greedy and its
+    # swaps.
+    if slots > 2:
+        assert np.array_equal(held_out.phy2log_LP, chosen_on_all.phy2log_LP)
+    else:
+        assert set(held_out.info["layers_from"]) <= {"deepseek", "swap"}

@@ -85,3 +85,21 @@ def test_with_min_z_a_swap_must_clear_the_noise_of_the_window_steps():
     heavy_TE = noise_TE * np.r_[3.0, 3.0, np.ones(14)]
     parted_P, _, _ = swap_search(heavy_TE, start_P, 8, 2, min_z=2.0)
     assert np.flatnonzero(parted_P == 0)[0] // 2 != np.flatnonzero(parted_P == 1)[0] // 2
+
+
+def test_with_holdout_share_a_swap_must_also_gain_on_the_held_out_newest_steps():
+    counts_TE = np.full((60, 16), 100.0)
+    counts_TE[::2, 2:] += 5.0  # some step-to-step variation, the same for every other expert
+    start_P = np.arange(16)  # 8 GPUs x 2 slots; experts 0 and 1 share GPU 0
+    # Experts 0 and 1 are hot together for the window's first 40 steps only (a burst that has passed): the swap that
+    # parts them clears the whole window's noise, but gains nothing on the newest 20 steps.
+    counts_TE[:40, :2] *= 3.0
+
+    def parted(placed_P):
+        return np.flatnonzero(placed_P == 0)[0] // 2 != np.flatnonzero(placed_P == 1)[0] // 2
+
+    assert parted(swap_search(counts_TE, start_P, 8, 2, min_z=2.0)[0])
+    assert not parted(swap_search(counts_TE, start_P, 8, 2, min_z=2.0, holdout_share=1 / 3)[0])
+    # Hot on the newest steps as well: the swap is kept.
+    counts_TE[40:, :2] *= 3.0
+    assert parted(swap_search(counts_TE, start_P, 8, 2, min_z=2.0, holdout_share=1 / 3)[0])

@@ -29,6 +29,7 @@ FIRST_WORK = {
     "bench_forecast": ("schedule_rows", "burst_rows", "live_paces", "measure",  # --refit-block, --bursts, the pace
                        "esft_rows"),  # measured for --live-pace, the synthetic rows, the ESFT rows (--esft-only)
     "bench_generalisation": "measure",  # the traces and rolling replays of every row
+    "bench_tracking": "measure",  # the traces, priced replays and oracles of every row
     "bench_group_limits": "served_imbalance",  # sampling tokens and fitting the greedy, per shape
     "bench_hash_layers": ("zipf_section", "demo_section"),  # the sections --section picks
     "bench_live": ("overhead_section", "rebalance_section", "demo_runs_section", "demo_switches_section",

@@ -45,3 +45,37 @@ def test_request_traffic_rows_draw_the_stage_of_their_shape(load_script, stage):
     assert counts_TLE.shape == (bench.STEPS, bench.LAYERS, bench.NUM_EXPERTS)
     assert (counts_TLE.sum(axis=2) == 32 * 64 * bench.TOP_K).all()
     assert np.array_equal(counts_TLE, bench.trace("requests", 32, 64, 0.6, seed=1, stage=stage))
+
+
+def test_the_aside_generator_is_seeded_whole_and_moves(load_script):
+    aside = load_script("aside_traffic")
+    counts_TLE = aside.aside_trace(300, 2, 64, 2048, 1.0, seed=3)
+    assert counts_TLE.shape == (300, 2, 64) and counts_TLE.dtype == np.int64
+    assert np.array_equal(counts_TLE, aside.aside_trace(300, 2, 64, 2048, 1.0, seed=3))
+    assert not np.array_equal(counts_TLE, aside.aside_trace(300, 2, 64, 2048, 1.0, seed=4))
+    # Each topic's tokens pick at most once an expert: no expert above the step's tokens, nearly every pick kept.
+    assert counts_TLE.max() <= 2048 and (counts_TLE.sum(axis=2) <= 2048 * aside.TOP_K).all()
+    assert (counts_TLE.sum(axis=2) >= 0.99 * 2048 * aside.TOP_K).all()
+    early, late = counts_TLE[:50].sum(axis=0), counts_TLE[250:].sum(axis=0)
+    assert np.abs(early / early.sum(axis=1, keepdims=True) - late / late.sum(axis=1, keepdims=True)).sum() > 0.1
+
+
+def test_capped_pick_probabilities_sum_to_one_under_the_cap(load_script):
+    aside = load_script("aside_traffic")
+    p_E = aside._capped(np.array([100.0, 50.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]))
+    assert p_E.sum() == pytest.approx(1.0) and p_E.max() <= 1 / aside.TOP_K + 1e-12
+    assert p_E[0] == pytest.approx(1 / aside.TOP_K) and p_E[1] == pytest.approx(1 / aside.TOP_K)
+    assert np.allclose(p_E[2:], (1 - 2 / aside.TOP_K) / 8)
+
+
+@pytest.mark.parametrize("traffic", ["esft", "olmoe"])
+def test_real_routing_rows_replay_the_shared_data(load_script, traffic):
+    bench = load_script("bench_generalisation")
+    if not (bench.ESFT.exists() and bench.OLMOE.exists()):
+        pytest.skip("the shared ESFT and OLMoE data are absent")
+    counts_TLE = bench.trace(traffic, 36, 128, None, seed=1)
+    assert counts_TLE.shape[1:] == ((bench.LAYERS, 64) if traffic == "esft" else (3, 64))
+    assert np.array_equal(counts_TLE, bench.trace(traffic, 36, 128, None, seed=1))
+    assert not np.array_equal(counts_TLE, bench.trace(traffic, 36, 128, None, seed=2))
+    if traffic == "olmoe":
+        assert counts_TLE.shape[0] == bench.STEPS and (counts_TLE.sum(axis=2) == 36 * 128 * bench.OLMOE_TOP_K).all()
