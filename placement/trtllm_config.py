@@ -26,8 +26,11 @@ statistics) keeps its own row; any other holds the row of the placement's last n
 file's comment says.
 """
 
+import math
 import os
 from collections.abc import Sequence
+
+import yaml
 
 from placement.errors import PlacementFormatError
 from placement.placement_model import Placement
@@ -93,9 +96,9 @@ def mtp_stand_ins(layer_ids: Sequence[int], mtp_layer_ids: Sequence[int]) -> dic
 
 
 def trtllm_yaml(placement: Placement, layer_ids: Sequence[int], mtp_layer_ids: Sequence[int] = ()) -> str:
-    """`trtllm_config` as YAML text: integer layer keys, each layer's list on one line, a comment naming the
-    `ep_size` the slots are grouped for (TensorRT-LLM takes `ep_size` from its launch, not from this file), and a
-    comment for each MTP layer saying where its placement comes from."""
+    """`trtllm_config` as YAML text (pyyaml's `safe_dump`): integer layer keys, each layer's list on one line, a
+    comment naming the `ep_size` the slots are grouped for (TensorRT-LLM takes `ep_size` from its launch, not from
+    this file), and a comment for each MTP layer saying where its placement comes from."""
     config = trtllm_config(placement, layer_ids, mtp_layer_ids)
     cluster = placement.cluster
     lines = [f"# TensorRT-LLM MoeLoadBalancerConfig written by eplb: serve with ep_size {cluster.num_gpus} "
@@ -106,12 +109,10 @@ def trtllm_yaml(placement: Placement, layer_ids: Sequence[int], mtp_layer_ids: S
         lines.append(f"# MTP layer {mtp}: a stand-in, layer {stand_ins[mtp]}'s placement (the trace holds no "
                      f"statistics of layer {mtp}; record with MTP on to fit it)" if mtp in stand_ins else
                      f"# MTP layer {mtp}: fitted on its own statistics in the trace")
-    lines += [f"num_slots: {config['num_slots']}",
-              f"layer_updates_per_iter: {config['layer_updates_per_iter']}",
-              "initial_global_assignments:"]
-    lines += [f"  {layer}: [{', '.join(map(str, experts))}]"
-              for layer, experts in config["initial_global_assignments"].items()]
-    return "\n".join(lines) + "\n"
+    body = {key: config[key] for key in ("num_slots", "layer_updates_per_iter", "initial_global_assignments")}
+    # Flow style for the leaves only (each layer's list on one line, however long), keys in this order.
+    text = yaml.safe_dump(body, default_flow_style=None, sort_keys=False, width=math.inf)
+    return "\n".join(lines) + "\n" + text
 
 
 def save_trtllm_config(placement: Placement, path: str | os.PathLike, layer_ids: Sequence[int],

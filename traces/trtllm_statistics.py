@@ -39,7 +39,7 @@ import numpy as np
 from traces.errors import TraceFormatError
 from traces.model_layers import MAX_MODEL_LAYERS
 from traces.routing_trace import MAX_TOTAL_TOKENS, RoutingTrace, check_read_shape, validate_counts
-from traces.safetensors_file import iter_tensors, read_header
+from traces.safetensors_reader import iter_tensors, read_header
 
 META_FILE = "meta_info.json"
 RANK_FILE = re.compile(r"rank(0|[1-9]\d*)\.safetensors")  # as TensorRT-LLM names them: no leading zeros

@@ -2,7 +2,9 @@
 layer ids and the recorded iterations kept, the files TensorRT-LLM writes beside them ignored, and every dump that
 is not the documented layout refused with one line saying what was expected."""
 
+import json
 import os
+import struct
 import shutil
 
 import numpy as np
@@ -11,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from traces import TraceFormatError, load_trace
-from traces.safetensors_file import read_tensors
+from traces.safetensors_reader import read_header, read_tensors
 from traces.trtllm_statistics import is_trtllm_dump, load_trtllm_statistics, read_dump_layout
 
 LAYERS = (3, 4, 6)  # decoder-layer ids of the MoE layers, not consecutive (layer 5 dense)
@@ -82,6 +84,7 @@ def test_either_writer_versions_dump_reads_as_the_iterations_it_recorded(tmp_pat
 
 
 def test_safetensors_reader_matches_the_safetensors_package(tmp_path):
+    from safetensors import safe_open
     from safetensors.numpy import load_file, save_file
 
     tensors = {"a": np.arange(12, dtype=np.int64).reshape(3, 4), "b": np.array([1.5, -2.0], dtype=np.float32),
@@ -92,6 +95,18 @@ def test_safetensors_reader_matches_the_safetensors_package(tmp_path):
     for name in theirs:
         np.testing.assert_array_equal(ours[name], theirs[name])
         assert ours[name].dtype == theirs[name].dtype
+    # The header read without mapping the file claims what the package lists.
+    with safe_open(str(tmp_path / "t.safetensors"), framework="numpy") as handle:
+        assert read_header(tmp_path / "t.safetensors") == {
+            name: {"dtype": handle.get_slice(name).get_dtype(), "shape": list(handle.get_slice(name).get_shape())}
+            for name in handle.keys()}
+
+
+def _overlapping(dump):
+    """rank1.safetensors whose records all claim the first record's bytes (a file the package refuses)."""
+    records = [f"{100 + t}_{layer}" for t in range(STEPS) for layer in LAYERS]
+    raw = json.dumps({key: {"dtype": "I64", "shape": [8], "data_offsets": [0, 64]} for key in records}).encode()
+    (dump / "rank1.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(64))
 
 
 def _meta(dump, text):
@@ -142,6 +157,7 @@ MALFORMED = [
     ("counts-summing-past-int64", lambda d: [_save(d, f"rank{r}.safetensors", {
         f"{100 + t}_{layer}": np.full(8, 2**62, np.int64) for t in range(STEPS) for layer in LAYERS})
         for r in range(RANKS)], "sum to more than 2^53 tokens"),
+    ("records-sharing-their-bytes", _overlapping, "rank1.safetensors is not a safetensors file (invalid offset"),
     ("negative-counts", lambda d: _save(d, "rank1.safetensors", {
         f"{100 + t}_{layer}": np.full(8, -1, np.int64) for t in range(STEPS) for layer in LAYERS}),
      "holds a negative count"),
