@@ -1,6 +1,6 @@
 """The public face of the balancer: what a decode worker imports (`eplb.live`), the rebalancer that changes a running
-group's placement (`eplb.rebalance`), drop-in policies for other engines (`eplb.adapters`), and the `eplb` command
-line (`eplb.cli`).
+group's placement (`eplb.rebalance`), one room per serving engine (`eplb.engines`: its policy, the files written for
+it, its scoring), and the `eplb` command line (`eplb.cli`).
 
 Offline: `load_trace`, `fit_placement`, `score_placement`, `load_placement`, `save_placement`.
 Live (torch; imported on first use, so the command line starts without torch): `MoEDecodeLayer`,
@@ -21,9 +21,9 @@ _LAZY = {
     "ExpertWeights": "eplb.live",
     "Rebalancer": "eplb.rebalance",
     "RebalanceConfig": "eplb.rebalance",
-    "rebalance_experts": "eplb.adapters.deepseek_policy",
-    "CpsatEplbPolicy": "eplb.adapters.vllm_policy",
-    "LegacyCpsatEplbPolicy": "eplb.adapters.vllm_policy",
+    "rebalance_experts": "eplb.engines.deepseek.policy",
+    "CpsatEplbPolicy": "eplb.engines.vllm.policy",
+    "LegacyCpsatEplbPolicy": "eplb.engines.vllm.policy",
     "init_communicator": "collectives",
     "Communicator": "collectives",
     "CollectiveError": "collectives",

@@ -5,7 +5,7 @@ from placement.burst_exposure import burst_exposure
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementFormatError, PlacementInfeasibleError
 from placement.migration import MigrationPlan, oblivious_moves, plan_migration
-from placement.placement_file import load_placement, placement_to_dict, save_placement, save_sglang_mapping
+from placement.placement_file import load_placement, placement_to_dict, save_placement
 from placement.placement_model import Placement
 from placement.policies import POLICIES, fit_placement
 from placement.replay import ReplayResult, rolling_replay
@@ -31,7 +31,6 @@ __all__ = [
     "replica_count_load",
     "rolling_replay",
     "save_placement",
-    "save_sglang_mapping",
     "score_placement",
     "static_gpu_loads",
 ]

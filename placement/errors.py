@@ -7,7 +7,7 @@ class PlacementInfeasibleError(EplbError, ValueError):
     """The requested cluster cannot hold the model, or a solver found no placement under the constraints.
 
     Also a `ValueError`: it always comes from the arguments (a shape, a count, an option), and callers of the drop-in
-    policies (vLLM, SGLang) catch the built-in error for bad arguments.
+    policies (the engines in `eplb/engines/`) catch the built-in error for bad arguments.
     """
 
 

@@ -6,8 +6,8 @@ A published "max / mean" names a level (card, node, expert group) and a window (
 summed over many) only sometimes. Each metric here is defined once (docs/formats.md, 'Imbalance metrics'); every one
 is a mean over its rows of max / mean, 1.0 for a row without load:
 
-- `card_step`: per step (or micro-batch) and layer, the busiest card over the mean card (the project's figure and
-  TensorRT-LLM's `report_load_statistics.py`);
+- `card_step`: per step (or micro-batch) and layer, the busiest card over the mean card (the project's figure, and
+  the figure the engines' own reports print);
 - `node_step`: per step and layer, the cards' loads summed per node of `gpus_per_node` cards, busiest over mean;
 - `card_window_W` (W in `WINDOWS`): per layer and block of W consecutive steps (the last partial block dropped), each
   card's load summed over the block first, then busiest over mean: what a window of statistics shows;

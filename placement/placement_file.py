@@ -1,4 +1,4 @@
-"""The placement file (docs/formats.md, "Placement file"); SGLang takes the one-key file `save_sglang_mapping` writes.
+"""The placement file (docs/formats.md, "Placement file"): the project's own format.
 
 ```
 {"schema_version": 1, "num_layers": L, "num_logical_experts": E, "num_gpus": G, "gpus_per_node": 8,
@@ -6,10 +6,7 @@
  "policy": "...", "info": {...}}
 ```
 
-The placement file is not SGLang's: SGLang (0.5.23) passes every key of its `--init-expert-location` JSON to
-`ExpertLocationMetadata.init_by_mapping(**data)`, which takes only `physical_to_logical_map` and so refuses
-`schema_version`. `save_sglang_mapping` writes SGLang's file: that one key, one row per model layer
-(`placement/sglang_map.py`).
+The files engines load are written from a placement in their rooms (`eplb/engines/`), not here.
 """
 
 import json
@@ -22,9 +19,7 @@ from pydantic import ValidationError
 from placement.cluster import ClusterSpec
 from placement.errors import PlacementFormatError
 from placement.placement_model import Placement
-from placement.sglang_map import sglang_physical_to_logical_map
 from traces.atomic_file import write_text_atomically
-from traces.model_layers import ModelLayers
 
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = (
@@ -57,14 +52,6 @@ def placement_to_dict(placement: Placement) -> dict:
 def save_placement(placement: Placement, path: str | os.PathLike) -> None:
     """Write the placement file atomically."""
     write_text_atomically(path, json.dumps(placement_to_dict(placement), separators=(",", ":")) + "\n")
-
-
-def save_sglang_mapping(placement: Placement, path: str | os.PathLike, model_layers: ModelLayers) -> None:
-    """Write SGLang's `--init-expert-location` file atomically: `{"physical_to_logical_map": [M, P]}`, nothing
-    else, the placement's L layers at `model_layers.moe_layer_ids` of the model's M layers
-    (`sglang_physical_to_logical_map`; `PlacementFormatError` when L is not the model's MoE layer count)."""
-    data = {"physical_to_logical_map": sglang_physical_to_logical_map(placement, model_layers).tolist()}
-    write_text_atomically(path, json.dumps(data, separators=(",", ":")) + "\n")
 
 
 def load_placement(path: str | os.PathLike) -> Placement:

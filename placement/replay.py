@@ -4,9 +4,9 @@ This is what a live system does: it can only fit on traffic it has already seen.
 `window` steps; steps [0, window + lag) are never scored. Beside the held-out score, each fit is also scored on
 its own window (the "fitted" score), so the gap between the two shows how much a policy over-fits.
 
-Refit on drift (`drift_ratio`, off by default): a fixed cadence (vLLM's `step_interval`, SGLang's rebalance every
-N iterations) serves a placement fitted on old traffic until the next refit, so after an abrupt change (a new
-tenant or task) every policy serves the wrong placement for up to `every` steps. With `drift_ratio` R, a served
+Refit on drift (`drift_ratio`, off by default): a fixed cadence (a refit every N steps, as the engines run it) serves a
+placement fitted on old traffic until the next refit, so after an abrupt change (a new tenant or task) every policy
+serves the wrong placement for up to `every` steps. With `drift_ratio` R, a served
 step whose imbalance (mean over layers, under the routing scored) exceeds R times the placement's imbalance on its
 own window marks the start of new traffic: the policy refits at once, on the steps since that start only (the
 window's older steps belong to the old traffic), and later refits use those steps until the window is full of them.

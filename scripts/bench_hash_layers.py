@@ -126,8 +126,8 @@ def demo_section(args) -> list[dict]:
     """Section 2: the tiny DeepSeek-V4 of the demo, its picks recorded on a Zipf stream over its vocabulary."""
     import torch
 
-    from eplb.adapters.hf_models import sparse_blocks
-    from eplb.harness.hf_generation import TINY_CONFIGS, build_model, record_picks
+    from eplb.engines.transformers.models import sparse_blocks
+    from eplb.engines.transformers.generation import TINY_CONFIGS, build_model, record_picks
 
     config = TINY_CONFIGS["deepseek_v4"]
     model = build_model("deepseek_v4", config, 0)

@@ -15,13 +15,13 @@ engine="${1:-}"
 case "$engine" in
   vllm)
     version="${2:-0.33.0}"
-    tests=(tests/eplb/adapters/test_vllm_plugin.py tests/eplb/adapters/test_vllm_policy.py
-           tests/eplb/adapters/test_vllm_reference.py tests/eplb/adapters/test_vllm_ray.py
-           tests/eplb/adapters/test_hf_models.py) ;;
+    tests=(tests/eplb/engines/test_vllm_plugin.py tests/eplb/engines/test_vllm_policy.py
+           tests/eplb/engines/test_vllm_reference.py tests/eplb/engines/test_vllm_ray.py
+           tests/eplb/engines/test_hf_models.py) ;;
   sglang)
     version="${2:-0.5.23}"
-    tests=(tests/eplb/adapters/test_sglang_file.py tests/eplb/adapters/test_sglang_loader.py
-           tests/scripts/test_compare_sglang_eplb.py tests/eplb/adapters/test_hf_models.py) ;;
+    tests=(tests/eplb/engines/test_sglang_file.py tests/eplb/engines/test_sglang_loader.py
+           tests/scripts/test_compare_sglang_eplb.py tests/eplb/engines/test_hf_models.py) ;;
   *)
     echo "engine_env.sh: the engine must be vllm or sglang; got '${engine}' (scripts/engine_env.sh vllm|sglang [VERSION])" \
       >&2

@@ -6,7 +6,7 @@ The model is `torch.manual_seed(S); AutoModelForCausalLM.from_config(AutoConfig.
 tiny config (8 experts, top-2, 3 layers; eager experts, float32), its zero-initialised routing buffers perturbed
 from the seed so routing is not degenerate (the `perturbation` key says how). The unmodified model generates first,
 in this process, and its picks fit a `deepseek` placement (E / W + 1 slots per GPU, so some experts have replicas).
-Then W ranks each build the same model, replace its MoE blocks (`eplb.adapters.hf_models.expert_parallel`) and
+Then W ranks each build the same model, replace its MoE blocks (`eplb.engines.transformers.models.expert_parallel`) and
 generate their share of the B prompts (data-parallel attention; the MoE layers exchange tokens over the group).
 
 --rebalance-at T runs a `Rebalancer` beside generation and starts a rebalance at token T: the load recorder's
@@ -52,7 +52,7 @@ FIRST_ORDINARY_ID = 3  # 0, 1, 2 are pad, bos and eos in the tiny configs
 RANK_IMPORTS = ["transformers", "transformers.generation.utils",
                 "transformers.models.deepseek_v3.modeling_deepseek_v3",
                 "transformers.models.deepseek_v4.modeling_deepseek_v4",
-                "transformers.models.qwen3_moe.modeling_qwen3_moe", "eplb.harness.hf_serving"]
+                "transformers.models.qwen3_moe.modeling_qwen3_moe", "eplb.engines.transformers.serving"]
 # The rebalancer of --rebalance-at and --fail-rank: attempts only when asked for (and after a recovery), every fit
 # switched (min_gain 0: the demo shows weights moving mid-generation), no drift trigger and no burst patches (the
 # demo's forwards are few).
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     start_local_group_server(RANK_IMPORTS)  # the fork server imports these while this process runs the reference
     import torch
 
-    from eplb.harness.hf_generation import PERTURBATION, TINY_CONFIGS
+    from eplb.engines.transformers.generation import PERTURBATION, TINY_CONFIGS
 
     config = TINY_CONFIGS[args.arch]
     generator = torch.Generator().manual_seed(args.seed)
@@ -139,8 +139,8 @@ def run_reference(args: argparse.Namespace, config: dict, prompt) -> dict:
     the group starts from (E / W + 1 slots per GPU, so some experts have replicas)."""
     import torch
 
-    from eplb.adapters.hf_models import is_hash_block, sparse_blocks
-    from eplb.harness.hf_generation import build_model, greedy, record_picks
+    from eplb.engines.transformers.models import is_hash_block, sparse_blocks
+    from eplb.engines.transformers.generation import build_model, greedy, record_picks
     from placement import ClusterSpec, fit_placement
 
     model = build_model(args.arch, config, args.seed)
@@ -160,8 +160,8 @@ def run_reference(args: argparse.Namespace, config: dict, prompt) -> dict:
 def run_group(args: argparse.Namespace, config: dict, prompt, reference: dict) -> dict:
     """Step 2: the same model, expert-parallel on W ranks, each generating its share of the prompts (with a
     rebalancer when --rebalance-at or --fail-rank asks for one); the measured keys of the report."""
-    from eplb.harness.hf_serving import GenerationJob, serve_on_rank
-    from eplb.harness.hf_summary import summarize
+    from eplb.engines.transformers.serving import GenerationJob, serve_on_rank
+    from eplb.engines.transformers.summary import summarize
     from eplb.rebalance.config import RebalanceConfig
 
     rebalancing = args.rebalance_at is not None or args.fail_rank is not None

@@ -125,7 +125,8 @@ def _write_engine_files(args: argparse.Namespace, files, best: dict, settings) -
     if files is None:
         return {}
     from eplb.cli.trtllm_output import write_trtllm
-    from placement import ClusterSpec, fit_placement, save_sglang_mapping
+    from eplb.engines.sglang.expert_map import save_sglang_mapping
+    from placement import ClusterSpec, fit_placement
 
     routing, layers, layer_ids = files
     cards, slots = best["cards"], best["slots_per_card"]

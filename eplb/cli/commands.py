@@ -16,6 +16,7 @@ from eplb.cli.report import format_table, yardstick_lines
 from eplb.cli.sglang_out import check_sglang_layers, sglang_model_layers
 from eplb.cli.synth_checks import check_mode_flags, check_work
 from eplb.cli.trtllm_output import trtllm_layer_ids, trtllm_scores, write_trtllm
+from eplb.engines.sglang.expert_map import save_sglang_mapping
 from placement import (
     ClusterSpec,
     Placement,
@@ -25,7 +26,6 @@ from placement import (
     load_placement,
     rolling_replay,
     save_placement,
-    save_sglang_mapping,
     score_placement,
     static_gpu_loads,
 )

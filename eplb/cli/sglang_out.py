@@ -1,10 +1,10 @@
 """`eplb place --sglang-out`: which model layers the SGLang map's rows are, from the trace or from two flags.
 
-SGLang indexes its map by decoder layer over the model's `num_hidden_layers` (`placement/sglang_map.py`). An SGLang
-dump records that layout (its layer axis is every decoder layer; the dense ones route nothing); other traces count
-MoE layers only, so `--sglang-num-layers` and `--sglang-first-moe-layer` name it. Anything that does not add up is
-refused before the fit, in one line naming the flags: the flags and an SGLang dump's layout before the trace is read
-(so no note of the reader's comes before the error), the trace's layer count once it is.
+SGLang indexes its map by decoder layer over the model's `num_hidden_layers` (`eplb/engines/sglang/expert_map.py`). An
+SGLang dump records that layout (its layer axis is every decoder layer; the dense ones route nothing); other traces
+count MoE layers only, so `--sglang-num-layers` and `--sglang-first-moe-layer` name it. Anything that does not add up is
+refused before the fit, in one line naming the flags: the flags and an SGLang dump's layout before the trace is read (so
+no note of the reader's comes before the error), the trace's layer count once it is.
 """
 
 import argparse

@@ -4,7 +4,7 @@ the model's layer ids) and `report_load_statistics.py`'s imbalance-ratio beside 
 Layer ids: TensorRT-LLM keys `initial_global_assignments` by decoder-layer index (3 to 60 for DeepSeek-V3's 58 MoE
 layers). A TensorRT-LLM dump names them (`traces.trtllm_statistics`); any other trace needs `--trtllm-layers`.
 Served with MTP, TensorRT-LLM also looks up the MTP layers (61 for DeepSeek-V3): `--trtllm-mtp-layers` adds their keys
-(`placement.trtllm_config.mtp_stand_ins` says which placement each holds).
+(`eplb.engines.trtllm.load_balancer_file.mtp_stand_ins` says which placement each holds).
 """
 
 import argparse
@@ -13,8 +13,8 @@ import numpy as np
 
 from placement import Placement
 from placement.errors import PlacementFormatError
-from placement.trtllm_config import mtp_stand_ins, parse_layer_ids, save_trtllm_config
-from placement.trtllm_report import projected_imbalance_ratio, recorded_imbalance_ratio
+from eplb.engines.trtllm.load_balancer_file import mtp_stand_ins, parse_layer_ids, save_trtllm_config
+from eplb.engines.trtllm.report import projected_imbalance_ratio, recorded_imbalance_ratio
 from traces import EplbError, RoutingTrace
 from traces.trtllm_statistics import is_trtllm_dump, layer_span, read_dump_layout
 

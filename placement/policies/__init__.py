@@ -32,7 +32,7 @@ def fit_cpsat(counts_TLE: np.ndarray, cluster: ClusterSpec, **options) -> Placem
 
 
 def _fit_trivial(counts_TLE: np.ndarray, cluster: ClusterSpec) -> Placement:
-    """No balancing: slot p holds expert p % E (SGLang's `trivial` layout), equal split over the copies."""
+    """No balancing: slot p holds expert p % E (the engines' `trivial` layout), equal split over the copies."""
     _, num_layers, num_experts = counts_TLE.shape
     cluster.check_fits(num_experts)
     phy2log = np.tile(np.arange(cluster.num_slots) % num_experts, (num_layers, 1))

@@ -34,7 +34,7 @@ class CpSatConfig(BaseModel):
     routing: Literal["dynamic", "static", "equal"] = Field(
         "dynamic",
         description="The router that will run: 'dynamic' fits per-step splits, 'static' fits one fixed split, "
-        "'equal' fits an equal split over each expert's replicas (what vLLM and SGLang route).",
+        "'equal' fits an equal split over each expert's replicas (what static dispatch routes).",
     )
     sampled_steps: int = Field(
         6, ge=1, description="Steps of the window the model fits (the busiest-looking and evenly spread ones)."

@@ -21,7 +21,7 @@ With `good_enough` set, a layer stops after any step whose best candidate's fitt
 
 The budget is deterministic work by default (`work_budget.WorkBudget`: each layer an equal share of `work_limit`,
 spent on counted work, never on the clock), so the same window gives the same placement in every process: what
-vLLM and SGLang need, which compute the placement on every rank and broadcast nothing. `time_limit_s` asks for a
+engines need that compute the placement on every rank and broadcast nothing. `time_limit_s` asks for a
 wall-clock budget instead (`cpsat_budget.FitBudget`), for a caller that solves once and broadcasts: layers then
 step down as the clock runs short and get back what earlier layers left over. OpenBLAS runs one thread meanwhile
 (`placement.blas_threads`). One layer's steps are `placement.policies.cpsat_layer`; this module runs the layers on

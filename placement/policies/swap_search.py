@@ -2,11 +2,11 @@
 
 Legend: T window steps, E logical experts, G GPUs, S slots per GPU, P = G * S slots.
 
-Why: at two to four slots per GPU (DeepSeek-V3's EP144 x 2, SGLang's EP72 x 4, vLLM's default of no redundant
-expert), a GPU's load is the sum of a few experts' loads, and DeepSeek's greedy (heaviest replica first onto the
-lightest GPU with a free slot) leaves the sums uneven: with four experts a GPU and no spare slot, the last ones
-packed cannot even out what the first ones left. A GPU whose experts' tokens cannot move (one replica each) is as
-busy as that sum on every step, so the sums must be even step by step, not only on average.
+Why: at two to four slots per GPU (DeepSeek-V3's EP144 x 2, EP72 x 4, or no redundant expert at all), a GPU's load is
+the sum of a few experts' loads, and DeepSeek's greedy (heaviest replica first onto the lightest GPU with a free slot)
+leaves the sums uneven: with four experts a GPU and no spare slot, the last ones packed cannot even out what the first
+ones left. A GPU whose experts' tokens cannot move (one replica each) is as busy as that sum on every step, so the sums
+must be even step by step, not only on average.
 
 Objective: the mean over the window's steps of the busiest GPU's load (each expert's tokens split equally over its
 replicas, a GPU's load divided by its speed), over the mean GPU load: exact for equal split and for placements

@@ -1,7 +1,7 @@
 """The deterministic budget of a `cpsat` fit, the default: each layer's work from counted, never timed, costs.
 
-Why: vLLM and SGLang compute a placement on every rank, independently, and broadcast nothing; ranks whose maps
-differ load different experts into the same slots. A budget read from the clock gives different placements in
+Why: some engines compute a placement on every rank, independently, and broadcast nothing (`eplb/engines/`); ranks whose
+maps differ load different experts into the same slots. A budget read from the clock gives different placements in
 different processes (a layer's level, where a search stops, CP-SAT's time limit all move with the machine's load).
 Here every decision comes from counted work: the fixed phases (a chain start, scoring a candidate, building the
 CP-SAT model) charge a cost modelled from the layer's shape, the ring search its rounds, the swap search its

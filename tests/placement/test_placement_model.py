@@ -12,7 +12,6 @@ from placement import (
     fit_placement,
     load_placement,
     save_placement,
-    save_sglang_mapping,
 )
 from traces.model_layers import ModelLayers
 
@@ -73,15 +72,6 @@ def test_placement_file_round_trip_keeps_everything(tmp_path):
     for key in ("schema_version", "num_layers", "num_logical_experts", "num_gpus", "gpus_per_node", "slots_per_gpu",
                 "physical_to_logical_map", "replica_weights"):
         assert key in data
-
-
-def test_sglang_mapping_file_holds_only_the_map(tmp_path):
-    placement = make_placement(8, 5, 32, "deepseek")
-    layers = placement.num_layers
-    save_sglang_mapping(placement, tmp_path / "s.json", ModelLayers.from_first_moe_layer(0, layers))
-    data = json.loads((tmp_path / "s.json").read_text())
-    assert list(data) == ["physical_to_logical_map"]
-    assert data["physical_to_logical_map"] == placement.phy2log_LP.tolist()
 
 
 @pytest.mark.parametrize(

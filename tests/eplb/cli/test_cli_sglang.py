@@ -2,7 +2,7 @@
 dense layers kept aside, detail mode too), and `--sglang-out` written with one row per model layer as SGLang indexes
 its map, or refused in one line that names the fix. Runs without SGLang: SGLang's loader checks are mirrored here
 (every id a logical expert, every expert a slot in every row, one row per decoder layer); they run for real in
-`tests/eplb/adapters/test_sglang_loader.py` where SGLang's source is installed.
+`tests/eplb/engines/test_sglang_loader.py` where SGLang's source is installed.
 """
 
 import json

@@ -2,8 +2,8 @@
 
 import torch
 
-from eplb.harness.hf_serving import RankGeneration
-from eplb.harness.hf_summary import forward_figures, summarize
+from eplb.engines.transformers.serving import RankGeneration
+from eplb.engines.transformers.summary import forward_figures, summarize
 
 
 def test_forward_figures_take_max_over_mean_per_layer_and_count_unserved_picks():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eplb import CpsatEplbPolicy, LegacyCpsatEplbPolicy, rebalance_experts
-from eplb.adapters import deepseek_policy
+from eplb.engines.deepseek import policy as deepseek_policy
 from placement import ClusterSpec, Placement, PlacementInfeasibleError
 from placement.scoring import static_gpu_loads
 

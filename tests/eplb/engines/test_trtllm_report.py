@@ -1,4 +1,4 @@
-"""`report_load_statistics.py`'s imbalance-ratio computed by `placement.trtllm_report` equals an independent
+"""`report_load_statistics.py`'s imbalance-ratio computed by `eplb.engines.trtllm.report` equals an independent
 re-computation that follows the script step by step (torch, float32, pandas' NaN-skipping average) on the same
 dump: as recorded, and projected onto the file `--trtllm-out` writes."""
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import yaml
 
+from eplb.engines.trtllm.load_balancer_file import trtllm_yaml
+from eplb.engines.trtllm.report import projected_imbalance_ratio, recorded_imbalance_ratio
 from placement import ClusterSpec, Placement, fit_placement, score_placement
-from placement.trtllm_config import trtllm_yaml
-from placement.trtllm_report import projected_imbalance_ratio, recorded_imbalance_ratio
 from traces import load_trace
 
 LAYER_IDS = (3, 4, 5)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from collectives import CollectiveError, Communicator
-from eplb.adapters.hf_models import expert_parallel
-from eplb.harness.hf_generation import build_model, rank_rows
+from eplb.engines.transformers.models import expert_parallel
+from eplb.engines.transformers.generation import build_model, rank_rows
 from eplb.live.load_recorder import LoadRecorder
 from eplb.rebalance.config import RebalanceConfig
 from eplb.rebalance.rebalancer import Rebalancer

@@ -27,7 +27,7 @@ subclass, when the shapes cannot be placed) naming the parameter, the rule and t
 import numpy as np
 import torch
 
-from eplb.adapters.arguments import check_solver_options, checked_load, cluster_of
+from eplb.engines.arguments import check_solver_options, checked_load, cluster_of
 from placement import ClusterSpec, Placement, fit_placement
 from placement.policies.deepseek import Arithmetic, deepseek_rebalance
 from placement.scoring import static_gpu_loads

@@ -15,8 +15,8 @@ from typing import Literal
 import pytest
 
 from eplb import CpsatEplbPolicy
-from eplb.adapters import vllm_plugin
-from eplb.adapters.vllm_plugin import PluginSettingError, policy_from_environment
+from eplb.engines.vllm import plugin as vllm_plugin
+from eplb.engines.vllm.plugin import PluginSettingError, policy_from_environment
 
 GROUP = "vllm.general_plugins"
 
@@ -48,7 +48,7 @@ def registry(monkeypatch):
 
 
 def test_the_installed_entry_point_is_the_plugin_function():
-    assert _entry_point().value == "eplb.adapters.vllm_plugin:register_if_asked"
+    assert _entry_point().value == "eplb.engines.vllm.plugin:register_if_asked"
     assert _entry_point().load() is vllm_plugin.register_if_asked
 
 

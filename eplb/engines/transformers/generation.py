@@ -12,7 +12,7 @@ importing this module.
 
 import torch
 
-from eplb.adapters.hf_models import sparse_blocks
+from eplb.engines.transformers.models import sparse_blocks
 from eplb.live.load_recorder import count_picks_E
 
 _COMMON = dict(vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3,

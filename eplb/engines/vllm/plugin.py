@@ -71,7 +71,7 @@ def policy_from_environment(environ: dict[str, str] | None = None):
     if name not in CHOICES:
         raise PluginSettingError(f"{POLICY_VARIABLE}={name!r} is not one of {', '.join(CHOICES)}; unset it for "
                                  f"vLLM's own policy")
-    from eplb.adapters.vllm_policy import CpsatEplbPolicy
+    from eplb.engines.vllm.policy import CpsatEplbPolicy
 
     if not given:
         return CpsatEplbPolicy if name == "cpsat" else CpsatEplbPolicy.configured(policy="deepseek")

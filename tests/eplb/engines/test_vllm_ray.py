@@ -17,7 +17,7 @@ import types
 import pytest
 
 from eplb import CpsatEplbPolicy
-from eplb.adapters.vllm_plugin import (PluginSettingError, agree_with_launcher, policy_from_environment,
+from eplb.engines.vllm.plugin import (PluginSettingError, agree_with_launcher, policy_from_environment,
                                        register_if_asked)
 
 # vllm/ray/ray_env.py in vLLM 0.33.0: the prefixes and single names it copies to Ray engine actors.

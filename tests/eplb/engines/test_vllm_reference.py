@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from eplb import CpsatEplbPolicy, LegacyCpsatEplbPolicy
-from eplb.adapters import vllm_policy
+from eplb.engines.vllm import policy as vllm_policy
 
 DEEPSEEK = CpsatEplbPolicy.configured(policy="deepseek")
 BY_PATH = "_vllm_eplb_policy_by_path"  # the package name vLLM's policy files are loaded under

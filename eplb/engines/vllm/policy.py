@@ -13,10 +13,10 @@ vLLM asks its policy class, never an instance, for a new placement:
 The class attribute `policy` chooses the placement: "cpsat" (this project's policy, fitted for vLLM's equal split
 and, layer by layer, never worse there than vLLM's own `DefaultEplbPolicy` placement, which it keeps on a tie;
 every group's replicas on one node where vLLM's default is hierarchical) or "deepseek" (exactly what vLLM's
-`DefaultEplbPolicy` returns, see `eplb.adapters.vllm_default`).
+`DefaultEplbPolicy` returns, see `eplb.engines.vllm.default_policy`).
 vLLM calls the policy on every rank and broadcasts nothing, so the cpsat budget is deterministic work by default
 (`work_limit`): every rank computes the same map, whatever its load. Given the old map, the new placement keeps
-experts where they are (see `eplb.adapters.slot_keeping`): the old map may hold -1 (unused slots) and may have
+experts where they are (see `eplb.engines.vllm.slot_keeping`): the old map may hold -1 (unused slots) and may have
 another number of slots than num_replicas (ranks left or joined; the surviving ranks come first and keep their
 slots), and an expert that stays on a rank keeps its slot. `configured(...)` makes a subclass with other options,
 checked when it is made.
@@ -30,11 +30,11 @@ import logging
 import numpy as np
 import torch
 
-from eplb.adapters.arguments import check_solver_options, checked_load, checked_old_map, cluster_of
-from eplb.adapters.deepseek_policy import (ADAPTER_WORK_LIMIT, POLICY_NAMES, cpsat_options, cpsat_or_baseline,
+from eplb.engines.arguments import check_solver_options, checked_load, checked_old_map, cluster_of
+from eplb.engines.deepseek.policy import (ADAPTER_WORK_LIMIT, POLICY_NAMES, cpsat_options, cpsat_or_baseline,
                                            tensors)
-from eplb.adapters.slot_keeping import keep_in_place, old_map_on_new_ranks, preserve_intragpu_slots
-from eplb.adapters.vllm_default import vllm_default_phy2log
+from eplb.engines.vllm.slot_keeping import keep_in_place, old_map_on_new_ranks, preserve_intragpu_slots
+from eplb.engines.vllm.default_policy import vllm_default_phy2log
 from placement import Placement
 
 logger = logging.getLogger(__name__)

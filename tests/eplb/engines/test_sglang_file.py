@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eplb.engines.sglang.expert_map import save_sglang_mapping
 from placement import ClusterSpec, fit_placement, save_placement
-from placement.placement_file import save_sglang_mapping
 from traces.model_layers import ModelLayers
 
 SGLANG = importlib.util.find_spec("sglang")

@@ -17,7 +17,7 @@ The layer ids are the model's decoder-layer indices of its MoE layers (`layer_id
 keys `get_layer_initial_global_assignments(layer_idx)` looks up; each MoE layer checks its list has P entries,
 P >= E, and that the set of ids is exactly 0 .. E - 1 (`tensorrt_llm/_torch/modules/fused_moe/`). TensorRT-LLM
 splits an expert's tokens equally over its replicas, so the file carries no replica shares;
-`placement.trtllm_report` scores a placement that way.
+`eplb.engines.trtllm.report` scores a placement that way.
 
 MTP layers: served with multi-token prediction, TensorRT-LLM also looks up each MTP layer's MoE, numbered on from the
 decoder layers (61 for DeepSeek-V3, whose decoder layers are 0-60), and stops with `KeyError` when the file lacks its

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from placement import ClusterSpec, PlacementFormatError, fit_placement, save_sglang_mapping
-from placement.sglang_map import sglang_physical_to_logical_map
+from eplb.engines.sglang.expert_map import save_sglang_mapping, sglang_physical_to_logical_map
+from placement import ClusterSpec, PlacementFormatError, fit_placement
 from traces.model_layers import ModelLayers
 
 CLUSTER = ClusterSpec(num_gpus=4, slots_per_gpu=5)
@@ -46,3 +46,13 @@ def test_the_file_holds_the_one_key_with_one_row_per_model_layer(tmp_path):
     save_sglang_mapping(placement_of(4), tmp_path / "sglang.json", ModelLayers.from_first_moe_layer(2, 6))
     data = json.loads((tmp_path / "sglang.json").read_text())
     assert list(data) == ["physical_to_logical_map"] and len(data["physical_to_logical_map"]) == 6
+
+
+def test_sglang_mapping_file_holds_only_the_map(tmp_path):
+    counts_TLE = np.random.default_rng(0).integers(0, 50, (3, 5, 32))
+    placement = fit_placement("deepseek", counts_TLE, ClusterSpec(num_gpus=8, slots_per_gpu=5))
+    layers = placement.num_layers
+    save_sglang_mapping(placement, tmp_path / "s.json", ModelLayers.from_first_moe_layer(0, layers))
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert list(data) == ["physical_to_logical_map"]
+    assert data["physical_to_logical_map"] == placement.phy2log_LP.tolist()

@@ -11,7 +11,7 @@ replicas onto the GPUs of their node) in numpy, which changes which of equal loa
 - pack totals are float64;
 - loads per replica are float32 loads divided by int64 counts, hence float64.
 DeepSeek's `eplb.py` sums, divides and accumulates in float32 and sorts with `torch.sort`, so on ties the two may
-place differently; `eplb.adapters.deepseek_policy.rebalance_experts` follows `eplb.py`, this module follows vLLM.
+place differently; `eplb.engines.deepseek.policy.rebalance_experts` follows `eplb.py`, this module follows vLLM.
 """
 
 import numpy as np

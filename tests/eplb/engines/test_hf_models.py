@@ -37,8 +37,8 @@ def placement_with_replicas(layers: int, experts: int, extra: int = 3) -> Placem
                          ids=["deepseek_v3", "deepseek_v4", "qwen3_moe"])
 def test_each_swapped_layer_equals_the_models_own_block_bit_for_bit(arch, swapped, hashed):
     pytest.importorskip("transformers")
-    from eplb.harness.hf_generation import TINY_CONFIGS, build_model
-    from eplb.adapters.hf_models import expert_parallel, is_hash_block, sparse_blocks
+    from eplb.engines.transformers.generation import TINY_CONFIGS, build_model
+    from eplb.engines.transformers.models import expert_parallel, is_hash_block, sparse_blocks
 
     torch.set_num_threads(1)
     model = build_model(arch, TINY_CONFIGS[arch], seed=0)
@@ -58,8 +58,8 @@ def test_each_swapped_layer_equals_the_models_own_block_bit_for_bit(arch, swappe
 
 def test_a_placement_without_one_layer_per_block_is_refused():
     pytest.importorskip("transformers")
-    from eplb.harness.hf_generation import TINY_CONFIGS, build_model
-    from eplb.adapters.hf_models import expert_parallel
+    from eplb.engines.transformers.generation import TINY_CONFIGS, build_model
+    from eplb.engines.transformers.models import expert_parallel
 
     model = build_model("qwen3_moe", TINY_CONFIGS["qwen3_moe"], seed=0)
     with pytest.raises(ValueError, match="the placement has 3 layers; the model has 2 sparse MoE blocks"):

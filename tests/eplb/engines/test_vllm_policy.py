@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from eplb import CpsatEplbPolicy, LegacyCpsatEplbPolicy
-from eplb.adapters import slot_keeping, vllm_policy
+from eplb.engines.vllm import policy as vllm_policy, slot_keeping
 from placement import Placement
 
 README_WEIGHT = torch.tensor([[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
@@ -198,8 +198,9 @@ def test_a_bad_old_map_is_refused_naming_old_global_expert_indices(policy_class,
 
 
 def test_importing_eplb_or_its_adapters_imports_neither_vllm_nor_transformers():
-    code = ("import sys, eplb; from eplb import rebalance_experts; from eplb.adapters import rebalance_experts; "
-            "import eplb.adapters.deepseek_policy, eplb.adapters.hf_models, eplb.harness.hf_generation; "
+    code = ("import sys, eplb; from eplb import rebalance_experts; from eplb.engines import rebalance_experts; "
+            "import eplb.engines.deepseek.policy, eplb.engines.transformers.models; "
+            "import eplb.engines.transformers.generation; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'transformers')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "[]"

@@ -8,8 +8,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eplb.engines.trtllm.load_balancer_file import (mtp_stand_ins, parse_layer_ids, save_trtllm_config, trtllm_config,
+                                                    trtllm_yaml)
 from placement import ClusterSpec, Placement, PlacementFormatError, fit_placement
-from placement.trtllm_config import mtp_stand_ins, parse_layer_ids, save_trtllm_config, trtllm_config, trtllm_yaml
 from traces.model_layers import MAX_MODEL_LAYERS
 
 CLUSTER = ClusterSpec(num_gpus=4, slots_per_gpu=5)  # P = 20 slots for E = 16 experts

@@ -6,7 +6,7 @@ Legend: B sequences, N new tokens, F forwards of the group, L MoE layers, W rank
 import numpy as np
 import torch
 
-from eplb.harness.hf_serving import RankGeneration
+from eplb.engines.transformers.serving import RankGeneration
 
 
 def summarize(ranks: list, tokens_ref_BN: torch.Tensor, logits_ref_BNV: torch.Tensor) -> dict:

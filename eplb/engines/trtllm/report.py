@@ -47,8 +47,8 @@ def recorded_imbalance_ratio(counts_TLE: np.ndarray, num_ranks: int) -> float | 
 
 
 def projected_imbalance_ratio(placement: Placement, counts_TLE: np.ndarray) -> float | None:
-    """The figure with `--projection_eplb_config_path` naming the file `placement.trtllm_config` writes for
-    `placement` (with `ep_size: G` added): counts [T, L, E] split equally over each expert's replicas, slot p on
+    """The figure with `--projection_eplb_config_path` naming the file `eplb.engines.trtllm.load_balancer_file` writes
+    for `placement` (with `ep_size: G` added): counts [T, L, E] split equally over each expert's replicas, slot p on
     rank p // S. None when no layer has tokens in every iteration.
 
     Raises:
