@@ -63,6 +63,8 @@ class ReplayResult:
         fitted: scores of each placement on the window it was fitted on, stacked.
         refit_steps: the trace step at which each placement started serving: the end of its fit window + lag.
         fit_seconds: wall time of each fit.
+        fit_cpu_seconds: CPU time of each fit, every thread of the process counted (what the fit costs on a machine
+            of its own, where the wall time on a busy one would say more).
         held_out_also: the held-out steps scored under each routing of `also_routings` as well (same placements).
         last: the placement of the last fit (the one a live system would be serving at the end).
         fit_windows: the trace steps [first, stop) each placement was fitted on; its fit starts at step stop.
@@ -87,6 +89,7 @@ class ReplayResult:
     patch_moves: int | None = None
     held_out_served: dict[str, StepScores] = field(default_factory=dict)
     placements: list[Placement] = field(default_factory=list)
+    fit_cpu_seconds: list[float] = field(default_factory=list)
 
     def summary(self) -> dict:
         """Held-out summary (the contract keys) plus the fitted summary, fit timing and the lag."""
@@ -335,6 +338,7 @@ class _ReplayParts:
     held: list[StepScores] = field(default_factory=list)
     fitted: list[StepScores] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
     windows: list[tuple[int, int]] = field(default_factory=list)
     serve_starts: list[int] = field(default_factory=list)
     drifts: list[int] = field(default_factory=list)
@@ -347,10 +351,11 @@ class _ReplayParts:
         placement serves `hedge` = (lag, every) after them, unless None), timing the fit (the forecast included)
         and scoring it on those steps."""
         history_TLE = counts_TLE[first:stop]
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         fit_TLE = history_TLE if hedge is None else hedged_window(history_TLE, *hedge)
         placement = fit_placement(policy, fit_TLE, cluster, **options)
         self.seconds.append(time.perf_counter() - began)
+        self.cpu_seconds.append(time.process_time() - began_cpu)
         self.windows.append((first, stop))
         self.placements.append(placement)
         self.fitted.append(score_placement(placement, history_TLE, routing))
@@ -373,4 +378,4 @@ class _ReplayParts:
                             self.seconds, {name: StepScores.concatenate(parts) for name, parts in self.also.items()},
                             last, self.windows, self.drifts, lag, self.moved if patched else None,
                             {name: StepScores.concatenate(parts) for name, (_, parts) in self.also_served.items()},
-                            self.placements)
+                            self.placements, self.cpu_seconds)

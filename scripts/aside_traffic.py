@@ -14,9 +14,19 @@ regime generator, so a rule chosen on those is judged here on traffic it could n
   Pareto(1.3) number of steps from 5 (at most 400), at a factor uniform in 2-6;
 - picks: a topic's tokens make top-8 picks as one multinomial over probabilities capped at 1 / top-k (a token picks
   distinct experts), each expert's count at most that topic's tokens.
+
+Run as a script it prints what one trace of it looks like: the hottest expert's share and how far the popularity moves
+between the first and the last 50 steps, per layer.
+
+Usage: python scripts/aside_traffic.py [--steps 300] [--layers 4] [--tokens-per-step 18432] [--sigma 1.2] [--seed 1]
 """
 
+import sys
+
 import numpy as np
+
+from eplb.cli.arg_types import SEED_MAX, integer, number
+from eplb.cli.main import OneLineParser
 
 TOP_K = 8
 
@@ -81,3 +91,26 @@ def _capped(weight_E: np.ndarray) -> np.ndarray:
         remaining_mass -= 1 / TOP_K
         remaining_weight -= float(weight_E[expert])
     return p_E / p_E.sum()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=integer(100, 5000), default=300, help="steps (default: %(default)s)")
+    parser.add_argument("--layers", type=integer(1, 64), default=4, help="layers (default: %(default)s)")
+    parser.add_argument("--tokens-per-step", type=integer(1, 10**6), default=144 * 128,
+                        help="tokens a step (default: %(default)s, 144 GPUs x 128)")
+    parser.add_argument("--sigma", type=number(0, high=4), default=1.2, help="popularity spread (default: %(default)s)")
+    parser.add_argument("--seed", type=integer(0, SEED_MAX), default=1, help="trace seed (default: %(default)s)")
+    args = parser.parse_args(argv)
+    counts_TLE = aside_trace(args.steps, args.layers, 256, args.tokens_per_step, args.sigma, args.seed)
+    share_L = (counts_TLE.sum(axis=0).max(axis=1) / counts_TLE.sum(axis=(0, 2)))
+    early, late = counts_TLE[:50].sum(axis=0), counts_TLE[-50:].sum(axis=0)
+    moved_L = 0.5 * np.abs(early / early.sum(axis=1, keepdims=True) - late / late.sum(axis=1, keepdims=True)).sum(axis=1)
+    for layer in range(args.layers):
+        print(f"layer {layer}: hottest expert {share_L[layer]:.2%} of the picks; {moved_L[layer]:.1%} of the picks "
+              f"change experts between the first and the last 50 steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,8 +9,8 @@ placement serves only once its moves have crossed the link. Per switch between c
 scaled to the served model's MODEL_LAYERS and at EXPERT_BYTES an expert (DeepSeek-V3's FP8 experts, about 44 MB),
 that GPU's bytes over the link speed give the switch's seconds, and the replay serves every fit that many steps
 (rounded up) after its window ends: the most any switch of the run needs, measured on a first replay without lag.
-The fit comes first: its seconds as measured here per replayed layer, scaled to MODEL_LAYERS over `--fit-cores`
-cores, are added to the lag. The burst patches (`placement.patch_planner` defaults) are priced the same way, as if
+The fit comes first: its CPU seconds as measured here per replayed layer (every thread counted, so a busy machine
+does not inflate them), scaled to MODEL_LAYERS over `--fit-cores` cores, are added to the lag. The burst patches (`placement.patch_planner` defaults) are priced the same way, as if
 one GPU received all of a patch's moves of a layer (an upper bound). A cadence whose moves need more than the link
 carries between two switches (`link share` above 1), or whose fits take longer than the steps between them (`fit
 share` above 1), cannot be kept up: the move budget or the fitting cores, not the placement, are what stop it.
@@ -69,7 +69,7 @@ def priced(counts_TLE: np.ndarray, cluster: ClusterSpec, policy: str, routing: s
                                            policy_options=options)
     free = free_replays[key]
     seconds = switch_seconds(free.placements, link_gbs) or [0.0]
-    fit_s = float(np.mean(free.fit_seconds)) * MODEL_LAYERS / counts_TLE.shape[1] / fit_cores
+    fit_s = float(np.mean(free.fit_cpu_seconds)) * MODEL_LAYERS / counts_TLE.shape[1] / fit_cores
     lag = math.ceil((fit_s + max(seconds)) / step_s - 1e-9)
     served = free if lag == 0 else rolling_replay(counts_TLE, cluster, policy, every=every, window=every,
                                                   routing=routing, policy_options=options, lag=lag)
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-ms", type=number(0, low_open=True, high=1e5), default=50.0,
                         help="decode step time in ms (default: %(default)s)")
     parser.add_argument("--fit-cores", type=integer(1, 4096), default=16,
-                        help="cores a fit of the served model's layers runs on (default: %(default)s; the fit "
-                        "seconds are measured here, per replayed layer)")
+                        help="cores a fit of the served model's layers runs on (default: %(default)s; the fit's "
+                        "CPU seconds are measured here, per replayed layer)")
     parser.add_argument("--work-limit", type=number(0, low_open=True, high=1e6), default=4.0,
                         help="cpsat work budget per fit (default: %(default)s)")
     parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
