@@ -438,6 +438,18 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=integer(1, 10_000_000), default=4096,
                    help="tokens in each sequence's KV cache (default 4096)")
     p.add_argument("--mtp", action="store_true", help="decode with one MTP draft token (DeepSeek-V3's acceptance)")
+    _add_advise_layouts(p)
+    _add_advise_prefill(p)
+    _add_advise_costs(p)
+    _add_advise_engine_files(p)
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="also draw tokens/s per GPU and the imbalance against redundant experts to this file")
+    _add_scenarios(p, "rerun the pick, the layouts within 5%% of it and --current over")
+    _add_common(p)
+
+
+def _add_advise_layouts(p: argparse.ArgumentParser) -> None:
+    """`eplb advise`: the layouts it tries and how each is replayed."""
     p.add_argument("--ep-sizes", type=comma_separated(integer(1, MAX_GPUS)),
                    default=[32, 64, 72, 128, 144, 160, 256], metavar="G,G,...",
                    help="EP sizes to try (default 32,64,72,128,144,160,256)")
@@ -465,13 +477,6 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
                    help="cpsat's deterministic budget per fit of the replayed layers (default 0.25 a layer)")
     p.add_argument("--max-batch-per-gpu", type=integer(1, 4096), default=256,
                    help="sequences per GPU at most, the engine's batch cap (default 256)")
-    _add_advise_prefill(p)
-    _add_advise_costs(p)
-    _add_advise_engine_files(p)
-    p.add_argument("--plot", default=None, metavar="PNG",
-                   help="also draw tokens/s per GPU and the imbalance against redundant experts to this file")
-    _add_scenarios(p, "rerun the pick, the layouts within 5%% of it and --current over")
-    _add_common(p)
 
 
 def _layout(text: str) -> tuple[int, int]:

@@ -101,16 +101,10 @@ def swap_search(
     speed = np.ones(num_gpus) if speed_G is None else np.asarray(speed_G, dtype=np.float64)
     slots = np.array(phy2log_P, dtype=np.int64).reshape(num_gpus, slots_per_gpu)
     replicas = np.bincount(slots.ravel(), minlength=num_experts).astype(np.int64)
-    held = max(2, round(holdout_share * num_steps))
-    check = None
-    if holdout_share > 0 and min_z > 0 and num_steps >= 2 * held + 2:
-        check = _State(counts[-held:], slots, replicas, speed, np.maximum(counts[-held:].sum(axis=1) / speed.sum(),
-                                                                           1e-12))
-        check.refresh()
-        counts = counts[:-held]
-        num_steps = len(counts)
-    state = _State(counts, slots, replicas, speed, np.maximum(counts.sum(axis=1) / speed.sum(), 1e-12))
-    state.refresh()
+    counts, held = _split_held_out(counts, holdout_share if min_z > 0 else 0.0)
+    check = None if held is None else _state(held, slots, replicas, speed)
+    state = _state(counts, slots, replicas, speed)
+    num_steps = len(counts)
     best = state.objective()
     spent = 0.0
     swap_cost = num_steps * slots_per_gpu * num_gpus * slots_per_gpu
@@ -128,6 +122,22 @@ def swap_search(
             check.refresh()
         best = state.objective()
     return np.sort(slots, axis=1).reshape(-1), best, spent
+
+
+def _split_held_out(counts_TE: np.ndarray, holdout_share: float) -> tuple[np.ndarray, np.ndarray | None]:
+    """(the steps the swaps are chosen on, the newest H = max(2, round(holdout_share * T)) steps held out, or None
+    when `holdout_share` is 0 or T < 2 H + 2)."""
+    held = max(2, round(holdout_share * len(counts_TE)))
+    if holdout_share <= 0 or len(counts_TE) < 2 * held + 2:
+        return counts_TE, None
+    return counts_TE[:-held], counts_TE[-held:]
+
+
+def _state(counts_TE: np.ndarray, slots_GS: np.ndarray, replicas_E: np.ndarray, speed_G: np.ndarray) -> "_State":
+    """The search state of these steps, loads computed (the slot map and replica counts are shared, not copied)."""
+    state = _State(counts_TE, slots_GS, replicas_E, speed_G, np.maximum(counts_TE.sum(axis=1) / speed_G.sum(), 1e-12))
+    state.refresh()
+    return state
 
 
 def _one_move(state: "_State", slots: np.ndarray, best: float, spent: float, max_evaluations: float,
