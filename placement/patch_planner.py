@@ -59,7 +59,8 @@ class PatchSettings(BaseModel):
 
 @dataclass(frozen=True)
 class PatchPace:
-    """How a replay's patches meet the clock: what a live group takes (`scripts/bench_patch.py` measures it).
+    """How a replay's patches meet the clock: what a live group takes (docs/rebalancing.md, 'The pace a live group
+    keeps').
 
     Attributes:
         lag: steps from the last step a patch sees until it serves (its job, the broadcast, its weight rounds, the

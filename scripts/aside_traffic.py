@@ -1,4 +1,4 @@
-"""A routing generator kept aside: written before the two-slot rule was chosen, run only for the final table.
+"""Does the two-slot rule hold on a generator written before it was chosen? The generator, kept aside until then.
 
 It shares no code and no mechanism with `traces.synthetic`, `traces.request_traffic` or `bench_generalisation`'s
 regime generator, so a rule chosen on those is judged here on traffic it could not have been fitted to:
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     counts_TLE = aside_trace(args.steps, args.layers, 256, args.tokens_per_step, args.sigma, args.seed)
     share_L = (counts_TLE.sum(axis=0).max(axis=1) / counts_TLE.sum(axis=(0, 2)))
     early, late = counts_TLE[:50].sum(axis=0), counts_TLE[-50:].sum(axis=0)
-    moved_L = 0.5 * np.abs(early / early.sum(axis=1, keepdims=True) - late / late.sum(axis=1, keepdims=True)).sum(axis=1)
+    shares_early, shares_late = early / early.sum(axis=1, keepdims=True), late / late.sum(axis=1, keepdims=True)
+    moved_L = 0.5 * np.abs(shares_early - shares_late).sum(axis=1)
     for layer in range(args.layers):
         print(f"layer {layer}: hottest expert {share_L[layer]:.2%} of the picks; {moved_L[layer]:.1%} of the picks "
               f"change experts between the first and the last 50 steps")

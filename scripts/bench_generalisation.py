@@ -1,4 +1,4 @@
-"""The `cpsat` policy against DeepSeek's greedy on traffic neither was tuned on, trace seed by trace seed.
+"""Is `cpsat` ever worse than DeepSeek's greedy on traffic neither was tuned on, trace seed by trace seed?
 
 A placement fitted closer to its window can serve the steps after it worse: at two slots per GPU the exact pairing
 of experts chosen on 100 noisy, drifting, bursty steps need not carry to the next 100. This benchmark judges the
@@ -29,16 +29,14 @@ Usage: python scripts/bench_generalisation.py [--traffic synthetic|tuning|regime
 """
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from eplb.cli.arg_types import SEED_MAX, integer, json_output, number
-from eplb.cli.main import OneLineParser
+from eplb.cli.arg_types import SEED_MAX, integer, number
+from eplb.cli.bench_harness import bench_parser, finish, markdown_table
 from placement import ClusterSpec, rolling_replay
-from traces.atomic_file import write_text_atomically
 from traces.request_traffic import RequestTrafficConfig, request_traffic_TLE
 from traces.synthetic import SyntheticConfig, generate_trace
 from traces.trace_io import load_trace
@@ -213,19 +211,18 @@ def _popularity(sigma: float | None) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| traffic | shape | popularity | lag | greedy + best split | cpsat, live router | cpsat - greedy, per "
-             "seed | mean | worst | holds |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        holds = row["difference_mean"] <= 0 and row["difference_worst"] <= WORST_ALLOWED
-        lines.append(f"| {row['traffic']} | {row['shape']} | {_popularity(row['sigma'])} | {row['lag']} | "
-                     f"{row['greedy']:.4f} | {row['cpsat']:.4f} | "
-                     f"{' '.join(f'{d:+.4f}' for d in row['differences'])} | {row['difference_mean']:+.4f} | "
-                     f"{row['difference_worst']:+.4f} | {'yes' if holds else 'no'} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ("traffic", "shape", "popularity", "lag", "greedy + best split", "cpsat, live router",
+         "cpsat - greedy, per seed", "mean", "worst", "holds"),
+        ((row["traffic"], row["shape"], _popularity(row["sigma"]), row["lag"], f"{row['greedy']:.4f}",
+          f"{row['cpsat']:.4f}", " ".join(f"{d:+.4f}" for d in row["differences"]), f"{row['difference_mean']:+.4f}",
+          f"{row['difference_worst']:+.4f}",
+          "yes" if row["difference_mean"] <= 0 and row["difference_worst"] <= WORST_ALLOWED else "no")
+         for row in rows))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--traffic", choices=TRAFFICS, default="synthetic",
                         help="held-out settings of traces.synthetic, the settings the two-slot rule was chosen on, "
                         "the independent regime generator, or request-level traffic at the held-out settings")
@@ -235,17 +232,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="shapes to run (default: all of the traffic's: 36x2 18x4 16x4 on real routing)")
     parser.add_argument("--work-limit", type=number(0, low_open=True, high=1e6), default=None,
                         help="cpsat: work budget per fit (default: CpSatConfig's)")
-    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
     args = parser.parse_args(argv)
     options = {} if args.work_limit is None else {"work_limit": args.work_limit}
     if args.traffic in ("esft", "olmoe") and not (ESFT.exists() and OLMOE.exists()):
         parser.error(f"--traffic {args.traffic} needs the ESFT and OLMoE data under {DATA}")
     shapes = args.rows or [row[0] for row in (REAL_ROWS if args.traffic in ("esft", "olmoe") else ROWS)]
     rows = measure(args.traffic, args.seeds, shapes, options)
-    print(table(rows))
-    if args.json:
-        write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
-    return 0
+    return finish(args.json, rows, table(rows))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Benchmark of the live decode layer on a W-process Gloo group, at the live demo's shape.
+"""What does the live decode layer cost a step, and rebalancing and a killed rank, on a W-process Gloo group?
 
 1. Per-step cost of the layer with load recording and dynamic routing, against the same layer with static routing
    and no recorder (the cheapest way to run it), measured in the same processes, variants interleaved, several
@@ -62,7 +62,7 @@ import numpy as np
 from collectives import run_local_group
 from collectives.lifeline import end_with_parent, parent_of_child
 from eplb.cli.arg_types import integer, number
-from eplb.cli.main import OneLineParser
+from eplb.cli.bench_harness import bench_parser
 from eplb.harness.rebalancing_loop import (
     Faults,
     run_rebalancing_loop,
@@ -122,7 +122,7 @@ def run_variants(comm, setups: dict, steps: int, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, whole_doc=True, json_help=None)
     parser.add_argument("--world-size", type=integer(1, MAX_RANKS), default=4)
     parser.add_argument("--steps", type=integer(1, MAX_STEPS), default=30, help="decode steps per run (default 30)")
     parser.add_argument("--repeats", type=integer(1, 1000), default=5, help="runs of each variant (default 5)")

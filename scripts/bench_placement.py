@@ -1,4 +1,4 @@
-"""Benchmark the placement policies on the full shape a user has, and on the real ESFT routing logs.
+"""How do the placement policies compare held-out at the full shape a user has, and on real ESFT routing?
 
 Sections:
 1. speed of the baseline: the vectorised `deepseek` policy against the plain-loop rendering of the same algorithm
@@ -33,9 +33,7 @@ Usage: python scripts/bench_placement.py [--steps 500] [--policies deepseek,cpsa
        [--lag-budgets 10,2,0.5]
 """
 
-import argparse
 import itertools
-import json
 import math
 import sys
 import time
@@ -43,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.cli.arg_types import comma_separated, integer, json_output, number, one_of
-from eplb.cli.main import OneLineParser
+from eplb.cli.arg_types import comma_separated, integer, number, one_of
+from eplb.cli.bench_harness import bench_parser, finish, markdown_table
 from placement import (
     POLICIES,
     ClusterSpec,
@@ -224,47 +222,42 @@ def bench_cross_task(traces: dict[str, np.ndarray], cluster, policies, time_limi
     return rows
 
 
-def print_tables(speed: list[dict], synthetic: list[dict], esft: list[dict]) -> None:
-    print("\n| shape | vectorised | loop | speed-up | identical |\n|---|---|---|---|---|")
-    for s in speed:
-        print(f"| {s['shape']} | {s['vectorised_ms']:.1f} ms | {s['loop_ms']:.0f} ms | x{s['speedup']:.0f} | "
-              f"{s['identical']} |")
-    print("\n| data | cluster | policy | routing | fit | mean | p99 | max | lower bound | fit time |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for block in synthetic + esft:
-        for r in block.get("rolling", []):
-            print(f"| {block['data']} | {block['cluster']} | {r['policy']} | {r['routing']} | {r['fit']} | "
-                  f"{r['imbalance_mean']:.3f} | {r['imbalance_p99']:.3f} | {r['imbalance_max']:.3f} | "
-                  f"{r['lower_bound']:.3f} | {r['fit_seconds']:.2f} s |")
-    if any("drift" in b for b in synthetic + esft):
-        print("\n| data | cluster | policy | routing | fixed cadence | refit on drift | p99 | max | refits on drift "
-              "| fits |\n|---|---|---|---|---|---|---|---|---|---|")
-        for block in synthetic + esft:
-            for r in block.get("drift", []):
-                print(f"| {block['data']} | {block['cluster']} | {r['policy']} | {r['routing']} | "
-                      f"{r['fixed_mean']:.3f} | {r['imbalance_mean']:.3f} | {r['imbalance_p99']:.3f} | "
-                      f"{r['imbalance_max']:.3f} | {r['drift_refits']} | {r['fits']} |")
+def tables(speed: list[dict], synthetic: list[dict], esft: list[dict]) -> list[str]:
+    """The markdown tables of the sections that ran."""
+    out = [markdown_table(("shape", "vectorised", "loop", "speed-up", "identical"),
+                          ((s["shape"], f"{s['vectorised_ms']:.1f} ms", f"{s['loop_ms']:.0f} ms",
+                            f"x{s['speedup']:.0f}", s["identical"]) for s in speed))]
+    blocks = synthetic + esft
+    out.append(markdown_table(
+        ("data", "cluster", "policy", "routing", "fit", "mean", "p99", "max", "lower bound", "fit time"),
+        ((b["data"], b["cluster"], r["policy"], r["routing"], r["fit"], f"{r['imbalance_mean']:.3f}",
+          f"{r['imbalance_p99']:.3f}", f"{r['imbalance_max']:.3f}", f"{r['lower_bound']:.3f}",
+          f"{r['fit_seconds']:.2f} s") for b in blocks for r in b.get("rolling", []))))
+    if any("drift" in b for b in blocks):
+        out.append(markdown_table(
+            ("data", "cluster", "policy", "routing", "fixed cadence", "refit on drift", "p99", "max",
+             "refits on drift", "fits"),
+            ((b["data"], b["cluster"], r["policy"], r["routing"], f"{r['fixed_mean']:.3f}",
+              f"{r['imbalance_mean']:.3f}", f"{r['imbalance_p99']:.3f}", f"{r['imbalance_max']:.3f}",
+              r["drift_refits"], r["fits"]) for b in blocks for r in b.get("drift", []))))
     if any("lag" in b for b in synthetic):
-        print("\n| data | cluster | policy | fit time | transfer | lag | routing | no lag | with lag | p99 | max "
-              "| lower bound |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for block in synthetic:
-            for r in block.get("lag", []):
-                policy = r["policy"] if r["budget"] is None else f"{r['policy']} {r['budget']:g} s"
-                print(f"| {block['data']} | {block['cluster']} | {policy} | {r['fit_seconds']:.2f} s | "
-                      f"{r['transfer_seconds']:.2f} s | {r['lag']} | {r['routing']} | {r['no_lag_mean']:.3f} | "
-                      f"{r['imbalance_mean']:.3f} | {r['imbalance_p99']:.3f} | {r['imbalance_max']:.3f} | "
-                      f"{r['lower_bound']:.3f} |")
+        out.append(markdown_table(
+            ("data", "cluster", "policy", "fit time", "transfer", "lag", "routing", "no lag", "with lag", "p99", "max",
+             "lower bound"),
+            ((b["data"], b["cluster"], r["policy"] if r["budget"] is None else f"{r['policy']} {r['budget']:g} s",
+              f"{r['fit_seconds']:.2f} s", f"{r['transfer_seconds']:.2f} s", r["lag"], r["routing"],
+              f"{r['no_lag_mean']:.3f}", f"{r['imbalance_mean']:.3f}", f"{r['imbalance_p99']:.3f}",
+              f"{r['imbalance_max']:.3f}", f"{r['lower_bound']:.3f}") for b in synthetic for r in b.get("lag", []))))
     if any("cross_task" in e for e in esft):
-        print("\n| ESFT cross-task | policy | routing | fitted task | other tasks | fit time |")
-        print("|---|---|---|---|---|---|")
-        for block in esft:
-            for r in block.get("cross_task", []):
-                print(f"| {block['cluster']} | {r['policy']} | {r['routing']} | {r['fitted']:.3f} | "
-                      f"{r['held_out']:.3f} | {r['fit_seconds']:.2f} s |")
+        out.append(markdown_table(
+            ("ESFT cross-task", "policy", "routing", "fitted task", "other tasks", "fit time"),
+            ((b["cluster"], r["policy"], r["routing"], f"{r['fitted']:.3f}", f"{r['held_out']:.3f}",
+              f"{r['fit_seconds']:.2f} s") for b in esft for r in b.get("cross_task", []))))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, whole_doc=True, json_help="also write all results to this JSON file")
     step_count, budget_s = integer(1, MAX_STEPS), number(0, low_open=True, high=MAX_SECONDS)
     parser.add_argument("--steps", type=step_count, default=500, help="steps of each synthetic trace (default 500)")
     parser.add_argument("--every", type=step_count, default=50, help="rolling replay: refit every N steps (default 50)")
@@ -279,7 +272,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="timing repeats of the loop baseline (default 3)")
     parser.add_argument("--skip-esft", action="store_true", help="skip the ESFT section")
     parser.add_argument("--skip-synthetic", action="store_true", help="skip the speed and synthetic sections")
-    parser.add_argument("--json", type=json_output(), default=None, help="also write all results to this JSON file")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for a smoke run")
     parser.add_argument("--lag-only", action="store_true", help="run the lag rows alone (synthetic full shape)")
     parser.add_argument("--lag-steps", type=step_count, default=600,
@@ -341,10 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  block["rolling"])
                 esft.append(block)
             esft[-1]["cross_task"] = bench_cross_task(tasks, cluster, policies, time_limit)
-    print_tables(speed, synthetic, esft)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"speed": speed, "synthetic": synthetic, "esft": esft}, indent=1))
-    return 0
+    return finish(args.json, {"speed": speed, "synthetic": synthetic, "esft": esft},
+                  *tables(speed, synthetic, esft))
 
 
 if __name__ == "__main__":

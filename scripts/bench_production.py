@@ -1,4 +1,4 @@
-"""The placement policies at the shapes production runs: two to nine slots per GPU, few or no redundant experts.
+"""Where does cpsat beat the greedy at production's shapes: two to nine slots per GPU, few or no redundant experts?
 
 Shapes (DESIGN.md, 'Numbers everyone uses'): 144 GPUs x 2 slots (DeepSeek-V3 decode, 256 + 32), 72 x 4 (SGLang's
 EP72, 256 + 32), 64 x 4 and 128 x 2 (no redundant slot, vLLM's default), 32 x 9 (EP32 prefill, 2,048 tokens a GPU);
@@ -40,8 +40,6 @@ Usage: python scripts/bench_production.py [--shapes 144x2 72x4 64x4 128x2 32x9] 
        [--real] [--traffic tokens|requests] [--json out.json]
 """
 
-import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -50,11 +48,10 @@ import numpy as np
 import torch
 
 from eplb import rebalance_experts
-from eplb.cli.arg_types import json_output
-from eplb.cli.main import OneLineParser
+from eplb.cli.arg_types import integer, number
+from eplb.cli.bench_harness import bench_parser, cell, finish, markdown_table
 from placement import ClusterSpec, Placement, fit_placement, rolling_replay, score_placement
 from traces import load_trace
-from traces.atomic_file import write_text_atomically
 from placement.yardsticks import expectation_oracle, trace_yardsticks
 from traces.request_traffic import RequestTrafficConfig, request_traffic_with_expectation
 from traces.synthetic import SyntheticConfig, expected_counts_TLE, generate_trace
@@ -241,59 +238,55 @@ def _olmoe_fit(name: str, routing: str, fit_LE: np.ndarray, cluster: ClusterSpec
 
 
 def real_table(rows: list[dict]) -> str:
-    lines = ["| real routing | shape | routing | greedy: held-out (fitted) | cpsat: held-out (fitted) "
-             "| cpsat - greedy |", "|---|---|---|---|---|---|"]
-    for row in rows:
-        lines.append(f"| {row['data']} | {row['shape']} | {row['routing']} | {row['greedy']:.4f} "
-                     f"({row['greedy_fitted']:.4f}) | {row['cpsat']:.4f} ({row['cpsat_fitted']:.4f}) | "
-                     f"{row['cpsat'] - row['greedy']:+.4f} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ("real routing", "shape", "routing", "greedy: held-out (fitted)", "cpsat: held-out (fitted)", "cpsat - greedy"),
+        ((row["data"], row["shape"], row["routing"], f"{row['greedy']:.4f} ({row['greedy_fitted']:.4f})",
+          f"{row['cpsat']:.4f} ({row['cpsat_fitted']:.4f})", f"{row['cpsat'] - row['greedy']:+.4f}") for row in rows))
 
 
 def table(rows: list[dict]) -> str:
     oracle = "oracle" in rows[0]
-    lines = ["| shape | redundant | popularity | node limit | greedy + best split: held-out (fitted) | cpsat, live "
-             "router: held-out (fitted) | cpsat - greedy | in-batch bound: held-out (fitted) | cpsat's gap to its "
-             "fitted bound | noise floor | granularity bound | expectation oracle | recovered of the oracle gap |"
-             + (" twin oracle: greedy / cpsat |" if oracle else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if oracle else "")]
+    header = ["shape", "redundant", "popularity", "node limit", "greedy + best split: held-out (fitted)",
+              "cpsat, live router: held-out (fitted)", "cpsat - greedy", "in-batch bound: held-out (fitted)",
+              "cpsat's gap to its fitted bound", "noise floor", "granularity bound", "expectation oracle",
+              "recovered of the oracle gap"] + (["twin oracle: greedy / cpsat"] if oracle else [])
+    lines = []
     for greedy, cpsat in zip(rows[0::2], rows[1::2]):
         limit = "-" if greedy["groups"] is None else f"{greedy['groups']} groups, 1 node each"
         requests = ", requests" if greedy.get("traffic") == "requests" else ""
-        line = (f"| {greedy['shape']} | {greedy['redundant']} | lognormal {greedy['skew']:g}{requests} | {limit} | "
-                f"{greedy['held_out']:.4f} ({greedy['fitted']:.4f}) | {cpsat['held_out']:.4f} "
-                f"({cpsat['fitted']:.4f}) | {cpsat['held_out'] - greedy['held_out']:+.4f} | {greedy['bound']:.4f} "
-                f"({cpsat['fitted_bound']:.4f}) | {cpsat['fitted'] - cpsat['fitted_bound']:.4f} | "
-                f"{greedy['noise_floor']:.4f} | {greedy['granularity_bound']:.4f} | "
-                f"{greedy['expectation_oracle']:.4f} | "
-                f"{'-' if greedy['recovered'] is None else format(greedy['recovered'], '.0%')} |")
-        if oracle:
-            line += f" {greedy['oracle']:.4f} / {cpsat['oracle']:.4f} |"
-        lines.append(line)
-    return "\n".join(lines)
+        lines.append([greedy["shape"], greedy["redundant"], f"lognormal {greedy['skew']:g}{requests}", limit,
+                      f"{greedy['held_out']:.4f} ({greedy['fitted']:.4f})",
+                      f"{cpsat['held_out']:.4f} ({cpsat['fitted']:.4f})",
+                      f"{cpsat['held_out'] - greedy['held_out']:+.4f}",
+                      f"{greedy['bound']:.4f} ({cpsat['fitted_bound']:.4f})",
+                      f"{cpsat['fitted'] - cpsat['fitted_bound']:.4f}", f"{greedy['noise_floor']:.4f}",
+                      f"{greedy['granularity_bound']:.4f}", f"{greedy['expectation_oracle']:.4f}",
+                      cell(greedy["recovered"], ".0%")]
+                     + ([f"{greedy['oracle']:.4f} / {cpsat['oracle']:.4f}"] if oracle else []))
+    return markdown_table(header, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), help="GxS shapes (default: %(default)s)")
-    parser.add_argument("--skews", type=float, nargs="+", default=[0.6, 1.2], help="lognormal sigmas")
-    parser.add_argument("--steps", type=int, default=400, help="steps of each trace")
-    parser.add_argument("--layers", type=int, default=4, help="layers of each trace")
-    parser.add_argument("--every", type=int, default=100, help="refit every N steps")
-    parser.add_argument("--window", type=int, default=100, help="fit on the last W steps")
-    parser.add_argument("--seed", type=int, default=0, help="trace seed")
-    parser.add_argument("--groups", type=int, default=None, help="also node-limited rows with this many groups")
+    parser.add_argument("--skews", type=number(0, high=5), nargs="+", default=[0.6, 1.2], help="lognormal sigmas")
+    parser.add_argument("--steps", type=integer(2, 20_000), default=400, help="steps of each trace")
+    parser.add_argument("--layers", type=integer(1, 61), default=4, help="layers of each trace")
+    parser.add_argument("--every", type=integer(1, 20_000), default=100, help="refit every N steps")
+    parser.add_argument("--window", type=integer(1, 20_000), default=100, help="fit on the last W steps")
+    parser.add_argument("--seed", type=integer(0, 2**32 - 1), default=0, help="trace seed")
+    parser.add_argument("--groups", type=integer(1, NUM_EXPERTS), default=None,
+                        help="also node-limited rows with this many groups")
     parser.add_argument("--oracle", action="store_true", help="also each policy's twin oracle (each segment fitted "
                         "on a twin of its steps: the same popularity, other samples)")
-    parser.add_argument("--oracle-every", type=int, default=10, help="the expectation oracle refits cpsat every N "
-                        "steps on those steps' expected load (default 10)")
+    parser.add_argument("--oracle-every", type=integer(1, 20_000), default=10, help="the expectation oracle refits "
+                        "cpsat every N steps on those steps' expected load (default 10)")
     parser.add_argument("--real", action="store_true", help="instead, the real-routing rows (ESFT, OLMoE)")
     parser.add_argument("--traffic", choices=("tokens", "requests"), default="tokens",
                         help="synthetic traffic: independent tokens, or requests that keep their own experts "
                              "(decode under continuous batching; 32x9: prefill batches of whole 4K prompts)")
-    parser.add_argument("--work-limit", type=float, default=None, help="cpsat: work budget per fit (default: "
-                        "CpSatConfig's)")
-    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
+    parser.add_argument("--work-limit", type=number(0, low_open=True, high=1e6), default=None,
+                        help="cpsat: work budget per fit (default: CpSatConfig's)")
     args = parser.parse_args(argv)
     try:
         shapes = [parse_shape(s) for s in args.shapes]
@@ -304,35 +297,18 @@ def main(argv: list[str] | None = None) -> int:
                      "example 144x2")
     if min(g * s for g, s in shapes) < NUM_EXPERTS or args.window + 1 > args.steps:
         parser.error(f"every shape needs at least {NUM_EXPERTS} slots, and --steps must exceed --window")
-    if not (1 <= args.layers <= 61 and 1 <= args.every <= 20_000 and 1 <= args.window and 0 <= args.seed < 2**32
-            and args.steps <= 20_000):
-        parser.error("--layers must be in [1, 61], --every in [1, 20000], --window >= 1, --seed in [0, 2**32), --steps "
-                     "<= 20000")
-    if not all(math.isfinite(skew) and 0 <= skew <= 5 for skew in args.skews):
-        parser.error("--skews must be lognormal sigmas in [0, 5]")
-    if args.groups is not None and (not 1 <= args.groups <= NUM_EXPERTS or NUM_EXPERTS % args.groups
+    if args.groups is not None and (NUM_EXPERTS % args.groups
                                     or all(args.groups % -(-gpus // 8) for gpus, _ in shapes)):  # nodes
         parser.error(f"--groups must divide {NUM_EXPERTS} and be a multiple of some shape's node count (G / 8)")
-    if not 1 <= args.oracle_every <= 20_000:
-        parser.error("--oracle-every must be in [1, 20000] steps")
-    if args.work_limit is not None and not (math.isfinite(args.work_limit) and 0 < args.work_limit <= 1e6):
-        parser.error("--work-limit must be a number of work units in (0, 1e6]")
     options = {} if args.work_limit is None else {"work_limit": args.work_limit}
     if args.real:
         if not (ESFT.exists() and OLMOE.exists()):
             parser.error(f"--real needs the ESFT and OLMoE data under {DATA}")
         rows = real_rows(options)
-        print(real_table(rows))
-        if args.json:
-            write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
-        return 0
+        return finish(args.json, rows, real_table(rows))
     rows = measure(args.shapes, args.skews, args.steps, args.layers, args.every, args.window, args.seed,
                    args.groups, options, args.oracle, args.traffic, args.oracle_every)
-    print(table(rows))
-    if args.json:
-        write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
-    return 0
-
+    return finish(args.json, rows, table(rows))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""Request-level traffic: the model checked on real routing it was not fitted to, and what the balancers recover of it.
+"""Does the request-level traffic model hold on real routing it was not fitted to; what do balancers recover?
 
 Two parts (`--part esft|recovery|all`):
 
@@ -28,19 +28,17 @@ Two parts (`--part esft|recovery|all`):
 Usage: python scripts/bench_request_traffic.py [--part esft|recovery|all] [--work-limit 4] [--json out.json]
 """
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from eplb.cli.arg_types import json_output
-from eplb.cli.main import OneLineParser
+from eplb.cli.arg_types import number
+from eplb.cli.bench_harness import bench_parser, cell, finish, markdown_table
 from placement import ClusterSpec, fit_placement, rolling_replay
 from placement.patch_planner import PatchSettings
 from placement.scoring import score_placement
 from placement.yardsticks import expectation_oracle, trace_yardsticks
-from traces.atomic_file import write_text_atomically
 from traces.request_concentration import estimate_concentration, sequence_counts
 from traces.request_traffic import RequestTrafficConfig, request_traffic_TLE, request_traffic_with_expectation
 
@@ -134,7 +132,7 @@ def recovery_rows(work_limit: float) -> list[dict]:
     return rows
 
 
-ORACLE_EVERY = 10  # the expectation oracle's refit period, in steps (request-level traffic changes a few requests a step)
+ORACLE_EVERY = 10  # the expectation oracle's refit period in steps (the traffic changes by a few requests a step)
 
 
 def _recovery_row(label: str, counts: np.ndarray, cluster: ClusterSpec, work_limit: float, every: int,
@@ -198,70 +196,55 @@ def sglang_rows() -> list[dict]:
 
 
 def sglang_table(rows: list[dict]) -> str:
-    lines = ["operating point | greedy, static: imbalance, tokens/s per node | cpsat, live router | perfect balance | "
-             "throughput recovered", "---|---|---|---|---"]
-    for r in rows:
-        lines.append(f"{r['config']} | {r['greedy_static_imbalance']:.3f}, "
-                     f"{r['greedy_static_tokens_per_s_per_node']:,.0f} | "
-                     f"{r['cpsat_live_imbalance']:.3f}, {r['cpsat_live_tokens_per_s_per_node']:,.0f} | "
-                     f"1.000, {r['perfect_tokens_per_s_per_node']:,.0f} | {r['recovered']:.0%}")
-    return "\n".join(lines)
+    return markdown_table(
+        ("operating point", "greedy, static: imbalance, tokens/s per node", "cpsat, live router", "perfect balance",
+         "throughput recovered"),
+        ((r["config"], f"{r['greedy_static_imbalance']:.3f}, {r['greedy_static_tokens_per_s_per_node']:,.0f}",
+          f"{r['cpsat_live_imbalance']:.3f}, {r['cpsat_live_tokens_per_s_per_node']:,.0f}",
+          f"1.000, {r['perfect_tokens_per_s_per_node']:,.0f}", f"{r['recovered']:.0%}") for r in rows))
 
 
 def esft_table(rows: list[dict]) -> str:
-    lines = ["calibrated on -> predicted | alpha | shape | tokens | whole | shuffled | model | model/measured excess",
-             "---|---|---|---|---|---|---|---"]
-    for r in rows:
-        lines.append(f"{r['calibrated_on']} -> {r['predicted']} | {r['concentration']:.0f} | {r['shape']} | "
-                     f"{r['tokens']:,} | {r['whole']:.3f} | {r['shuffled']:.3f} | {r['model']:.3f} | "
-                     f"{r['excess_ratio']:.2f}{'' if r['within_a_third'] else ' (miss)'}")
     held = [r for r in rows if r["held_out"]]
-    lines.append(f"held-out rows within a third of the measured excess: {sum(r['within_a_third'] for r in held)} "
-                 f"of {len(held)}")
-    return "\n".join(lines)
+    return markdown_table(
+        ("calibrated on -> predicted", "alpha", "shape", "tokens", "whole", "shuffled", "model",
+         "model/measured excess"),
+        ((f"{r['calibrated_on']} -> {r['predicted']}", f"{r['concentration']:.0f}", r["shape"], f"{r['tokens']:,}",
+          f"{r['whole']:.3f}", f"{r['shuffled']:.3f}", f"{r['model']:.3f}",
+          f"{r['excess_ratio']:.2f}{'' if r['within_a_third'] else ' (miss)'}") for r in rows)) + (
+        f"\nheld-out rows within a third of the measured excess: {sum(r['within_a_third'] for r in held)} of "
+        f"{len(held)}")
 
 
 def recovery_table(rows: list[dict]) -> str:
-    lines = ["traffic | greedy, equal split | greedy, best split | cpsat, live router | cpsat + patches | "
-             "noise floor | granularity bound | expectation oracle | in-batch bound (knows the noise) | recovered "
-             "of the oracle gap: from equal split, from best split", "---|---|---|---|---|---|---|---|---|---"]
-    for r in rows:
-        lines.append(f"{r['traffic']} | {r['greedy_static']:.4f} | {r['greedy_best_split']:.4f} | "
-                     f"{r['cpsat_live']:.4f} | {r['cpsat_live_patched']:.4f} ({r['patch_moves']} moves) | "
-                     f"{r['noise_floor']:.4f} | {_cell(r['granularity_bound'], '.4f')} | "
-                     f"{_cell(r['expectation_oracle'], '.4f')} | {r['in_batch_bound']:.4f} | "
-                     f"{_cell(r['recovered_of_static'], '.0%')}, {_cell(r['recovered_of_best_split'], '.0%')}")
-    return "\n".join(lines)
-
-
-def _cell(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+    return markdown_table(
+        ("traffic", "greedy, equal split", "greedy, best split", "cpsat, live router", "cpsat + patches",
+         "noise floor", "granularity bound", "expectation oracle", "in-batch bound (knows the noise)",
+         "recovered of the oracle gap: from equal split, from best split"),
+        ((r["traffic"], f"{r['greedy_static']:.4f}", f"{r['greedy_best_split']:.4f}", f"{r['cpsat_live']:.4f}",
+          f"{r['cpsat_live_patched']:.4f} ({r['patch_moves']} moves)", f"{r['noise_floor']:.4f}",
+          cell(r["granularity_bound"], ".4f"), cell(r["expectation_oracle"], ".4f"), f"{r['in_batch_bound']:.4f}",
+          f"{cell(r['recovered_of_static'], '.0%')}, {cell(r['recovered_of_best_split'], '.0%')}") for r in rows))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--part", choices=("esft", "recovery", "all"), default="all")
-    parser.add_argument("--work-limit", type=float, default=4.0, help="cpsat's deterministic budget per fit")
-    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here (JSON)")
+    parser.add_argument("--work-limit", type=number(0, low_open=True, high=3600), default=4.0,
+                        help="cpsat's deterministic budget per fit")
     args = parser.parse_args(argv)
-    if not (0 < args.work_limit <= 3600):
-        parser.error(f"--work-limit={args.work_limit} must be in (0, 3600] work units")
     if args.part in ("esft", "all") and not ESFT.is_file():
         parser.error(f"the ESFT routing log is not at {ESFT}; run from a checkout beside ../shared/data, or pass "
                      f"--part recovery")
-    result = {}
+    result, tables = {}, []
     if args.part in ("esft", "all"):
         result["esft"] = esft_rows()
-        print(esft_table(result["esft"]), flush=True)
+        tables.append(esft_table(result["esft"]))
     if args.part in ("recovery", "all"):
         result["recovery"] = recovery_rows(args.work_limit)
-        print(recovery_table(result["recovery"]), flush=True)
         result["sglang_prefill"] = sglang_rows()
-        print(sglang_table(result["sglang_prefill"]), flush=True)
-    if args.json:
-        write_text_atomically(args.json, json.dumps(result, indent=1) + "\n")
-    return 0
-
+        tables += [recovery_table(result["recovery"]), sglang_table(result["sglang_prefill"])]
+    return finish(args.json, result, *tables)
 
 if __name__ == "__main__":
     sys.exit(main())

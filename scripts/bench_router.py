@@ -1,4 +1,4 @@
-"""Benchmark the live router on the full shape: 256 experts, 64x5 and 128x3 GPUs, 8,192 tokens per step (top-8).
+"""How fast, and how near the LP optimum, is the live router at 256 experts on 64x5 and 128x3 (8,192 tokens)?
 
 For each shape it fits a placement (default `cpsat` under dynamic routing, on the 60 steps before those routed) and
 times, in this process, one layer's routing of one step:
@@ -22,7 +22,6 @@ Usage: python scripts/bench_router.py [--steps 50] [--threads 1] [--policy cpsat
        [--calls 200] [--repeats 5] [--device cpu|cuda] [--quick]
 """
 
-import argparse
 import os
 import sys
 import time
@@ -32,7 +31,7 @@ import torch
 import torch._inductor.config as inductor_config
 
 from eplb.cli.arg_types import integer
-from eplb.cli.main import OneLineParser
+from eplb.cli.bench_harness import bench_parser
 from placement import POLICIES, ClusterSpec, fit_placement
 from placement.migration import plan_migration
 from placement.routing.exact_split import exact_max_load
@@ -99,7 +98,7 @@ def busiest_over_lp(route, steps_TE: np.ndarray, lp_T: np.ndarray, num_gpus: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, whole_doc=True, json_help=None)
     parser.add_argument("--steps", type=integer(1, 100_000), default=50,
                         help="held-out steps routed per shape (default 50)")
     parser.add_argument("--threads", type=integer(1, 1024), default=1,

@@ -1,4 +1,4 @@
-"""Benchmark and fidelity checks of the simulator (`eplb sim`).
+"""How fast is the simulator (`eplb sim`), and does it reproduce the balance, window and fleet figures it claims?
 
 1. Speed: the 1-hour Mooncake conversation trace through one 128-card decode unit and its prefill nodes:
    simulated seconds per wall second. Skipped when the data is absent.
@@ -20,7 +20,6 @@
 Usage: python scripts/bench_sim.py [--quick] [--section all|speed|balance|windows|fleet]
 """
 
-import argparse
 import math
 import sys
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eplb.cli.main import OneLineParser
+from eplb.cli.bench_harness import bench_parser
 from sim import SimConfig, load_sim_config, run_simulation
 from sim.fleet.config import FleetConfig
 from sim.fleet.prefix_store import fleet_store, store_of, store_state
@@ -272,7 +271,7 @@ def agreement(quick: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, whole_doc=True, json_help=None)
     parser.add_argument("--section", default="all", choices=("all", "speed", "balance", "windows", "fleet"))
     parser.add_argument("--quick", action="store_true", help="short runs, for a smoke test")
     args = parser.parse_args(argv)

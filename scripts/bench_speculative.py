@@ -1,4 +1,4 @@
-"""Speculative decoding's policies over acceptance rate and batch size, from the cost model (`sim.speculative`).
+"""Which speculative-decoding policy serves best at each acceptance rate and batch size (`sim.speculative`)?
 
 At the simulator's default decode unit (DeepSeek-V3's shape with half its layers sliding-window, on H800s, 128
 cards, one spare expert slot per card) with every sequence at DeepSeek's average KV length (4,989 tokens), prints:
@@ -16,7 +16,7 @@ import sys
 import time
 
 from eplb.cli.arg_types import png_output
-from eplb.cli.main import OneLineParser
+from eplb.cli.bench_harness import bench_parser
 from sim import SimConfig
 from sim.hardware import PROFILES
 from sim.speculative import POLICIES, batch_for_gain, gain_table
@@ -26,7 +26,7 @@ TARGET_GAIN = 0.06  # the post's gain of selective verification over verify-all
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, json_help=None)
     parser.add_argument("--quick", action="store_true", help="Fewer acceptances and batch sizes.")
     parser.add_argument("--plot", type=png_output(), default=None, metavar="PNG",
                         help="also draw the threshold policy's gain over verify-all against sequences per card")

@@ -1,19 +1,19 @@
 """What share of the greedy's gap to the expectation oracle does cpsat close at 2 and 4 slots a GPU, moves priced?
 
-On request-level decode traffic (`traces.request_traffic`: requests keep their own experts for hundreds of steps, so
-the expected load moves as they come and go) the expectation oracle (`placement.yardsticks`: refitted every
-ORACLE_EVERY steps on those steps' expected load, no lag, free moves) sits below what a refit every 100 steps on the
-last 100 serves, greedy or cpsat. The gap left is tracking, not packing. This benchmark prices the tracking: a
-placement serves only once its moves have crossed the link. Per switch between consecutive fits,
-`placement.migration.plan_migration` gives the most experts one GPU receives from other GPUs on the replayed layers;
-scaled to the served model's MODEL_LAYERS and at EXPERT_BYTES an expert (DeepSeek-V3's FP8 experts, about 44 MB),
-that GPU's bytes over the link speed give the switch's seconds, and the replay serves every fit that many steps
-(rounded up) after its window ends: the most any switch of the run needs, measured on a first replay without lag.
-The fit comes first: its CPU seconds as measured here per replayed layer (every thread counted, so a busy machine
-does not inflate them), scaled to MODEL_LAYERS over `--fit-cores` cores, are added to the lag. The burst patches (`placement.patch_planner` defaults) are priced the same way, as if
-one GPU received all of a patch's moves of a layer (an upper bound). A cadence whose moves need more than the link
-carries between two switches (`link share` above 1), or whose fits take longer than the steps between them (`fit
-share` above 1), cannot be kept up: the move budget or the fitting cores, not the placement, are what stop it.
+On request-level decode traffic (`traces.request_traffic`: requests keep their own experts for hundreds of steps, so the
+expected load moves as they come and go) the expectation oracle (`placement.yardsticks`: refitted every ORACLE_EVERY
+steps on those steps' expected load, no lag, free moves) sits below what a refit every 100 steps on the last 100 serves,
+greedy or cpsat. The gap left is tracking, not packing. This benchmark prices the tracking: a placement serves only once
+its moves have crossed the link. Per switch between consecutive fits, `placement.migration.plan_migration` gives the
+most experts one GPU receives from other GPUs on the replayed layers; scaled to the served model's MODEL_LAYERS and at
+EXPERT_BYTES an expert (DeepSeek-V3's FP8 experts, about 44 MB), that GPU's bytes over the link speed give the switch's
+seconds, and the replay serves every fit that many steps (rounded up) after its window ends: the most any switch of the
+run needs, measured on a first replay without lag. The fit comes first: its CPU seconds as measured here per replayed
+layer (every thread counted, so a busy machine does not inflate them), scaled to MODEL_LAYERS over `--fit-cores` cores,
+are added to the lag. The burst patches (`placement.patch_planner` defaults) are priced the same way, as if one GPU
+received all of a patch's moves of a layer (an upper bound). A cadence whose moves need more than the link carries
+between two switches (`link share` above 1), or whose fits take longer than the steps between them (`fit share` above
+1), cannot be kept up: the move budget or the fitting cores, not the placement, are what stop it.
 
 Rows, per shape (144 x 2, 72 x 4; 128 tokens a GPU a step) and skew (the simulator's two scenarios, 1.251 and 0.5),
 means over seeds and over the same scored steps (from step SCORED_FROM on, so that every row's first fit and its
@@ -26,19 +26,17 @@ Usage: python scripts/bench_tracking.py [--shapes 144x2 72x4] [--skews 1.251 0.5
        [--link-gbs 50 12.5] [--step-ms 50] [--fit-cores 16] [--work-limit 4] [--json out.json]
 """
 
-import json
 import math
 import sys
 
 import numpy as np
 
-from eplb.cli.arg_types import SEED_MAX, integer, json_output, number
-from eplb.cli.main import OneLineParser
+from eplb.cli.arg_types import SEED_MAX, integer, number
+from eplb.cli.bench_harness import bench_parser, cell, finish, markdown_table
 from placement import ClusterSpec, rolling_replay
 from placement.migration import plan_migration
 from placement.patch_planner import PatchPace, PatchSettings
 from placement.yardsticks import expectation_oracle
-from traces.atomic_file import write_text_atomically
 from traces.request_traffic import RequestTrafficConfig, request_traffic_with_expectation
 
 NUM_EXPERTS, TOP_K, LAYERS, STEPS, TOKENS_PER_GPU = 256, 8, 4, 400, 128
@@ -141,19 +139,16 @@ def measure(shapes: list[str], skews: list[float], seeds: list[int], speeds: lis
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| shape | skew | row | imbalance (mean over seeds) | lag, steps (most) | link share (most) | "
-             "fit share (most) | closed |", "|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        share = "-" if row["link_share_max"] is None else f"{row['link_share_max']:.2f}"
-        fit = "-" if row["fit_share_max"] is None else f"{row['fit_share_max']:.2f}"
-        closed = "-" if row["closed"] is None else f"{row['closed']:.0%}"
-        lines.append(f"| {row['shape']} | {row['skew']:g} | {row['row']} | {row['imbalance']:.4f} | "
-                     f"{row['lag_max']} | {share} | {fit} | {closed} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ("shape", "skew", "row", "imbalance (mean over seeds)", "lag, steps (most)", "link share (most)",
+         "fit share (most)", "closed"),
+        ((row["shape"], f"{row['skew']:g}", row["row"], f"{row['imbalance']:.4f}", row["lag_max"],
+          cell(row["link_share_max"], ".2f"), cell(row["fit_share_max"], ".2f"), cell(row["closed"], ".0%"))
+         for row in rows))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--shapes", nargs="+", default=["144x2", "72x4"], choices=["144x2", "72x4", "64x4"],
                         help="GPUs x slots (default: %(default)s)")
     parser.add_argument("--skews", type=number(0, high=4), nargs="+", default=[1.251, 0.5],
@@ -169,14 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                         "CPU seconds are measured here, per replayed layer)")
     parser.add_argument("--work-limit", type=number(0, low_open=True, high=1e6), default=4.0,
                         help="cpsat work budget per fit (default: %(default)s)")
-    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
     args = parser.parse_args(argv)
     rows = measure(args.shapes, args.skews, args.seeds, args.link_gbs, args.step_ms / 1000, args.fit_cores,
                    {"work_limit": args.work_limit})
-    print(table(rows))
-    if args.json:
-        write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
-    return 0
+    return finish(args.json, rows, table(rows))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The deterministic work budget's quality / time curve, at the shapes and with the callers production has.
+"""What imbalance and time does each deterministic work budget give, at production's shapes and callers?
 
 Two callers, each on one core of this machine (the process pins itself to CPU 0), at each `--work-limits` value:
 
@@ -20,8 +20,6 @@ W returns the same map: the script checks it). Usage: python scripts/bench_work_
 16] [--repeats 2] [--quick] [--json out.json]
 """
 
-import json
-import math
 import os
 import sys
 import time
@@ -30,12 +28,11 @@ import numpy as np
 import torch
 
 from eplb import CpsatEplbPolicy, rebalance_experts
-from eplb.cli.arg_types import json_output
-from eplb.cli.main import OneLineParser
+from eplb.cli.arg_types import integer, number
+from eplb.cli.bench_harness import bench_parser, cell, finish, markdown_table
 from placement import ClusterSpec, Placement, fit_placement, score_placement
 from placement.bounds import imbalance_lower_bound
 from placement.scoring import static_gpu_loads
-from traces.atomic_file import write_text_atomically
 from traces.synthetic import SyntheticConfig, generate_trace
 
 ADAPTER_SHAPES = ((58, 144, 2), (58, 72, 4), (61, 96, 4))  # layers, GPUs, slots per GPU
@@ -116,12 +113,10 @@ def old_map_rows(shapes, repeats: int) -> list[dict]:
 
 
 def old_map_table(rows: list[dict]) -> str:
-    lines = ["| caller | shape | old map's slots unused | seconds (one core) | without an old map |",
-             "|---|---|---|---|---|"]
-    for row in rows:
-        lines.append(f"| {row['caller']} | {row['shape']} | {row['unused_share']:.0%} | {row['seconds']:.2f} | "
-                     f"{row['seconds_without_old_map']:.2f} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ("caller", "shape", "old map's slots unused", "seconds (one core)", "without an old map"),
+        ((row["caller"], row["shape"], f"{row['unused_share']:.0%}", f"{row['seconds']:.2f}",
+          f"{row['seconds_without_old_map']:.2f}") for row in rows))
 
 
 def fit_rows(shapes, work_limits, repeats: int) -> list[dict]:
@@ -145,38 +140,27 @@ def fit_rows(shapes, work_limits, repeats: int) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| caller | shape | work limit | seconds (one core) | imbalance | greedy | bound |",
-             "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        greedy = "-" if row["greedy"] is None else f"{row['greedy']:.4f}"
-        lines.append(f"| {row['caller']} | {row['shape']} | {row['work_limit']:g} | {row['seconds']:.2f} | "
-                     f"{row['imbalance']:.4f} | {greedy} | {row['bound']:.4f} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ("caller", "shape", "work limit", "seconds (one core)", "imbalance", "greedy", "bound"),
+        ((row["caller"], row["shape"], f"{row['work_limit']:g}", f"{row['seconds']:.2f}", f"{row['imbalance']:.4f}",
+          cell(row["greedy"], ".4f"), f"{row['bound']:.4f}") for row in rows))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work-limits", type=float, nargs="+", default=[0.25, 1.0, 4.0, 16.0])
-    parser.add_argument("--repeats", type=int, default=2, help="calls per work limit (the best time is kept)")
+    parser = bench_parser(__doc__)
+    parser.add_argument("--work-limits", type=number(0, low_open=True, high=1e6), nargs="+",
+                        default=[0.25, 1.0, 4.0, 16.0])
+    parser.add_argument("--repeats", type=integer(1, 100), default=2,
+                        help="calls per work limit (the best time is kept)")
     parser.add_argument("--quick", action="store_true", help="one small shape per caller (a smoke run)")
-    parser.add_argument("--json", type=json_output(), default=None, help="also write the rows here as JSON")
     args = parser.parse_args(argv)
-    if not all(math.isfinite(w) and 0 < w <= 1e6 for w in args.work_limits) or not 1 <= args.repeats <= 100:
-        parser.error("--work-limits must be work units in (0, 1e6] and --repeats in [1, 100]")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     torch.set_num_threads(1)
     rows = adapter_rows(QUICK_ADAPTER_SHAPES if args.quick else ADAPTER_SHAPES, args.work_limits, args.repeats)
     rows += fit_rows(QUICK_FIT_SHAPES if args.quick else FIT_SHAPES, args.work_limits, args.repeats)
     old_rows = old_map_rows(QUICK_ADAPTER_SHAPES if args.quick else ADAPTER_SHAPES, args.repeats)
-    print(table(rows))
-    print()
-    print(old_map_table(old_rows))
-    rows += old_rows
-    if args.json:
-        write_text_atomically(args.json, json.dumps(rows, indent=1) + "\n")
-    return 0
-
+    return finish(args.json, rows + old_rows, table(rows), old_map_table(old_rows))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""Check that this project installs beside a serving engine: pip resolves both together, nothing installed.
+"""Does this project install beside a serving engine? pip resolves both together, nothing installed.
 
 Runs `pip install --dry-run --ignore-installed --report FILE ENGINE==VERSION PROJECT[EXTRA]` (the project from this
 checkout) and prints the versions pip would install of the packages both sides constrain (protobuf, ortools,

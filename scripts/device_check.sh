@@ -8,9 +8,11 @@
 #    demo's shape and at 256 experts top-8 (scripts/bench_live.py --device cuda);
 # 4. rebalancing while decoding on that group (scripts/bench_live.py --section rebalance --device cuda): step time
 #    with a background cpsat solve, staging and switch against none.
-# Python packages the GPU image lacks travel as wheels in .whl/ (see docs/benchmarks.md, the "GPU figures" paragraph
-# at its top). Each part has its own time limit, so a slow one leaves the others' figures. Output: stdout, and one
-# file per part under $OUT when that is set.
+# Python packages the GPU image lacks travel as wheels in an ignored .whl/, which this script installs: download them
+# first, at the versions `pip list` shows in .venv (`pip download --no-deps --only-binary=:all: --python-version 3.12
+# --platform manylinux_2_28_x86_64 -d .whl ortools==9.15.6755 pydantic pydantic_core annotated-types
+# typing-inspection immutabledict protobuf typing_extensions`). Each part has its own time limit, so a slow one leaves
+# the others' figures. Output: stdout, and one file per part under $OUT when that is set.
 #
 # Usage: bash scripts/device_check.sh [router] [demo] [layer] [rebalance]   (default: all four)
 set -u

@@ -5,7 +5,7 @@
 #
 #   scripts/engine_env.sh vllm|sglang [VERSION]        (or: make engine-env ENGINE=vllm|sglang [VERSION=...])
 #
-# VERSION defaults to the one docs/adapters.md was checked against (vLLM 0.33.0, SGLang 0.5.23). The environment is
+# VERSION defaults to the one the engine's README (eplb/engines/ENGINE/README.md) was checked against (vLLM 0.33.0, SGLang 0.5.23). The environment is
 # $ENGINE_VENV, default ${TMPDIR:-/tmp}/eplb-engine-ENGINE-VERSION, outside the repository; a second run reinstalls
 # only what changed. constraints-cpu.txt does not apply here: each engine pins its own torch (vLLM 0.33.0: 2.14.0,
 # SGLang 0.5.23: 2.14.1), a CUDA build of several GB, which runs these tests on a CPU as well.
@@ -21,7 +21,7 @@ case "$engine" in
   sglang)
     version="${2:-0.5.23}"
     tests=(tests/eplb/engines/test_sglang_file.py tests/eplb/engines/test_sglang_loader.py
-           tests/scripts/test_compare_sglang_eplb.py tests/eplb/engines/test_hf_models.py) ;;
+           tests/eplb/engines/test_hf_models.py) ;;
   *)
     echo "engine_env.sh: the engine must be vllm or sglang; got '${engine}' (scripts/engine_env.sh vllm|sglang [VERSION])" \
       >&2

@@ -1,6 +1,7 @@
-"""HF demo: a tiny transformers MoE model (DeepSeek-V3, DeepSeek-V4 or Qwen3-MoE) generates greedily on a W-process
-Gloo EP group, its sparse MoE blocks replaced by this project's expert-parallel layer, and token for token as the
-unmodified model does in one process.
+"""Does a tiny transformers MoE model generate the same tokens expert-parallel on W ranks as unmodified in one?
+
+A tiny DeepSeek-V3, DeepSeek-V4 or Qwen3-MoE generates greedily on a W-process Gloo EP group, its sparse MoE blocks
+replaced by this project's expert-parallel layer, token for token as the unmodified model does in one process.
 
 The model is `torch.manual_seed(S); AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **config))` with a
 tiny config (8 experts, top-2, 3 layers; eager experts, float32), its zero-initialised routing buffers perturbed

@@ -1,4 +1,4 @@
-"""Live demo: a W-process Gloo EP group runs MoE decode layers with this project's placement and replica routing.
+"""Does a W-process Gloo EP group decode with this project's placement and routing, rebalance, and survive a kill?
 
 It synthesises skewed, drifting routing traffic (`traces.synthetic`), fits a `cpsat` placement on the first
 --fit-steps steps, then runs --steps decode steps on W processes: every layer gates its tokens (the gate follows

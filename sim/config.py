@@ -195,6 +195,9 @@ class BalanceConfig(_Strict):
     window: int = Field(50, ge=1, le=100_000, description="Steps each fit sees.")
     work_limit: float = Field(1.0, gt=0, le=3600, description="cpsat's deterministic budget per fit (all layers), "
                               "work units of about a second of one core: the same config gives the same run.")
+    reading_steps: int = Field(1000, ge=10, le=100_000, description="Scored steps behind the decode unit's "
+                               "imbalance read every way (`eplb sim --capacity`, `validate`, `advise`): the "
+                               "1,000-step window needs 1,000; fewer read faster and leave that window out.")
 
 
 class CapacityConfig(_Strict):

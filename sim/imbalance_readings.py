@@ -1,12 +1,12 @@
-"""Every reading of a decode unit's imbalance at one load: the named metrics over at least 1,000 scored steps.
+"""Every reading of a decode unit's imbalance at one load: the named metrics over `balance.reading_steps` steps.
 
 A published imbalance that names no level or window (DeepSeek's production decode figure) can be read several ways
 off the same served steps (`placement.imbalance_metrics`: per card or node, per step or over windows of steps, per
-routing group). This replays the decode unit's synthetic traffic (`sim.engine.decode_balance`: the config's
-policy, refits and routing) at a stated load for `READING_STEPS` scored steps and returns each metric with its noise
+routing group). This replays the decode unit's synthetic traffic (`sim.engine.decode_balance`: the config's policy,
+refits and routing) at a stated load for `balance.reading_steps` scored steps and returns each metric with its noise
 floor, so the readings sit side by side with no pick between them, and beside them the yardsticks
-(`placement.yardsticks`): the noise floor, the granularity bound, the in-batch bound and, where the traffic's expected
-load is known, the expectation oracle.
+(`placement.yardsticks`): the noise floor, the granularity bound, the in-batch bound and, where the traffic's
+expected load is known, the expectation oracle.
 """
 
 from dataclasses import dataclass
@@ -19,7 +19,6 @@ from sim.config import SimConfig
 from sim.engine.decode_balance import (group_cluster, policy_options, read_routing_trace, served_routing,
                                        served_scores, synthetic_counts_with_expectation)
 
-READING_STEPS = 1000  # scored steps behind each reading (the 1,000-step window needs them all)
 ORACLE_EVERY = 25  # the readings' expectation oracle refits on the expected load of each 25 steps
 
 
@@ -47,11 +46,11 @@ def read_decode_unit(config: SimConfig, tokens_per_card: float, steps: int | Non
                      oracle: bool = True) -> DecodeReadings:
     """The decode unit (`cluster.decode_cards` cards, `decode_slots_per_card` slots) serving its decode traffic at
     `tokens_per_card` tokens per card a step (a micro-batch's) after a first fit window: `steps` (default
-    `READING_STEPS`) steps of its synthetic traffic, or the steps of `balance.routing_trace` brought to that load
-    (pooled or thinned as the capacity curve brings it, `sim.engine.load_imbalance.trace_at_loads`: as many as the
+    `balance.reading_steps`) steps of its synthetic traffic, or the steps of `balance.routing_trace` brought to that
+    load (pooled or thinned as the capacity curve brings it, `sim.engine.load_imbalance.trace_at_loads`: as many as the
     trace gives), read every way (`group_step` where the model has expert groups), and its yardsticks: with `oracle`,
-    the expectation oracle on synthetic traffic (the config's policy refitted every `ORACLE_EVERY` steps on those
-    steps' expected load, no lag)."""
+    the expectation oracle on synthetic traffic (the config's policy refitted every `ORACLE_EVERY` steps on those steps'
+    expected load, no lag)."""
     balance = config.balance
     cards = config.cluster.decode_cards
     trace_TLE = read_routing_trace(config)
@@ -63,7 +62,7 @@ def read_decode_unit(config: SimConfig, tokens_per_card: float, steps: int | Non
         counts_TLE = trace_at_loads(trace_TLE, cards, (max(1, round(tokens_per_card)),), config.model.top_k,
                                     config.seed)[0]
     else:
-        total = balance.window + (READING_STEPS if steps is None else steps)
+        total = balance.window + (balance.reading_steps if steps is None else steps)
         reading = config.model_copy(update={"balance": balance.model_copy(update={"steps": max(balance.steps,
                                                                                                total)})})
         counts_TLE, expected_TLE = synthetic_counts_with_expectation(reading, cards, tokens_per_card)

@@ -121,7 +121,7 @@ def write_trtllm_dump():
 
 
 # How each writer version of TensorRT-LLM's `tensorrt_llm/_torch/expert_statistic.py` treats
-# EXPERT_STATISTIC_ITER_RANGE=START-STOP (docs/adapters.md names the trees each was read in):
+# EXPERT_STATISTIC_ITER_RANGE=START-STOP (eplb/engines/trtllm/README.md names the trees each was read in):
 # "exclusive" records START <= i < STOP and writes rank<r>.safetensors when iteration STOP begins;
 # "inclusive" records START <= i <= STOP, writes when the iteration after STOP begins, and adds
 # rank<r>_raw.safetensors (each record's last raw top-k ids [N, K]) beside the counts.

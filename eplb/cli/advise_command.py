@@ -17,7 +17,7 @@ the trace (`--json` gives each row's settings). The advice holds as far as the t
 and within the simulator's stated limits (docs/simulator.md).
 
 Examples:
-  eplb advise                                   # the demo's trace, DeepSeek-V3 on H800 at 20 tokens/s per user
+  eplb advise                                   # a synthetic trace, DeepSeek-V3 on H800 at 20 tokens/s per user
   eplb advise --trace out/demo/trace.npz --card H800 --tokens-per-user 20 --mtp --plot advice.png
   eplb advise --trace routing.npz --ep-sizes 64,128 --slots-per-gpu 2,3,4,5 --load 1e6 --json
 """
@@ -33,7 +33,7 @@ from eplb.cli.traffic_cases import traffic_cases
 
 # `eplb demo`'s shape, with the steps for EP64 and EP72 to score two windows at their top load (larger EP sizes pool
 # more steps and say so).
-DEMO_TRACE = dict(num_steps=500, num_layers=61, num_experts=256, top_k=8, tokens_per_step=8192)
+DEFAULT_TRACE = dict(num_steps=500, num_layers=61, num_experts=256, top_k=8, tokens_per_step=8192)
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
@@ -149,14 +149,14 @@ def _write_engine_files(args: argparse.Namespace, files, best: dict, settings) -
 def _routing_trace(args: argparse.Namespace, folder: Path) -> tuple[str, str]:
     """(the trace the rows replay, how its steps are ordered): --trace read once (a dump's warnings said once) into a
     scratch file in `folder`, a top-k id log's tasks interleaved (`traces.task_mix`: every window holds the same
-    mix); the demo's trace without --trace."""
+    mix); a synthetic trace of independent tokens without --trace."""
     topk_flags = [flag for flag, value in (("--tokens-per-step", args.tokens_per_step), ("--task", args.task),
                                            ("--num-experts", args.num_experts)) if value is not None]
     if args.trace is None:
         if topk_flags:
             raise ValueError(f"{', '.join(topk_flags)} read top-k id logs; give --trace LOG, or drop them")
-        return _demo_trace(folder), (f"independent tokens, {DEMO_TRACE['num_steps']} steps of "
-                                     f"{DEMO_TRACE['tokens_per_step']:,} tokens")
+        return _default_trace(folder), (f"independent tokens, {DEFAULT_TRACE['num_steps']} steps of "
+                                     f"{DEFAULT_TRACE['tokens_per_step']:,} tokens")
     import numpy as np
 
     from traces import load_trace
@@ -229,15 +229,15 @@ def _check_current(settings) -> None:
                          f"{experts} experts; give the layout serving now, for example 144x2 for DeepSeek-V3")
 
 
-def _demo_trace(folder: Path) -> str:
-    """The demo's synthetic full-shape trace (61 layers x 256 experts, top-8, 8,192 tokens a step), written to
-    `folder`; its path."""
+def _default_trace(folder: Path) -> str:
+    """The default synthetic full-shape trace of independent tokens (61 layers x 256 experts, top-8, 8,192 tokens a
+    step), written to `folder`; its path."""
     import numpy as np
 
     from traces.synthetic import SyntheticConfig, generate_trace
 
     path = folder / "demo_trace.npz"  # a scratch file, read back and removed within the command (not an output)
-    np.savez(path, counts=generate_trace(SyntheticConfig(**DEMO_TRACE)).counts_TLE)
+    np.savez(path, counts=generate_trace(SyntheticConfig(**DEFAULT_TRACE)).counts_TLE)
     return str(path)
 
 
@@ -297,7 +297,7 @@ def _replayed_layers(base) -> int:
 
 def _settings_summary(args: argparse.Namespace, settings) -> dict:
     base = settings.base
-    return {"trace": args.trace or "the demo's synthetic trace", "card": base.hardware.decode,
+    return {"trace": args.trace or "a synthetic trace of independent tokens", "card": base.hardware.decode,
             "tpot_slo_ms": base.capacity.tpot_slo_ms, "context_tokens": base.capacity.decode_context_tokens,
             "mtp": base.speculative.enabled, "trace_layers": _replayed_layers(base),
             "refit_every": base.balance.refit_every, "window": base.balance.window,

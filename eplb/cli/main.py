@@ -211,6 +211,8 @@ def _add_demo_command(sub: argparse._SubParsersAction) -> None:
     most = MAX_TRACE_VALUES // (DEMO_LAYERS * DEMO_EXPERTS)
     p.add_argument("--steps", type=_number(int, 51, high=most), default=250,
                    help=f"steps of the synthetic trace (default 250, at most {most:,})")
+    p.add_argument("--layers", type=_number(int, 1, high=DEMO_LAYERS), default=DEMO_LAYERS,
+                   help=f"MoE layers of the synthetic traces (default {DEMO_LAYERS}, DeepSeek-V3's; fewer run faster)")
     _add_budget(p)
     _add_common(p)
 
@@ -332,7 +334,7 @@ def _add_replay_command(sub: argparse._SubParsersAction) -> None:
                         "(default %(default)s; 0: no patches)")
     p.add_argument("--patch-lag", type=NON_NEGATIVE_INT, default=PatchPace().lag, metavar="STEPS",
                    help="steps from the last step a patch sees until it serves (its job, weight rounds and switch; "
-                        "scripts/bench_patch.py measures a live group's; default %(default)s)")
+                        "a live group's pace: docs/rebalancing.md; default %(default)s)")
     p.add_argument("--patch-burst-lag", type=NON_NEGATIVE_INT, default=None, metavar="STEPS",
                    help="the layers whose burst moves come or go serve STEPS after the steps a patch saw, ahead of "
                         "its other layers at --patch-lag, as a live patch switches its layers as their weights land "
@@ -417,9 +419,9 @@ def _add_advise_command(sub: argparse._SubParsersAction) -> None:
                                       "latency target", description=advise_command.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", default=None,
-                   help="decode routing trace, any file `eplb replay` reads (default: the demo's synthetic "
-                        "61 x 256 trace); a top-k id log with --tokens-per-step, its tasks interleaved so that every "
-                        "window holds the same mix")
+                   help="decode routing trace, any file `eplb replay` reads (default: a synthetic 61 x 256 trace "
+                        "of independent tokens); a top-k id log with --tokens-per-step, its tasks interleaved so "
+                        "that every window holds the same mix")
     _add_topk_log(p, "interleaved")
     p.add_argument("--current", type=_layout, default=None, metavar="GxS", dest="current_layout",
                    help="the layout serving now, GPUs x slots per GPU (for example 144x2): its row, the pick's gain "

@@ -10,11 +10,13 @@ SCORE_COLUMNS = (
 )
 
 
-def format_table(rows: list[dict], label_keys: tuple[str, ...]) -> str:
-    """A fixed-width table: the `label_keys` columns, then mean / p99 / max imbalance and the lower bound."""
-    headers = [*label_keys, *(title for _, title in SCORE_COLUMNS)]
+def format_table(rows: list[dict], label_keys: tuple[str, ...], after_keys: tuple[str, ...] = ()) -> str:
+    """A fixed-width table: the `label_keys` columns, then mean / p99 / max imbalance and the lower bound, then the
+    `after_keys` columns (each row's value as text)."""
+    headers = [*label_keys, *(title for _, title in SCORE_COLUMNS), *after_keys]
     cells = [
-        [str(row.get(k, "")) for k in label_keys] + [f"{row[key]:.3f}" for key, _ in SCORE_COLUMNS] for row in rows
+        [str(row.get(k, "")) for k in label_keys] + [f"{row[key]:.3f}" for key, _ in SCORE_COLUMNS]
+        + [str(row.get(k, "")) for k in after_keys] for row in rows
     ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))

@@ -6,8 +6,8 @@ different processes (a layer's level, where a search stops, CP-SAT's time limit 
 Here every decision comes from counted work: the fixed phases (a chain start, scoring a candidate, building the
 CP-SAT model) charge a cost modelled from the layer's shape, the ring search its rounds, the swap search its
 candidate evaluations, CP-SAT its deterministic time. A unit is about a second of one core of the machine the model
-was measured on (`scripts/bench_budget.py` gives the seconds a unit takes); a faster or busier machine takes less or
-more time for the same work and returns the same placement.
+was measured on (`scripts/bench_work_budget.py` gives the seconds a unit takes); a faster or busier machine takes less
+or more time for the same work and returns the same placement.
 
 Each layer gets an equal share of `CpSatConfig.work_limit`, whatever the other layers do (no budget passes from
 layer to layer, so the order in which threads take layers changes nothing): it takes the best of `LEVELS` whose

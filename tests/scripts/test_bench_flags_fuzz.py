@@ -1,6 +1,6 @@
 """Property-based fuzzing of the benchmark scripts' flags, as `test_script_flags_fuzz.py` fuzzes the demos' (its
 strategy and checks, reused): random sets of flags with good values, values no flag may take and bad output paths.
-Every call of each `scripts/bench_*.py`'s and `scripts/check_same_map.py`'s `main` either exits 2 with one line on
+Every call of each `scripts/bench_*.py`'s `main` either exits 2 with one line on
 stderr or reaches its first piece of work (`FIRST_WORK`, replaced by a sentinel), never anything else; a call with a
 value no flag may take always exits 2; and no project file changes.
 """
@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+
+from eplb.cli import bench_harness
 
 # The demos' fuzz (its strategy, `_check` and sentinel), loaded by its path: the tests are not a package.
 _spec = importlib.util.spec_from_file_location("script_flags_fuzz",
@@ -24,33 +26,23 @@ FUZZ = settings(max_examples=50, deadline=None, derandomize=True, database=None,
 # Per script, what its `main` calls first once every flag is checked (a name of the script's module, or a dotted name
 # of a module it imports); a script with several kinds of run names the first call of each.
 FIRST_WORK = {
-    "bench_budget": "generate_trace",  # the full-shape synthetic trace the fits share
-    "bench_drift_swaps": "measure_cluster",  # each cluster's trace, cpsat fit and timed searches
-    "bench_forecast": ("schedule_rows", "burst_rows", "live_paces", "measure",  # --refit-block, --bursts, the pace
-                       "esft_rows"),  # measured for --live-pace, the synthetic rows, the ESFT rows (--esft-only)
     "bench_generalisation": "measure",  # the traces and rolling replays of every row
     "bench_tracking": "measure",  # the traces, priced replays and oracles of every row
-    "bench_group_limits": "served_imbalance",  # sampling tokens and fitting the greedy, per shape
-    "bench_hash_layers": ("zipf_section", "demo_section"),  # the sections --section picks
     "bench_live": ("overhead_section", "rebalance_section", "demo_runs_section", "demo_switches_section",
                    "noise_section", "plan_section", "host_copies_section"),  # the sections --section picks
-    "bench_patch": "measure_cluster",  # each cluster's trace, fit and timed patch jobs
     "bench_placement": ("generate_trace", "load_trace"),  # the synthetic traces (speed, rolling, lag), or ESFT's
     "bench_production": ("real_rows", "measure"),  # --real's ESFT and OLMoE rows, or the synthetic rows
     "bench_request_traffic": ("esft_rows", "recovery_rows"),  # the parts --part picks
     "bench_router": "torch.set_num_threads",  # sets the process's torch threads (the test process keeps its own)
     "bench_sim": ("speed", "balance", "windows", "fleet"),  # the sections --section picks
     "bench_speculative": "gain_table",  # the speculative decoding gain table
-    "bench_step_model": "all_to_all_latency_seconds",  # the first modelled row (the script takes --quick alone)
-    "bench_window_state": "measure",  # the simulations of every design
     "bench_work_budget": "os.sched_setaffinity",  # pins the process to one core (the test process keeps its cores)
-    "check_same_map": "subprocess.Popen",  # the busy loops and the processes computing the maps
 }
 REQUIRED: dict[str, tuple[str, ...]] = {}  # script -> flags it requires (none so far)
 
 
 def test_every_benchmark_script_is_fuzzed():
-    scripts = {path.stem for path in (fuzz.ROOT / "scripts").glob("bench_*.py")} | {"check_same_map"}
+    scripts = {path.stem for path in (fuzz.ROOT / "scripts").glob("bench_*.py")}
     assert set(FIRST_WORK) == scripts
 
 
@@ -61,16 +53,18 @@ class _Parser(Exception):
 
 def _parser_of(script, monkeypatch) -> argparse.ArgumentParser:
     """The script's parser (`build_parser()`, or the one `main` builds, caught as it parses), without the flags its
-    help hides (a parent's flags to its own children, such as check_same_map's --one)."""
+    help hides (a parent's flags to its own children)."""
     if hasattr(script, "build_parser"):
         parser = script.build_parser()
     else:
-        class Caught(script.OneLineParser):
+        owner = script if hasattr(script, "OneLineParser") else bench_harness  # who builds it
+
+        class Caught(owner.OneLineParser):
             def parse_args(self, args=None, namespace=None):
                 raise _Parser(self)
 
         with monkeypatch.context() as patch:
-            patch.setattr(script, "OneLineParser", Caught)
+            patch.setattr(owner, "OneLineParser", Caught)
             with pytest.raises(_Parser) as caught:
                 script.main([])
         parser = caught.value.parser

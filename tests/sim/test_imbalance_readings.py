@@ -5,7 +5,6 @@ import pytest
 import yaml
 
 import sim.anchor_cases
-import sim.imbalance_readings
 from sim.anchor_cases import open_definitions
 from sim.config import SimConfig
 from sim.engine.decode_balance import (group_cluster, served_scores, synthetic_counts,
@@ -63,9 +62,9 @@ def test_with_a_routing_trace_the_readings_are_its_own_steps_at_that_load(tmp_pa
 
 
 def test_an_open_anchor_reads_every_definition_with_its_range(tmp_path, monkeypatch):
-    monkeypatch.setattr(sim.imbalance_readings, "READING_STEPS", 100)
     monkeypatch.setattr(sim.anchor_cases, "ANCHOR_SEEDS", 1)
-    (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    small = {**SMALL, "balance": {**SMALL["balance"], "reading_steps": 100}}
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(small))
     anchor = {"name": "open-row", "role": "open", "metric": "unstated", "published": 1.09, "unit": "max / mean",
               "source": "a post", "conditions": "none named", "config": "small.yaml",
               "measure": {"kind": "decode_imbalance", "scenarios": ["production-mix"]}}

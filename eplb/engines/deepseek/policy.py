@@ -34,7 +34,8 @@ from placement.scoring import static_gpu_loads
 
 POLICY_NAMES = ("deepseek", "cpsat")
 # The cpsat policy's default work budget for all layers of one call: DeepSeek-V3's full shape (58-61 layers x 256
-# experts, up to 384 slots) in well under 2 s on one core (figures: docs/adapters.md, 'Budget').
+# experts, up to 384 slots) in well under 2 s on one core (figures: eplb/engines/vllm/README.md, 'The same map on
+# every rank').
 ADAPTER_WORK_LIMIT = 1.0
 # The cpsat policy fits integer token counts: each layer's loads are scaled to this total (rounded), so that
 # fractional loads (normalised weights summing to 1) keep their ratios to one part in a million of the layer.

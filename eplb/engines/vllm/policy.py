@@ -139,7 +139,7 @@ class LegacyCpsatEplbPolicy(CpsatEplbPolicy):
 
 def register_in_vllm() -> None:
     """Make `CpsatEplbPolicy` vLLM's "default" EPLB policy in this process (a `vllm.general_plugins` entry point
-    runs it in every vLLM process; see docs/adapters.md)."""
+    runs it in every vLLM process; see eplb/engines/vllm/README.md)."""
     from vllm.distributed.eplb.policy import EPLB_POLICIES
 
     EPLB_POLICIES["default"] = CpsatEplbPolicy

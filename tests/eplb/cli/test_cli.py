@@ -189,13 +189,18 @@ def test_place_with_the_cpsat_policy_writes_a_solver_report(run_eplb, small_trac
 
 
 def test_demo_writes_its_files_and_one_json_object(run_eplb, tmp_path):
-    result = run_eplb("demo", "--steps", "60", "--time-limit", "1", "--out-dir", tmp_path / "demo", "--json")
+    result = run_eplb("demo", "--steps", "60", "--layers", "4", "--time-limit", "1", "--out-dir", tmp_path / "demo",
+                      "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert {(r["policy"], r["routing"], r["fit"]) for r in summary["rows"]} == {
         (p, r, f) for p in ("trivial", "deepseek") for r in ("static", "dynamic") for f in ("fitted", "held-out")} | {
         ("cpsat", "dynamic", "fitted"), ("cpsat", "dynamic", "held-out"),
         ("cpsat", "live", "held-out")}
+    # Beside each row: the same replay on independent tokens at the same shape and skew.
+    beside = {(r["policy"], r["routing"], r["fit"]): r["imbalance_mean"] for r in summary["independent_tokens_rows"]}
+    assert set(beside) == {(r["policy"], r["routing"], r["fit"]) for r in summary["rows"]}
+    assert all(r["independent tokens"] == f"{beside[r['policy'], r['routing'], r['fit']]:.3f}" for r in summary["rows"])
     assert json.loads((tmp_path / "demo" / "placement.json").read_text())["policy"] == "cpsat"
     for name in ("trace.npz", "placement.json", "load_heatmap.png", "gpu_loads.png", "replay.png"):
         assert (tmp_path / "demo" / name).stat().st_size > 0

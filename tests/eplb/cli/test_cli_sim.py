@@ -7,11 +7,14 @@ import json
 import numpy as np
 import pytest
 
+# A small decode balance (2 layers, readings over 100 scored steps): the sim's code paths at a fraction of the work.
+SMALL_BALANCE = "balance: {policy: deepseek, layers: 2, steps: 40, refit_every: 10, window: 10, reading_steps: 100}\n"
+
 
 def test_sim_prints_one_json_object_and_writes_the_report(tmp_path, run_eplb_here):
     config = tmp_path / "small.yaml"
     config.write_text("duration_s: 5\ncluster: {prefill_nodes: 1, decode_cards: 16}\n"
-                      "balance: {policy: deepseek, layers: 2, steps: 40, refit_every: 10, window: 10}\n")
+                      + SMALL_BALANCE)
     result = run_eplb_here("sim", "--config", str(config), "--json", "--out-dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -137,8 +140,7 @@ def test_a_routing_trace_that_does_not_fit_the_model_is_refused(tmp_path, run_ep
 
 def test_capacity_prints_both_stages_and_its_targets_come_from_the_flags(tmp_path, run_eplb_here, one_line_error):
     config = tmp_path / "small.yaml"
-    config.write_text("model: {sliding_window_share: 0.0}\n"
-                      "balance: {policy: deepseek, layers: 2, steps: 40, refit_every: 10, window: 10}\n")
+    config.write_text("model: {sliding_window_share: 0.0}\n" + SMALL_BALANCE)
     result = run_eplb_here("sim", "--config", str(config), "--capacity", "--tpot-slo-ms", "30", "--ttft-slo-s",
                            "0.2", "--scenarios", "none", "--json")
     assert result.returncode == 0, result.stderr
@@ -153,8 +155,7 @@ def test_capacity_prints_both_stages_and_its_targets_come_from_the_flags(tmp_pat
 
 def test_capacity_reports_each_figure_s_range_over_the_traffic_cases(tmp_path, run_eplb_here, one_line_error):
     config = tmp_path / "small.yaml"
-    config.write_text("model: {sliding_window_share: 0.0}\n"
-                      "balance: {policy: deepseek, layers: 2, steps: 40, refit_every: 10, window: 10}\n")
+    config.write_text("model: {sliding_window_share: 0.0}\n" + SMALL_BALANCE)
     result = run_eplb_here("sim", "--config", str(config), "--capacity", "--scenarios", "single-dataset,production-mix",
                            "--bursts", "off", "--seeds", "1", "--json")
     assert result.returncode == 0, result.stderr
@@ -179,8 +180,7 @@ def test_capacity_reports_each_figure_s_range_over_the_traffic_cases(tmp_path, r
 
 def test_capacity_curve_prints_every_target_and_plots_it(tmp_path, run_eplb_here, one_line_error):
     config = tmp_path / "small.yaml"
-    config.write_text("model: {sliding_window_share: 0.0}\n"
-                      "balance: {policy: deepseek, layers: 2, steps: 40, refit_every: 10, window: 10}\n")
+    config.write_text("model: {sliding_window_share: 0.0}\n" + SMALL_BALANCE)
     plot = tmp_path / "curve.png"
     result = run_eplb_here("sim", "--config", str(config), "--capacity", "--curve", "50", "10", "20", "30", "--plot",
                            str(plot), "--scenarios", "none", "--json")

@@ -123,8 +123,8 @@ def ep32_dump(tmp_path_factory, record_trtllm_dump):
 def test_the_docs_command_on_either_writers_dump_gives_a_yaml_tensorrt_llm_accepts(run_eplb, ep32_dump, tmp_path,
                                                                                   tensorrt_llm_accepts, writer, gpus,
                                                                                   slots):
-    """docs/adapters.md's step 2, run literally in the dump's folder: EP36 needs no whole 8-GPU nodes (its nodes are
-    GB200 trays of 4); the file passes TensorRT-LLM's checks at the ep_size it names."""
+    """eplb/engines/trtllm/README.md's step 2, run literally in the dump's folder: EP36 needs no whole 8-GPU nodes
+    (its nodes are GB200 trays of 4); the file passes TensorRT-LLM's checks at the ep_size it names."""
     shutil.copytree(ep32_dump[writer], tmp_path / "expert_statistic")
     result = run_eplb("place", "--trace", "./expert_statistic", "--gpus", gpus, "--slots-per-gpu", slots, "--out",
                       "placement.json", "--trtllm-out", "moe_load_balancer.yaml", cwd=tmp_path)

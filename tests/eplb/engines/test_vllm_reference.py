@@ -1,8 +1,8 @@
 """vLLM's policy interface checked against vLLM's own files, loaded by file path from the installed `vllm` package
 (`abstract.py` and `default.py` import only torch and numpy, so vLLM's other dependencies are not needed); skipped
 where vLLM is not installed. The signature and return contract equal `AbstractEplbPolicy`'s, the classes subclass it
-when it can be imported, `policy="deepseek"` returns exactly what `DefaultEplbPolicy` returns (old maps with -1 and
-of another width included), and the registration in docs/adapters.md puts the class where `EplbState` looks."""
+when it can be imported, `policy="deepseek"` returns exactly what `DefaultEplbPolicy` returns (old maps with -1 and of
+another width included), and the registration in eplb/engines/vllm/README.md puts the class where `EplbState` looks."""
 
 import ast
 import importlib
