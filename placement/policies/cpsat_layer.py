@@ -224,9 +224,9 @@ def solve_layer(layer, counts_TE, mean_E, replicas_E, greedy: Placement, cluster
 def swaps_only(cluster: ClusterSpec, config: CpSatConfig) -> bool:
     """Whether the layer's candidates are the greedy and the swap search from it alone, the swap search with the whole
     budget: under equal routing, where CP-SAT's model (per-step or fixed shares) is not the router's and its solutions
-    did not beat the swap search's (eplb/engines/vllm/README.md, 'The same map on every rank'), and at PAIRING_SLOTS
-    slots per GPU or fewer, where a GPU serves a pair of experts: a chain layout fills its chain GPUs with the halves of
-    two replicated (hot) experts and leaves the others to be paired by the window's steps, CP-SAT pairs them on a few
+    did not beat the swap search's (`scripts/bench_work_budget.py`'s adapter rows), and at PAIRING_SLOTS slots per GPU
+    or fewer, where a GPU serves a pair of experts: a chain layout fills its chain GPUs with the halves of two
+    replicated (hot) experts and leaves the others to be paired by the window's steps, CP-SAT pairs them on a few
     sampled steps, and both win windows on their noise and bursts to lose the steps after them; the swap search from the
     greedy's heaviest-with-lightest pairs keeps a swap only if it clears the noise of the steps it was chosen on
     (PAIRING_SWAP_Z) and gains on the window's newest steps, held out of the choice (PAIRING_HOLDOUT_SHARE), so it
