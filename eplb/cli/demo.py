@@ -29,7 +29,7 @@ from traces.request_traffic import RequestTrafficConfig, generate_request_traffi
 from traces.synthetic import SyntheticConfig, generate_trace
 
 DEMO_CLUSTER = ClusterSpec(num_gpus=64, slots_per_gpu=5)
-DEMO_LAYERS, DEMO_EXPERTS, DEMO_TOKENS = 61, 256, 8192  # DeepSeek-V3's MoE layers and routed experts
+DEMO_LAYERS, DEMO_EXPERTS, DEMO_TOKENS = 61, 256, 8192  # DeepSeek-V3's MoE layers and experts; tokens a step
 DEMO_EVERY = 50
 DEMO_WINDOW = 50
 TOKENS_STEPS = 100  # steps of the independent-token trace beside: one refit, 50 held-out steps
