@@ -26,7 +26,7 @@ import sys
 import numpy as np
 
 from eplb.cli.arg_types import SEED_MAX, integer, number
-from eplb.cli.main import OneLineParser
+from eplb.cli.flags import OneLineParser
 
 TOP_K = 8
 

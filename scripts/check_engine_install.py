@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eplb.cli.main import OneLineParser
+from eplb.cli.flags import OneLineParser
 
 ROOT = Path(__file__).resolve().parent.parent
 # name, version, the project's extras installed beside it (as scripts/engine_env.sh installs them, less test tools)

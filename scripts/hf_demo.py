@@ -42,7 +42,7 @@ import sys
 
 from collectives import exit_on_signals, run_local_group, start_local_group_server
 from eplb.cli.arg_types import SEED_MAX, integer, number
-from eplb.cli.main import OneLineParser
+from eplb.cli.flags import OneLineParser
 from placement.cluster import MAX_GPUS
 
 ARCHS = ("deepseek_v3", "deepseek_v4", "qwen3_moe")

@@ -39,7 +39,7 @@ from collectives import backend_for, exit_on_signals, run_local_group, start_loc
 from collectives.errors import BackendUnavailableError, RankDiedError
 from collectives.local_group import root_cause_order
 from eplb.cli.arg_types import SEED_MAX, integer, json_output, number
-from eplb.cli.main import OneLineParser
+from eplb.cli.flags import OneLineParser
 from eplb.live import ROUTING_MODES, MoELayerConfig
 from eplb.rebalance.config import RebalanceConfig
 from eplb.harness.rebalancing_loop import Faults, LoopReport, run_rebalancing_loop, shifting_traffic_setup

@@ -1,16 +1,62 @@
-"""argparse types for the scripts' flags: a value out of range is refused in the parser, with one line that names the
-bound and the text given (`OneLineParser` prints it as `argument --flag: expected ..., got ...`)."""
+"""argparse types for the flags of `eplb` and the scripts: a value out of range is refused in the parser, with one line
+that names the bound and the text given (`OneLineParser` prints it as `argument --flag: expected ..., got ...`)."""
 
 import argparse
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+from placement.cluster import MAX_GPUS, MAX_SLOTS_PER_GPU
 from traces import EplbError
 from traces.atomic_file import resolve_target
 
 SEED_MAX = 2**31 - 1  # the largest seed OR-Tools' CP-SAT takes (`CpSatConfig.seed`); numpy's seeds go beyond
+
+
+def bounded(kind: Callable[[str], float], low: float, *, low_open: bool = False, high: float | None = None):
+    """An argparse type: a finite number of `kind` >= low (> low when `low_open`) and <= high when given."""
+    bound = f"> {low:g}" if low_open else f">= {low:g}"
+    limit = f" and <= {high:g}" if high is not None else ""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {bound}{limit}; got {text!r}") from None
+        too_high = high is not None and value > high
+        if not math.isfinite(value) or value < low or (low_open and value == low) or too_high:
+            raise argparse.ArgumentTypeError(f"must be {bound}{limit}; got {text}")
+        return value
+
+    return parse
+
+
+# The bounded types the `eplb` subcommands share.
+POSITIVE_INT = bounded(int, 1)
+NON_NEGATIVE_INT = bounded(int, 0)
+POSITIVE_FLOAT = bounded(float, 0, low_open=True)
+NON_NEGATIVE_FLOAT = bounded(float, 0)
+GPUS = bounded(int, 1, high=MAX_GPUS)
+SLOTS_PER_GPU = bounded(int, 1, high=MAX_SLOTS_PER_GPU)
+DRIFT_RATIO = bounded(float, 1, low_open=True)
+BURST_FACTOR = bounded(float, 1)
+WORK_LIMIT = bounded(float, 0, low_open=True, high=1e6)
+TIME_LIMIT = bounded(float, 0, low_open=True, high=86400)
+SEED = bounded(int, 0, high=SEED_MAX)
+
+
+def layout(text: str) -> tuple[int, int]:
+    """'GxS' -> (G, S): GPUs and slots per GPU of a layout."""
+    try:
+        gpus, slots = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPUsxSLOTS such as 144x2; got {text!r}") from None
+    if not (1 <= gpus <= MAX_GPUS and 1 <= slots <= MAX_SLOTS_PER_GPU):
+        raise argparse.ArgumentTypeError(f"{text}: GPUs must be in [1, {MAX_GPUS}] and slots per GPU in [1, "
+                                         f"{MAX_SLOTS_PER_GPU}]")
+    return gpus, slots
 
 
 def integer(low: int, high: int | None = None):

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Sequence
 
 from eplb.cli.arg_types import json_output
-from eplb.cli.main import OneLineParser
+from eplb.cli.flags import OneLineParser
 from traces.atomic_file import write_text_atomically
 
 

@@ -266,6 +266,6 @@ def test_a_value_error_inside_a_library_is_a_bug_with_its_traceback_not_bad_inpu
     ("num_gpus=3 cannot hold num_experts", "--gpus=3 cannot hold --num-experts"),
 ], ids=["shape-in-brackets", "quoted-file-key", "parameters"])
 def test_parameter_names_become_flags_except_shapes_and_file_keys(message, expected):
-    from eplb.cli.main import _as_flags
+    from eplb.cli.error_lines import as_flags
 
-    assert _as_flags(message, "place") == expected
+    assert as_flags(message, "place") == expected
