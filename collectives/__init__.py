@@ -4,7 +4,7 @@ The names are imported on first access (PEP 562), so that a process that needs n
 helper) can import `collectives.lifeline` without it.
 """
 
-import importlib
+from traces.lazy_exports import lazy_getattr
 
 _NAMES = {  # name -> the module that defines it
     "DEFAULT_TIMEOUT_S": "collectives.communicator",
@@ -26,7 +26,4 @@ _NAMES = {  # name -> the module that defines it
 __all__ = sorted(_NAMES)
 
 
-def __getattr__(name: str):
-    if name in _NAMES:
-        return getattr(importlib.import_module(_NAMES[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _NAMES)

@@ -8,10 +8,9 @@ Live (torch; imported on first use, so the command line starts without torch): `
 the drop-in policies `rebalance_experts` (DeepSeek's interface) and `CpsatEplbPolicy` (vLLM's policy interface).
 """
 
-import importlib
-
 from placement import ClusterSpec, Placement, fit_placement, load_placement, save_placement, score_placement
 from traces import EplbError, RoutingTrace, load_trace, save_trace
+from traces.lazy_exports import lazy_getattr
 
 # Live names -> the module that defines them, imported on first access (PEP 562).
 _LAZY = {
@@ -44,7 +43,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'eplb' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

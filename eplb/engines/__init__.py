@@ -7,7 +7,7 @@ The drop-in policies are exported here: DeepSeek's `rebalance_experts` function 
 policy classes (`vllm.policy`: `CpsatEplbPolicy` for vLLM 0.23 and later, `LegacyCpsatEplbPolicy` for the 3-tuple of
 vLLM 0.14 to 0.18). Each name is imported on first access, so `rebalance_experts` never imports vLLM."""
 
-import importlib
+from traces.lazy_exports import lazy_getattr
 
 # Public names -> the module that defines them (PEP 562).
 _LAZY = {
@@ -20,7 +20,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'eplb.engines' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -5,7 +5,7 @@ The names are imported on first access (PEP 562), so that importing one module o
 for all of them.
 """
 
-import importlib
+from traces.lazy_exports import lazy_getattr
 
 _NAMES = {  # name -> the module that defines it
     "ExpertWeights": "eplb.live.experts",
@@ -19,7 +19,4 @@ _NAMES = {  # name -> the module that defines it
 __all__ = sorted(_NAMES)
 
 
-def __getattr__(name: str):
-    if name in _NAMES:
-        return getattr(importlib.import_module(_NAMES[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _NAMES)

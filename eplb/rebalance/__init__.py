@@ -11,7 +11,7 @@ The names are imported on first access (PEP 562), so that the solver's helper pr
 `move_plan`) starts without importing torch.
 """
 
-import importlib
+from traces.lazy_exports import lazy_getattr
 
 _NAMES = {  # name -> the module that defines it
     "RebalanceConfig": "eplb.rebalance.config",
@@ -22,7 +22,4 @@ _NAMES = {  # name -> the module that defines it
 __all__ = sorted(_NAMES)
 
 
-def __getattr__(name: str):
-    if name in _NAMES:
-        return getattr(importlib.import_module(_NAMES[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _NAMES)
