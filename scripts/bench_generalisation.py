@@ -60,7 +60,7 @@ ESFT = DATA / "esft-dsv2lite" / "esft_vanilla_lite_routing.npz"
 OLMOE = DATA / "olmoe-counts" / "olmoe_mixtral_routing_counts.npz"
 ESFT_TOKENS, ESFT_EVERY = 256, 16  # ESFT's ~33k tokens give 130 steps of 256: a refit every 16 on the last 16
 OLMOE_DOMAINS, OLMOE_TOP_K, OLMOE_SPELL = ("arxiv", "book", "c4", "github", "wikipedia"), 8, 60
-TRAFFICS = ("synthetic", "tuning", "regime", "requests", "esft", "olmoe", "aside")
+TRAFFICS = ("synthetic", "tuning", "regime", "requests", "esft", "olmoe", "aside", "geometry")
 WORST_ALLOWED = 0.005  # a single trace may be worse than the greedy by at most this
 
 
@@ -140,9 +140,9 @@ def olmoe_trace(gpus: int, tokens_per_gpu: int, seed: int) -> np.ndarray:
                      for t in range(STEPS)])
 
 
-def _aside_generator():
-    """`scripts/aside_traffic.py` loaded by its path (scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location("aside_traffic", Path(__file__).with_name("aside_traffic.py"))
+def _aside_generator(name: str = "aside_traffic"):
+    """`scripts/<name>.py` (a generator kept aside) loaded by its path (scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -155,6 +155,9 @@ def trace(traffic: str, gpus: int, tokens_per_gpu: int, sigma: float, seed: int,
         return olmoe_trace(gpus, tokens_per_gpu, seed)
     if traffic == "aside":
         return _aside_generator().aside_trace(STEPS, LAYERS, NUM_EXPERTS, gpus * tokens_per_gpu, sigma, seed)
+    if traffic == "geometry":
+        return _aside_generator("aside_geometry").geometry_trace(STEPS, LAYERS, NUM_EXPERTS, gpus * tokens_per_gpu,
+                                                                  sigma, seed)
     if traffic == "regime":
         return regime_trace(STEPS, LAYERS, gpus * tokens_per_gpu, sigma, seed)
     if traffic == "requests":

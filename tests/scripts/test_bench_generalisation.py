@@ -68,6 +68,29 @@ def test_capped_pick_probabilities_sum_to_one_under_the_cap(load_script):
     assert np.allclose(p_E[2:], (1 - 2 / aside.TOP_K) / 8)
 
 
+def test_the_geometry_generator_is_seeded_whole_and_its_batch_follows_the_sessions(load_script):
+    geometry = load_script("aside_geometry")
+    counts_TLE = geometry.geometry_trace(300, 2, 64, 2048, 1.0, seed=3)
+    assert counts_TLE.shape == (300, 2, 64) and counts_TLE.dtype == np.int64
+    assert np.array_equal(counts_TLE, geometry.geometry_trace(300, 2, 64, 2048, 1.0, seed=3))
+    assert not np.array_equal(counts_TLE, geometry.geometry_trace(300, 2, 64, 2048, 1.0, seed=4))
+    # A step serves at most `tokens` sessions, each picking an expert at most once; the batch moves with arrivals.
+    picks_TL = counts_TLE.sum(axis=2)
+    assert counts_TLE.max() <= 2048 and (picks_TL <= 2048 * geometry.TOP_K).all()
+    assert np.allclose(picks_TL[:, 0], picks_TL[:, 1], rtol=0.05)  # every layer serves the same tokens
+    assert picks_TL[:, 0].min() < picks_TL[:, 0].max() and picks_TL.min() > 0.5 * 2048 * geometry.TOP_K
+    early, late = counts_TLE[:50].sum(axis=0), counts_TLE[250:].sum(axis=0)
+    assert np.abs(early / early.sum(axis=1, keepdims=True) - late / late.sum(axis=1, keepdims=True)).sum() > 0.1
+
+
+def test_water_filled_probabilities_sum_to_one_under_the_cap(load_script):
+    geometry = load_script("aside_geometry")
+    p_E = geometry._water_filled(np.log(np.array([100.0, 50.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])))
+    assert p_E.sum() == pytest.approx(1.0) and p_E.max() <= 1 / geometry.TOP_K + 1e-12
+    assert p_E[0] == pytest.approx(1 / geometry.TOP_K) and p_E[1] == pytest.approx(1 / geometry.TOP_K)
+    assert np.allclose(p_E[2:], (1 - 2 / geometry.TOP_K) / 8)
+
+
 @pytest.mark.parametrize("traffic", ["esft", "olmoe"])
 def test_real_routing_rows_replay_the_shared_data(load_script, traffic):
     bench = load_script("bench_generalisation")
