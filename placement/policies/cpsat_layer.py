@@ -39,9 +39,9 @@ MARGIN = 1e-3
 BOUND_TOLERANCE = 1e-4
 # At this many slots per GPU or fewer a GPU's load is a pair of experts, and only the greedy and the swap search from
 # it are candidates (`swaps_only`): chain layouts and CP-SAT's fit choose pairs on the window's noise and bursts.
-# There the swaps are chosen on the window's older steps, each kept only if its gain there exceeds PAIRING_SWAP_Z
-# standard errors of its per-step gains and if it also gains on the newest PAIRING_HOLDOUT_SHARE of the window's
-# steps, which took no part in choosing it.
+# There a swap is kept only if its gain exceeds PAIRING_SWAP_Z standard errors of its per-step gains, and the search
+# runs on the whole window only if, run on the window's older steps, its layout beats the greedy on the newest
+# PAIRING_HOLDOUT_SHARE of them, which took no part in it.
 PAIRING_SLOTS = 2
 PAIRING_SWAP_Z = 2.0
 PAIRING_HOLDOUT_SHARE = 1 / 3
@@ -229,8 +229,9 @@ def swaps_only(cluster: ClusterSpec, config: CpSatConfig) -> bool:
     replicated (hot) experts and leaves the others to be paired by the window's steps, CP-SAT pairs them on a few
     sampled steps, and both win windows on their noise and bursts to lose the steps after them; the swap search from the
     greedy's heaviest-with-lightest pairs keeps a swap only if it clears the noise of the steps it was chosen on
-    (PAIRING_SWAP_Z) and gains on the window's newest steps, held out of the choice (PAIRING_HOLDOUT_SHARE), so it
-    leaves the greedy's layout where the window cannot tell (figures: docs/placement.md, 'Two slots a GPU')."""
+    (PAIRING_SWAP_Z), and runs at all only where its layout fitted on the window's older steps beats the greedy on the
+    newest ones, held out of that fit (PAIRING_HOLDOUT_SHARE), so it leaves the greedy's layout where the window cannot
+    tell (figures: docs/placement.md, 'Two slots a GPU')."""
     return config.routing == "equal" or cluster.slots_per_gpu <= PAIRING_SLOTS
 
 

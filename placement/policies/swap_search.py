@@ -23,10 +23,13 @@ Moves, each kept only if it lowers the objective:
 With `min_z` > 0 (and two or more steps) a swap is kept only if its gain is also larger than `min_z` standard errors
 of its per-step gains: a pairing that wins on the window by a few of its noisy or bursty steps is the window's luck,
 not a gain the steps after it keep (where this matters: `cpsat_layer.swaps_only`, two slots a GPU). With
-`holdout_share` > 0 as well, the search chooses its swaps on the window's older steps only and keeps a swap only if
-it also gains on the newest ones, which took no part in choosing it: the best of thousands of candidate swaps gains
-more on the steps it was chosen on than it will anywhere else (the best of many noisy draws), on held-out steps it
-does not, and the newest steps are the closest to those the placement will serve.
+`holdout_share` > 0 as well, the search first runs on the window's older steps alone, and its layout must beat the
+start on the newest steps, which took no part in it; only then does the search run on the whole window, else the
+start is kept. The gate asks whether the search, on this layer's traffic, finds gains that carry forward in time:
+the best of thousands of candidate swaps gains more on the steps it was chosen on than anywhere else (the best of
+many noisy draws), and under drift the steps after a window are unlike it; the newest steps are the closest to those
+the placement will serve. The gate judges the search's whole layout, not swap by swap: a sequence of swaps cut where
+one fails a check is a layout neither search would choose, and served traffic of other domains finds that out.
 
 The search is deterministic: the same input gives the same moves, and it stops after `max_evaluations` candidate
 evaluations (element-steps), when no move improves, or at the first GPU that no move relieves.
@@ -89,22 +92,37 @@ def swap_search(
             (0: any improvement; not applied to one-step windows).
         stop: called before each move; it raises to end the search at once (a fit being stopped), else changes
             nothing.
-        holdout_share: in [0, 1); > 0 (with `min_z` > 0): swaps are chosen on the window's older steps and must
-            also gain on its newest H = max(2, round(holdout_share * T)) steps (where T >= 2 H + 2; else unused).
+        holdout_share: in [0, 1); > 0 (with `min_z` > 0): the search on the window's older steps must beat the start
+            on its newest H = max(2, round(holdout_share * T)) steps (mean over them of the busiest load over the
+            mean) before the search on the whole window is run; else the start is returned (where T >= 2 H + 2;
+            else unused). Each of the two searches gets half of `max_evaluations`.
 
     Returns:
-        (phy2log_P [P] int64, each GPU's experts in ascending order; its objective on the steps the swaps were
-        chosen on; the evaluations spent). Never worse than the start on those steps.
+        (phy2log_P [P] int64, each GPU's experts in ascending order; its objective on the window; the evaluations
+        spent). Never worse than the start on the window.
     """
     counts = np.asarray(counts_TE, dtype=np.float64)
-    num_steps, num_experts = counts.shape
     speed = np.ones(num_gpus) if speed_G is None else np.asarray(speed_G, dtype=np.float64)
+    older, newest = _split_held_out(counts, holdout_share if min_z > 0 else 0.0)
+    search = (num_gpus, slots_per_gpu, speed, recount, node_of_G, min_z, stop)
+    if newest is None:
+        return _search(counts, phy2log_P, max_evaluations, *search)
+    trial, _, spent = _search(older, phy2log_P, max_evaluations / 2, *search)
+    start = np.array(phy2log_P, dtype=np.int64)
+    if not _beats(newest, trial, start, num_gpus, speed):
+        whole = _state(counts, start.reshape(num_gpus, slots_per_gpu), _replicas(start, counts.shape[1]), speed)
+        return np.sort(start.reshape(num_gpus, -1), axis=1).reshape(-1), whole.objective(), spent
+    phy2log, best, more = _search(counts, phy2log_P, max_evaluations / 2, *search)
+    return phy2log, best, spent + more
+
+
+def _search(counts: np.ndarray, phy2log_P: np.ndarray, max_evaluations: float, num_gpus: int, slots_per_gpu: int,
+            speed: np.ndarray, recount: bool, node_of_G: np.ndarray | None, min_z: float,
+            stop: Callable[[], None] | None) -> tuple[np.ndarray, float, float]:
+    """The search itself on the steps `counts` [T, E] (float64), from `phy2log_P`: `swap_search`'s return."""
+    num_steps, num_experts = counts.shape
     slots = np.array(phy2log_P, dtype=np.int64).reshape(num_gpus, slots_per_gpu)
-    replicas = np.bincount(slots.ravel(), minlength=num_experts).astype(np.int64)
-    counts, held = _split_held_out(counts, holdout_share if min_z > 0 else 0.0)
-    check = None if held is None else _state(held, slots, replicas, speed)
-    state = _state(counts, slots, replicas, speed)
-    num_steps = len(counts)
+    state = _state(counts, slots, _replicas(slots, num_experts), speed)
     best = state.objective()
     spent = 0.0
     swap_cost = num_steps * slots_per_gpu * num_gpus * slots_per_gpu
@@ -114,19 +132,32 @@ def swap_search(
         if stop is not None:
             stop()
         moved, spent = _one_move(state, slots, best, spent, max_evaluations, (swap_cost, recount_cost),
-                                 use_recount, node_of_G, min_z if num_steps > 1 else 0.0, check)
+                                 use_recount, node_of_G, min_z if num_steps > 1 else 0.0)
         if not moved:
             break
         state.refresh()
-        if check is not None:
-            check.refresh()
         best = state.objective()
     return np.sort(slots, axis=1).reshape(-1), best, spent
 
 
+def _replicas(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
+    """[E] int64 replicas of each expert in the slot map `phy2log` (any shape)."""
+    return np.bincount(np.ravel(phy2log), minlength=num_experts).astype(np.int64)
+
+
+def _beats(counts_TE: np.ndarray, challenger_P: np.ndarray, start_P: np.ndarray, num_gpus: int,
+           speed_G: np.ndarray) -> bool:
+    """Whether the slot map `challenger_P` has a lower mean busiest-over-mean load than `start_P` on `counts_TE`
+    (the same experts replicated as often: swaps keep the replica counts)."""
+    replicas_E = _replicas(start_P, counts_TE.shape[1])
+    objectives = [_state(counts_TE, np.asarray(slots_P).reshape(num_gpus, -1), replicas_E, speed_G).objective()
+                  for slots_P in (challenger_P, start_P)]
+    return objectives[0] < objectives[1] * (1 - IMPROVEMENT)
+
+
 def _split_held_out(counts_TE: np.ndarray, holdout_share: float) -> tuple[np.ndarray, np.ndarray | None]:
-    """(the steps the swaps are chosen on, the newest H = max(2, round(holdout_share * T)) steps held out, or None
-    when `holdout_share` is 0 or T < 2 H + 2)."""
+    """(the window's older steps, its newest H = max(2, round(holdout_share * T)) steps held out of their search; or
+    (the window, None) when `holdout_share` is 0 or T < 2 H + 2)."""
     held = max(2, round(holdout_share * len(counts_TE)))
     if holdout_share <= 0 or len(counts_TE) < 2 * held + 2:
         return counts_TE, None
@@ -142,17 +173,16 @@ def _state(counts_TE: np.ndarray, slots_GS: np.ndarray, replicas_E: np.ndarray, 
 
 def _one_move(state: "_State", slots: np.ndarray, best: float, spent: float, max_evaluations: float,
               costs: tuple[float, float], use_recount: bool, node_of_G: np.ndarray | None,
-              min_z: float, check: "_State | None" = None) -> tuple[bool, float]:
+              min_z: float) -> tuple[bool, float]:
     """Apply to `slots` [G, S] the first improving move found from the busiest GPUs on (a swap, with `min_z` one
-    whose gain clears the steps' noise and with `check` one that also gains on its held-out steps, else with
-    `use_recount` a replica moved between experts); return (whether one was applied, evaluations spent so far)."""
+    whose gain clears the steps' noise, else with `use_recount` a replica moved between experts); return (whether one
+    was applied, evaluations spent so far)."""
     swap_cost, recount_cost = costs
     for gpu in _busiest(state.loads_TG, GPUS_TRIED):
         spent += swap_cost
         found = _best_swap(state, int(gpu), node_of_G)
         if (found is not None and found[0] < best * (1 - IMPROVEMENT)
-                and _clears_noise(state, int(gpu), found, min_z)
-                and (check is None or _swap_gain_T(check, int(gpu), found).mean() > 0)):
+                and _clears_noise(state, int(gpu), found, min_z)):
             _, slot, other, other_slot = found
             slots[gpu, slot], slots[other, other_slot] = slots[other, other_slot], slots[gpu, slot]
             return True, spent

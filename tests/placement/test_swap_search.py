@@ -87,19 +87,39 @@ def test_with_min_z_a_swap_must_clear_the_noise_of_the_window_steps():
     assert np.flatnonzero(parted_P == 0)[0] // 2 != np.flatnonzero(parted_P == 1)[0] // 2
 
 
-def test_with_holdout_share_a_swap_must_also_gain_on_the_held_out_newest_steps():
+def test_with_holdout_share_the_search_runs_on_the_window_only_if_it_carries_to_the_newest_steps():
     counts_TE = np.full((60, 16), 100.0)
     counts_TE[::2, 2:] += 5.0  # some step-to-step variation, the same for every other expert
     start_P = np.arange(16)  # 8 GPUs x 2 slots; experts 0 and 1 share GPU 0
     # Experts 0 and 1 are hot together for the window's first 40 steps only (a burst that has passed): the swap that
-    # parts them clears the whole window's noise, but gains nothing on the newest 20 steps.
+    # parts them clears the whole window's noise, but the search on the older 40 steps gains nothing on the newest 20.
     counts_TE[:40, :2] *= 3.0
 
     def parted(placed_P):
         return np.flatnonzero(placed_P == 0)[0] // 2 != np.flatnonzero(placed_P == 1)[0] // 2
 
     assert parted(swap_search(counts_TE, start_P, 8, 2, min_z=2.0)[0])
-    assert not parted(swap_search(counts_TE, start_P, 8, 2, min_z=2.0, holdout_share=1 / 3)[0])
-    # Hot on the newest steps as well: the swap is kept.
+    kept, objective, _ = swap_search(counts_TE, start_P, 8, 2, min_z=2.0, holdout_share=1 / 3)
+    assert np.array_equal(kept, start_P)
+    assert objective == pytest.approx(swap_search(counts_TE, start_P, 8, 2, max_evaluations=0)[1])  # on the window
+    # Hot on the newest steps as well: the gate passes and the layout is the search's on the whole window.
     counts_TE[40:, :2] *= 3.0
-    assert parted(swap_search(counts_TE, start_P, 8, 2, min_z=2.0, holdout_share=1 / 3)[0])
+    gated, gated_objective, _ = swap_search(counts_TE, start_P, 8, 2, min_z=2.0, holdout_share=1 / 3)
+    plain, plain_objective, _ = swap_search(counts_TE, start_P, 8, 2, min_z=2.0)
+    assert parted(gated) and np.array_equal(gated, plain) and gated_objective == plain_objective
+
+
+def test_the_gate_judges_the_whole_layout_not_each_swap():
+    # Experts 0 and 1 share GPU 0 and are hot on every step; experts 2 and 3 share GPU 1 and are hot on the older
+    # steps only. The search on the older steps parts both pairs, its layout beats the start on the newest steps (the
+    # first pair), and the layout served is the whole window's search, not the older steps' nor a part of it.
+    rng = np.random.default_rng(5)
+    counts_TE = rng.poisson(100.0, size=(60, 16)).astype(float)
+    counts_TE[:, :2] *= 3.0
+    counts_TE[:40, 2:4] *= 3.0
+    start_P = np.arange(16)
+    gated, _, _ = swap_search(counts_TE, start_P, 8, 2, min_z=2.0, holdout_share=1 / 3)
+    older, _, _ = swap_search(counts_TE[:40], start_P, 8, 2, min_z=2.0)
+    assert not np.array_equal(gated, start_P)
+    assert np.array_equal(gated, swap_search(counts_TE, start_P, 8, 2, min_z=2.0)[0])
+    assert not np.array_equal(gated, older)
