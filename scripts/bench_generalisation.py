@@ -15,7 +15,10 @@ policy only on steps it was not fitted to, on traffic from settings and seeds no
 - `--traffic regime`: `regime_trace` below, a generator that shares no code with `traces.synthetic`: the domain mix
   jumps between Dirichlet draws (ramped over a few steps) at random times, every expert's popularity also walks
   (an Ornstein-Uhlenbeck process in log space), bursts have lognormal factors and geometric lengths, and the picks
-  of a step are one multinomial over pick probabilities capped at 1 / top-k.
+  of a step are one multinomial over pick probabilities capped at 1 / top-k;
+- `--traffic esft` and `--traffic olmoe`: real routing from `../shared/data` (64 experts; rows REAL_ROWS);
+- `--traffic aside` and `--traffic geometry`: the generators kept aside until a two-slot rule's final table
+  (`scripts/aside_traffic.py` for the 2026-12-06 rule, `scripts/aside_geometry.py` for the present one).
 
 Each trace (256 experts, top-8, 4 layers, 300 steps, 128 tokens a GPU a step, 2,048 at 32 x 9) is replayed rolling,
 a refit every 100 steps on the last 100, served `lag` steps after its window ends: the greedy under the best
@@ -24,7 +27,8 @@ dynamic routing under the live router (what a decode worker runs). Rows: at 144 
 0.6, 0.9, 1.2 and 1.5 at lag 0 and 100; at 72 x 4, 64 x 4 and 32 x 9 lognormal 0.6 and 1.2 at lag 0. Each row gives
 both held-out means over its seeds, cpsat - greedy per seed, their mean and the worst seed.
 
-Usage: python scripts/bench_generalisation.py [--traffic synthetic|tuning|regime|requests] [--seeds 301 302 303]
+Usage: python scripts/bench_generalisation.py [--traffic synthetic|tuning|regime|requests|esft|olmoe|aside|geometry]
+       [--seeds 301 302 303]
        [--rows 144x2] [--work-limit 20] [--json out.json]
 """
 
