@@ -16,7 +16,7 @@ regime generator, so a rule chosen on those is judged here on traffic it could n
   distinct experts), each expert's count at most that topic's tokens.
 
 Run as a script it prints what one trace of it looks like: the hottest expert's share and how far the popularity moves
-between the first and the last 50 steps, per layer.
+between the first and the last 50 steps, per layer, and the batch size.
 
 Usage: python scripts/aside_traffic.py [--steps 300] [--layers 4] [--tokens-per-step 18432] [--sigma 1.2] [--seed 1]
 """
@@ -25,8 +25,7 @@ import sys
 
 import numpy as np
 
-from eplb.cli.arg_types import SEED_MAX, integer, number
-from eplb.cli.flags import OneLineParser
+from eplb.cli.bench_harness import generator_parser, trace_summary
 
 TOP_K = 8
 
@@ -94,22 +93,9 @@ def _capped(weight_E: np.ndarray) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=integer(100, 5000), default=300, help="steps (default: %(default)s)")
-    parser.add_argument("--layers", type=integer(1, 64), default=4, help="layers (default: %(default)s)")
-    parser.add_argument("--tokens-per-step", type=integer(1, 10**6), default=144 * 128,
-                        help="tokens a step (default: %(default)s, 144 GPUs x 128)")
-    parser.add_argument("--sigma", type=number(0, high=4), default=1.2, help="popularity spread (default: %(default)s)")
-    parser.add_argument("--seed", type=integer(0, SEED_MAX), default=1, help="trace seed (default: %(default)s)")
-    args = parser.parse_args(argv)
-    counts_TLE = aside_trace(args.steps, args.layers, 256, args.tokens_per_step, args.sigma, args.seed)
-    share_L = (counts_TLE.sum(axis=0).max(axis=1) / counts_TLE.sum(axis=(0, 2)))
-    early, late = counts_TLE[:50].sum(axis=0), counts_TLE[-50:].sum(axis=0)
-    shares_early, shares_late = early / early.sum(axis=1, keepdims=True), late / late.sum(axis=1, keepdims=True)
-    moved_L = 0.5 * np.abs(shares_early - shares_late).sum(axis=1)
-    for layer in range(args.layers):
-        print(f"layer {layer}: hottest expert {share_L[layer]:.2%} of the picks; {moved_L[layer]:.1%} of the picks "
-              f"change experts between the first and the last 50 steps")
+    args = generator_parser(__doc__).parse_args(argv)
+    print("\n".join(trace_summary(aside_trace(args.steps, args.layers, 256, args.tokens_per_step, args.sigma, args.seed),
+                                   TOP_K)))
     return 0
 
 
